@@ -1,0 +1,141 @@
+# The engine's contract: sharded open-addressing tables of packed records
+# and the token-bucket arithmetic on top of them.  Nothing here touches
+# Python objects on the hot path and nothing raises: every C-level
+# function reports failure through its return value.
+
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t
+
+cdef extern from "fl_native.h":
+    # __int128 in C; Cython only needs to know it is an integer
+    ctypedef long long fl_i128
+    uint64_t fl_siphash13(const void* data, size_t length, const uint8_t* key16) nogil
+    void* fl_big_alloc(size_t size) nogil
+    void* fl_big_realloc(void* p, size_t old_size, size_t new_size) nogil
+    void fl_big_free(void* p, size_t size) nogil
+    void* fl_mem_alloc(size_t size) nogil
+    void* fl_mem_realloc(void* p, size_t old_size, size_t new_size) nogil
+    void fl_mem_free(void* p, size_t size) nogil
+    int64_t fl_wall_ms() nogil
+    int64_t fl_mono_ns() nogil
+    int64_t fl_get_i64(const char* p) nogil
+    void fl_put_i64(char* p, int64_t v) nogil
+    uint32_t fl_get_u32(const char* p) nogil
+    void fl_put_u32(char* p, uint32_t v) nogil
+    uint16_t fl_get_u16(const char* p) nogil
+    void fl_put_u16(char* p, uint16_t v) nogil
+
+# ---- Tables -------------------------------------------------------------
+#
+# A record in a shard's arena is packed, unaligned:
+#   u32 expire_s   server second at which the record may be dropped
+#   u16 keylen
+#   value          `value_size` bytes owned by the algorithm
+#   key            `keylen` bytes
+# Slots hold the key's 32-bit hash and the record's arena offset, so
+# probing and resizing never touch records of other keys.
+
+cdef enum:
+    RECORD_HEADER = 6
+    FL_OK = 0
+    FL_ENOMEM = -1
+    FL_EKEYLEN = -2
+    FL_MAX_KEY_LEN = 65535
+
+cdef struct Slot:
+    uint32_t hash
+    uint32_t off        # 0 = empty (arena offset 0 is never a record)
+
+cdef struct Shard:
+    Slot* slots
+    uint32_t nslots
+    uint32_t count
+    char* arena
+    size_t arena_len    # bytes in use, dead records included
+    size_t arena_cap    # bytes mapped
+    size_t dead         # bytes of deleted records awaiting compaction
+
+cdef struct Table:
+    Shard* shards
+    uint32_t nshards    # power of two
+    uint32_t value_size
+    uint8_t seed[16]
+    uint32_t sweep_shard
+    uint32_t sweep_slot
+    uint64_t expired    # records removed by the sweep or lazily, ever
+
+# Where a key is, or where it would go.  Valid until the table changes.
+cdef struct Probe:
+    Shard* shard
+    uint32_t slot
+    uint32_t hash
+    bint found
+
+cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
+                    const uint8_t* seed) noexcept nogil
+cdef void table_free(Table* t) noexcept nogil
+cdef int table_clear(Table* t) noexcept nogil
+cdef bint table_lookup(Table* t, const char* key, size_t keylen,
+                       Probe* p) noexcept nogil
+cdef char* probe_record(Table* t, const Probe* p) noexcept nogil
+cdef char* probe_value(Table* t, const Probe* p) noexcept nogil
+cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
+                      uint32_t expire_s, const char* value) noexcept nogil
+cdef void table_delete(Table* t, Probe* p) noexcept nogil
+cdef uint64_t table_count(const Table* t) noexcept nogil
+cdef size_t table_memory(const Table* t) noexcept nogil
+cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
+                          uint64_t* scanned) noexcept nogil
+
+# ---- Token bucket ---------------------------------------------------------
+#
+# Tokens are integer milli-tokens as in the reference algorithm.  A refill
+# period other than one second is kept exact with a remainder carried in
+# units of 1/period_ms milli-tokens.
+
+cdef struct BucketParams:
+    int64_t capacity      # tokens, >= 1
+    int64_t refill        # tokens added per period, >= 1
+    int64_t period_ms     # >= 1; 1000 = tokens per second
+    int64_t cost          # >= 0; 0 reports without consuming
+
+cdef struct CheckResult:
+    int64_t allowed
+    int64_t limit
+    int64_t remaining
+    int64_t retry_after_ms
+    int64_t reset_after_ms
+
+cdef enum:
+    BUCKET_VALUE_SIZE = 20   # i64 tokens, i64 last_ms, u32 remainder
+
+cdef extern from "fl_native.h":
+    # Input bounds that keep every intermediate value representable.
+    const int64_t MAX_CAPACITY       # 10**15 tokens
+    const int64_t MAX_REFILL         # 10**15 tokens per period
+    const int64_t MAX_PERIOD_MS      # 2**32 - 1: the remainder is a u32
+    const int64_t MAX_REFILL_TIME_MS # 10**15 ms to refill a whole bucket
+    const int64_t MAX_NOW_MS         # 4 * 10**15: now + refill time fits
+
+cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil
+cdef int bucket_check(Table* t, const char* key, size_t keylen,
+                      const BucketParams* bp, int64_t now_ms,
+                      CheckResult* out) noexcept nogil
+cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil
+
+
+cdef class Clock:
+    """Server time in integer milliseconds: the wall clock, or a manual
+    clock that only moves when told (for tests)."""
+    cdef readonly bint manual
+    cdef int64_t manual_ms
+    cdef int64_t now_ms(self) noexcept
+
+
+cdef class BucketStore:
+    """The token-bucket tables, owned by one server or one embedded
+    limiter.  Python-facing methods validate; cdef methods trust."""
+    cdef Table table
+    cdef readonly Clock clock
+    cdef int check_c(self, const char* key, size_t keylen,
+                     const BucketParams* bp, int64_t now_ms,
+                     CheckResult* out) noexcept

@@ -1,0 +1,557 @@
+# cython: freethreading_compatible=False
+"""The engine: sharded open-addressing tables of packed records, the
+token bucket, and the incremental sweep that drops full buckets.
+
+Layout and contracts are documented in _core.pxd.
+"""
+
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, UINT32_MAX
+from libc.string cimport memcpy, memcmp
+
+import os
+
+cdef enum:
+    MIN_SLOTS = 8
+    MIN_ARENA = 256
+    # Arena offset 0 means "empty slot", so records start past it.
+    ARENA_START = 8
+    # Deadline is checked every this many slots visited by the sweep.
+    SWEEP_CHECK_EVERY = 32
+
+
+# ---- slot arithmetic --------------------------------------------------------
+
+cdef inline uint32_t home_slot(uint32_t h, uint32_t nslots) noexcept nogil:
+    # Lemire's fast range reduction: no power-of-two table sizes needed,
+    # so tables can grow by 1.5x and stay dense.
+    return <uint32_t>((<uint64_t>h * nslots) >> 32)
+
+
+cdef inline uint32_t next_slot(uint32_t i, uint32_t nslots) noexcept nogil:
+    i += 1
+    return 0 if i == nslots else i
+
+
+cdef inline bint needs_growth(const Shard* s) noexcept nogil:
+    return (<uint64_t>s.count + 1) * 5 > <uint64_t>s.nslots * 4
+
+
+cdef inline bint wants_shrink(const Shard* s) noexcept nogil:
+    return s.nslots > MIN_SLOTS and <uint64_t>s.count * 5 < s.nslots
+
+
+cdef inline size_t record_size(const Table* t, const char* rec) noexcept nogil:
+    return RECORD_HEADER + t.value_size + fl_get_u16(rec + 4)
+
+
+# ---- shard maintenance --------------------------------------------------------
+
+cdef int shard_init(Shard* s) noexcept nogil:
+    s.nslots = MIN_SLOTS
+    s.count = 0
+    s.slots = <Slot*>fl_mem_alloc(MIN_SLOTS * sizeof(Slot))
+    s.arena_cap = MIN_ARENA
+    s.arena = <char*>fl_mem_alloc(MIN_ARENA)
+    s.arena_len = ARENA_START
+    s.dead = 0
+    if s.slots == NULL or s.arena == NULL:
+        return FL_ENOMEM
+    return FL_OK
+
+
+cdef void shard_free(Shard* s) noexcept nogil:
+    if s.slots != NULL:
+        fl_mem_free(s.slots, s.nslots * sizeof(Slot))
+    if s.arena != NULL:
+        fl_mem_free(s.arena, s.arena_cap)
+    s.slots = NULL
+    s.arena = NULL
+
+
+cdef int shard_rehash(Shard* s, uint32_t nslots) noexcept nogil:
+    """Moves every slot into a new array of `nslots`; hashes are stored in
+    the slots, so no record is read."""
+    cdef Slot* fresh = <Slot*>fl_mem_alloc(nslots * sizeof(Slot))
+    cdef uint32_t i, j
+    if fresh == NULL:
+        return FL_ENOMEM
+    for i in range(s.nslots):
+        if s.slots[i].off != 0:
+            j = home_slot(s.slots[i].hash, nslots)
+            while fresh[j].off != 0:
+                j = next_slot(j, nslots)
+            fresh[j] = s.slots[i]
+    fl_mem_free(s.slots, s.nslots * sizeof(Slot))
+    s.slots = fresh
+    s.nslots = nslots
+    return FL_OK
+
+
+cdef int shard_grow(Shard* s) noexcept nogil:
+    cdef uint64_t target = <uint64_t>s.nslots * 3 // 2
+    cdef uint64_t floor_for_load = (<uint64_t>s.count + 1) * 5 // 3 + 1
+    if target < floor_for_load:
+        target = floor_for_load
+    if target > UINT32_MAX - 16:
+        return FL_ENOMEM
+    return shard_rehash(s, <uint32_t>target)
+
+
+cdef int shard_shrink(Shard* s) noexcept nogil:
+    cdef uint32_t target = s.count * 2
+    if target < MIN_SLOTS:
+        target = MIN_SLOTS
+    return shard_rehash(s, target)
+
+
+cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
+    """Copies live records into a fresh arena sized to fit them, giving
+    the space of deleted records back."""
+    cdef size_t live = s.arena_len - s.dead
+    cdef size_t cap = live + live // 4 + MIN_ARENA
+    cdef char* fresh = <char*>fl_mem_alloc(cap)
+    cdef size_t pos = ARENA_START, n
+    cdef uint32_t i
+    cdef char* rec
+    if fresh == NULL:
+        return FL_ENOMEM
+    for i in range(s.nslots):
+        if s.slots[i].off != 0:
+            rec = s.arena + s.slots[i].off
+            n = record_size(t, rec)
+            memcpy(fresh + pos, rec, n)
+            s.slots[i].off = <uint32_t>pos
+            pos += n
+    fl_mem_free(s.arena, s.arena_cap)
+    s.arena = fresh
+    s.arena_cap = cap
+    s.arena_len = pos
+    s.dead = 0
+    return FL_OK
+
+
+cdef int shard_reserve(Shard* s, size_t n) noexcept nogil:
+    cdef size_t cap
+    cdef char* bigger
+    if s.arena_len + n <= s.arena_cap:
+        return FL_OK
+    cap = s.arena_cap + s.arena_cap // 2 + n
+    if cap > UINT32_MAX:
+        return FL_ENOMEM   # offsets are 32-bit; more shards lift this
+    bigger = <char*>fl_mem_realloc(s.arena, s.arena_cap, cap)
+    if bigger == NULL:
+        return FL_ENOMEM
+    s.arena = bigger
+    s.arena_cap = cap
+    return FL_OK
+
+
+cdef void shard_maintain(Table* t, Shard* s) noexcept nogil:
+    # Failures here only mean the memory is not returned yet; the shard
+    # stays valid either way.
+    if wants_shrink(s):
+        shard_shrink(s)
+    if s.dead > 4096 and s.dead * 2 > s.arena_len:
+        shard_compact(t, s)
+
+
+# ---- table API ----------------------------------------------------------------
+
+cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
+                    const uint8_t* seed) noexcept nogil:
+    cdef uint32_t i
+    t.nshards = nshards
+    t.value_size = value_size
+    memcpy(t.seed, seed, 16)
+    t.sweep_shard = 0
+    t.sweep_slot = 0
+    t.expired = 0
+    t.shards = <Shard*>fl_mem_alloc(nshards * sizeof(Shard))
+    if t.shards == NULL:
+        return FL_ENOMEM
+    for i in range(nshards):
+        if shard_init(&t.shards[i]) != FL_OK:
+            table_free(t)
+            return FL_ENOMEM
+    return FL_OK
+
+
+cdef void table_free(Table* t) noexcept nogil:
+    cdef uint32_t i
+    if t.shards == NULL:
+        return
+    for i in range(t.nshards):
+        shard_free(&t.shards[i])
+    fl_mem_free(t.shards, t.nshards * sizeof(Shard))
+    t.shards = NULL
+
+
+cdef int table_clear(Table* t) noexcept nogil:
+    cdef uint32_t i
+    cdef int rc = FL_OK
+    for i in range(t.nshards):
+        shard_free(&t.shards[i])
+        if shard_init(&t.shards[i]) != FL_OK:
+            rc = FL_ENOMEM
+    t.sweep_shard = 0
+    t.sweep_slot = 0
+    return rc
+
+
+cdef bint table_lookup(Table* t, const char* key, size_t keylen,
+                       Probe* p) noexcept nogil:
+    cdef uint64_t h = fl_siphash13(key, keylen, t.seed)
+    cdef Shard* s = &t.shards[(h >> 32) & (t.nshards - 1)]
+    cdef uint32_t h32 = <uint32_t>h
+    cdef uint32_t i = home_slot(h32, s.nslots)
+    cdef const char* rec
+    p.shard = s
+    p.hash = h32
+    while s.slots[i].off != 0:
+        if s.slots[i].hash == h32:
+            rec = s.arena + s.slots[i].off
+            if fl_get_u16(rec + 4) == keylen and memcmp(
+                    rec + RECORD_HEADER + t.value_size, key, keylen) == 0:
+                p.slot = i
+                p.found = True
+                return True
+        i = next_slot(i, s.nslots)
+    p.slot = i
+    p.found = False
+    return False
+
+
+cdef char* probe_record(Table* t, const Probe* p) noexcept nogil:
+    return p.shard.arena + p.shard.slots[p.slot].off
+
+
+cdef char* probe_value(Table* t, const Probe* p) noexcept nogil:
+    return p.shard.arena + p.shard.slots[p.slot].off + RECORD_HEADER
+
+
+cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
+                      uint32_t expire_s, const char* value) noexcept nogil:
+    """Adds a record for a key that `p` says is absent."""
+    cdef Shard* s = p.shard
+    cdef size_t n = RECORD_HEADER + t.value_size + keylen
+    cdef char* rec
+    cdef uint32_t i
+    if keylen > FL_MAX_KEY_LEN:
+        return FL_EKEYLEN
+    if shard_reserve(s, n) != FL_OK:
+        return FL_ENOMEM
+    if needs_growth(s):
+        if shard_grow(s) != FL_OK:
+            return FL_ENOMEM
+        i = home_slot(p.hash, s.nslots)
+        while s.slots[i].off != 0:
+            i = next_slot(i, s.nslots)
+        p.slot = i
+    rec = s.arena + s.arena_len
+    fl_put_u32(rec, expire_s)
+    fl_put_u16(rec + 4, <uint16_t>keylen)
+    memcpy(rec + RECORD_HEADER, value, t.value_size)
+    memcpy(rec + RECORD_HEADER + t.value_size, key, keylen)
+    s.slots[p.slot].hash = p.hash
+    s.slots[p.slot].off = <uint32_t>s.arena_len
+    s.arena_len += n
+    s.count += 1
+    p.found = True
+    return FL_OK
+
+
+cdef inline bint between_cyclic(uint32_t lo, uint32_t x, uint32_t hi) noexcept nogil:
+    """True when x lies in the cyclic interval (lo, hi]."""
+    if lo <= hi:
+        return lo < x <= hi
+    return x > lo or x <= hi
+
+
+cdef void table_delete(Table* t, Probe* p) noexcept nogil:
+    """Removes the record `p` found, shifting later entries of its cluster
+    back so linear probing needs no tombstones."""
+    cdef Shard* s = p.shard
+    cdef uint32_t hole = p.slot, j = p.slot, home
+    s.dead += record_size(t, s.arena + s.slots[hole].off)
+    s.count -= 1
+    while True:
+        j = next_slot(j, s.nslots)
+        if s.slots[j].off == 0:
+            break
+        home = home_slot(s.slots[j].hash, s.nslots)
+        if between_cyclic(hole, home, j):
+            continue
+        s.slots[hole] = s.slots[j]
+        hole = j
+    s.slots[hole].off = 0
+    s.slots[hole].hash = 0
+    p.found = False
+
+
+cdef uint64_t table_count(const Table* t) noexcept nogil:
+    cdef uint64_t n = 0
+    cdef uint32_t i
+    for i in range(t.nshards):
+        n += t.shards[i].count
+    return n
+
+
+cdef size_t table_memory(const Table* t) noexcept nogil:
+    """Bytes the tables hold: slots, and the used part of each arena (the
+    unused tail of an arena is address space the kernel has not backed)."""
+    cdef size_t n = t.nshards * sizeof(Shard)
+    cdef uint32_t i
+    for i in range(t.nshards):
+        n += t.shards[i].nslots * sizeof(Slot) + t.shards[i].arena_len
+    return n
+
+
+cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
+                          uint64_t* scanned) noexcept nogil:
+    """Visits slots from where the last sweep stopped, dropping records
+    whose expiry second has passed, until one full pass over every shard
+    is done or the deadline passes.  Returns how many were dropped."""
+    cdef uint64_t removed = 0, visited = 0
+    cdef uint32_t shards_done = 0
+    cdef Shard* s
+    cdef Probe p
+    while shards_done < t.nshards:
+        s = &t.shards[t.sweep_shard]
+        while t.sweep_slot < s.nslots:
+            visited += 1
+            if visited % SWEEP_CHECK_EVERY == 0 and fl_mono_ns() > deadline_ns:
+                scanned[0] = visited
+                t.expired += removed
+                return removed
+            if (s.slots[t.sweep_slot].off != 0 and
+                    fl_get_u32(s.arena + s.slots[t.sweep_slot].off) <= now_s):
+                p.shard = s
+                p.slot = t.sweep_slot
+                table_delete(t, &p)
+                removed += 1
+                continue   # a later entry may have shifted into this slot
+            t.sweep_slot += 1
+        shard_maintain(t, s)
+        t.sweep_slot = 0
+        t.sweep_shard = (t.sweep_shard + 1) & (t.nshards - 1)
+        shards_done += 1
+    scanned[0] = visited
+    t.expired += removed
+    return removed
+
+
+# ---- token bucket ---------------------------------------------------------------
+
+cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil:
+    if bp.capacity < 1 or bp.capacity > MAX_CAPACITY:
+        return b"capacity must be an integer from 1 to 10^15"
+    if bp.refill < 1 or bp.refill > MAX_REFILL:
+        return b"refill_per_sec must be an integer from 1 to 10^15"
+    if bp.period_ms < 1 or bp.period_ms > MAX_PERIOD_MS:
+        return b"PERIOD must be an integer from 1 to 4294967295 ms"
+    if bp.cost < 0 or bp.cost > MAX_CAPACITY:
+        return b"COST must be an integer from 0 to 10^15"
+    # Refilling a whole bucket must take a representable time.
+    if <fl_i128>bp.capacity * bp.period_ms > <fl_i128>MAX_REFILL_TIME_MS * bp.refill:
+        return b"rate too slow: refilling the bucket would take more than 10^15 ms"
+    return NULL
+
+
+cdef inline int64_t ms_until(int64_t tokens, uint32_t rem, int64_t target,
+                             const BucketParams* bp) noexcept nogil:
+    """Milliseconds of refill until `tokens` (milli-tokens, plus `rem`
+    1/period_ms-ths of one) reaches `target`, rounded up."""
+    cdef fl_i128 need = (<fl_i128>(target - tokens)) * bp.period_ms - rem
+    cdef fl_i128 per_ms = <fl_i128>bp.refill * 1000
+    if need <= 0:
+        return 0
+    return <int64_t>((need + per_ms - 1) // per_ms)
+
+
+cdef int bucket_check(Table* t, const char* key, size_t keylen,
+                      const BucketParams* bp, int64_t now_ms,
+                      CheckResult* out) noexcept nogil:
+    """One check of the reference token bucket (see the brief), with
+    integer milli-tokens.  A bucket that ends full is not stored: a full
+    bucket is indistinguishable from no bucket."""
+    cdef Probe p
+    cdef int64_t cap_m = bp.capacity * 1000
+    cdef int64_t cost_m = bp.cost * 1000
+    cdef int64_t tokens = cap_m, last = now_ms, elapsed, expire_ms
+    cdef uint32_t rem = 0
+    cdef fl_i128 num, add
+    cdef char* v
+    cdef char value[BUCKET_VALUE_SIZE]
+    cdef int rc
+
+    if table_lookup(t, key, keylen, &p):
+        v = probe_value(t, &p)
+        if now_ms < <int64_t>fl_get_u32(probe_record(t, &p)) * 1000:
+            tokens = fl_get_i64(v)
+            last = fl_get_i64(v + 8)
+            rem = fl_get_u32(v + 16)
+            if tokens >= cap_m:     # parameters changed: cap, never mint
+                tokens = cap_m
+                rem = 0
+
+    elapsed = now_ms - last
+    if elapsed > 0 and tokens < cap_m:
+        num = <fl_i128>elapsed * bp.refill * 1000 + rem
+        add = num // bp.period_ms
+        if add >= cap_m - tokens:
+            tokens = cap_m
+            rem = 0
+        else:
+            tokens += <int64_t>add
+            rem = <uint32_t>(num % bp.period_ms)
+    last = now_ms
+
+    out.limit = bp.capacity
+    if bp.cost > bp.capacity:
+        out.allowed = 0
+        out.retry_after_ms = -1
+    elif tokens >= cost_m:
+        out.allowed = 1
+        out.retry_after_ms = 0
+        tokens -= cost_m
+    else:
+        out.allowed = 0
+        out.retry_after_ms = ms_until(tokens, rem, cost_m, bp)
+    out.remaining = tokens // 1000
+    out.reset_after_ms = ms_until(tokens, rem, cap_m, bp)
+
+    if tokens == cap_m:
+        if p.found:
+            table_delete(t, &p)
+        return FL_OK
+    expire_ms = now_ms + out.reset_after_ms
+    fl_put_i64(value, tokens)
+    fl_put_i64(value + 8, last)
+    fl_put_u32(value + 16, rem)
+    if p.found:
+        v = probe_record(t, &p)
+        fl_put_u32(v, expire_second(expire_ms))
+        memcpy(v + RECORD_HEADER, value, BUCKET_VALUE_SIZE)
+        return FL_OK
+    rc = table_insert(t, &p, key, keylen, expire_second(expire_ms), value)
+    return rc
+
+
+cdef inline uint32_t expire_second(int64_t ms) noexcept nogil:
+    cdef int64_t s = (ms + 999) // 1000
+    return UINT32_MAX if s > UINT32_MAX else <uint32_t>s
+
+
+cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil:
+    cdef Probe p
+    if not table_lookup(t, key, keylen, &p):
+        return 0
+    table_delete(t, &p)
+    return 1
+
+
+# ---- Python-facing objects -------------------------------------------------------
+
+cdef class Clock:
+    def __init__(self, bint manual=False, int64_t start_ms=0):
+        self.manual = manual
+        self.manual_ms = start_ms
+
+    cdef int64_t now_ms(self) noexcept:
+        return self.manual_ms if self.manual else fl_wall_ms()
+
+    def now(self):
+        """Server time in integer milliseconds."""
+        return self.now_ms()
+
+    def set(self, int64_t ms):
+        self._require_manual()
+        if ms < 0 or ms > MAX_NOW_MS:
+            raise ValueError("clock value out of range")
+        self.manual_ms = ms
+
+    def advance(self, int64_t ms):
+        self._require_manual()
+        if ms < 0 or self.manual_ms + ms > MAX_NOW_MS:
+            raise ValueError("clock advance out of range")
+        self.manual_ms += ms
+
+    def _require_manual(self):
+        if not self.manual:
+            raise RuntimeError("the clock is not manual")
+
+
+cdef class BucketStore:
+    def __cinit__(self, uint32_t shards=256, Clock clock=None, bytes seed=None):
+        if shards == 0 or shards & (shards - 1) or shards > 65536:
+            raise ValueError("shards must be a power of two from 1 to 65536")
+        if seed is None:
+            seed = os.urandom(16)
+        if len(seed) != 16:
+            raise ValueError("seed must be 16 bytes")
+        self.clock = clock if clock is not None else Clock()
+        if table_init(&self.table, shards, BUCKET_VALUE_SIZE,
+                      <const uint8_t*><const char*>seed) != FL_OK:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        table_free(&self.table)
+
+    cdef int check_c(self, const char* key, size_t keylen,
+                     const BucketParams* bp, int64_t now_ms,
+                     CheckResult* out) noexcept:
+        return bucket_check(&self.table, key, keylen, bp, now_ms, out)
+
+    def check(self, bytes key, int64_t capacity, int64_t refill_per_sec,
+              int64_t cost=1, int64_t period_ms=1000, now_ms=None):
+        """Returns (allowed, limit, remaining, retry_after_ms, reset_after_ms)."""
+        cdef BucketParams bp
+        cdef CheckResult r
+        cdef const char* err
+        cdef int rc
+        bp.capacity = capacity
+        bp.refill = refill_per_sec
+        bp.period_ms = period_ms
+        bp.cost = cost
+        err = bucket_params_error(&bp)
+        if err != NULL:
+            raise ValueError(err.decode())
+        rc = self.check_c(key, len(key), &bp,
+                          self.clock.now_ms() if now_ms is None else now_ms, &r)
+        if rc == FL_EKEYLEN:
+            raise ValueError("key longer than 65535 bytes")
+        if rc != FL_OK:
+            raise MemoryError()
+        return (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms)
+
+    def reset(self, bytes key):
+        """Forgets a bucket; True if there was one."""
+        return bucket_reset(&self.table, key, len(key)) == 1
+
+    def clear(self):
+        if table_clear(&self.table) != FL_OK:
+            raise MemoryError()
+
+    def sweep(self, now_ms=None, double budget_ms=1.0):
+        """Drops buckets that have refilled, for at most `budget_ms`.
+        Returns (removed, slots_scanned)."""
+        cdef uint64_t scanned = 0, removed
+        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        removed = table_sweep(&self.table, expire_second(now - 999),
+                              fl_mono_ns() + <int64_t>(budget_ms * 1e6), &scanned)
+        return removed, scanned
+
+    def __len__(self):
+        return table_count(&self.table)
+
+    @property
+    def memory_bytes(self):
+        return table_memory(&self.table)
+
+    @property
+    def expired_total(self):
+        return self.table.expired
+
+    @property
+    def shards(self):
+        return self.table.nshards

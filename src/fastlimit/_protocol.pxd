@@ -1,0 +1,119 @@
+# One client connection's protocol state machine: buffer what arrives,
+# parse every complete command, dispatch through the command table, and
+# send all replies of a read with one write.  It knows the transport
+# only as an object with write/close/abort/get_write_buffer_size, so it
+# runs under asyncio, uvloop or a test double alike.
+
+from libc.stdint cimport int64_t
+
+from fastlimit._core cimport BucketStore, Clock
+from fastlimit._resp cimport Parser, ParseLimits, Arg
+
+
+cdef enum FastPath:
+    # Commands whose whole execution lives in C; the rest call a Python
+    # handler.  MULTI/EXEC/DISCARD/QUIT/RESET are here because they
+    # change how the dispatcher itself behaves.
+    FAST_NONE = 0
+    FAST_CL_CHECK = 1
+    FAST_PING = 2
+    FAST_MULTI = 3
+    FAST_EXEC = 4
+    FAST_DISCARD = 5
+    FAST_QUIT = 6
+    FAST_RESET = 7
+
+
+cdef class Command:
+    """One entry of the command table: everything dispatch, arity checks,
+    COMMAND replies and per-command statistics need."""
+    cdef readonly str name            # lowercase; "parent|sub" for subcommands
+    cdef readonly int arity           # N exact, -N at least N (as Redis)
+    cdef readonly tuple flags         # Redis flag names, e.g. ("fast", "write")
+    cdef readonly int first_key
+    cdef readonly int last_key
+    cdef readonly int key_step
+    cdef readonly int fast
+    cdef readonly object handler      # handler(conn, args) -> reply, or None
+    cdef readonly dict subcommands    # lowercase bytes -> Command
+    cdef readonly dict doc            # summary, since, group, complexity, arguments
+    cdef readonly tuple acl_categories
+    cdef readonly bint no_auth
+    cdef readonly bint is_write
+    cdef public int64_t calls
+    cdef public int64_t nsec
+    cdef public int64_t failed_calls
+    cdef public int64_t rejected_calls
+
+    cdef bint arity_ok(self, int argc) noexcept
+
+
+cdef class ServerCore:
+    """State every connection shares: the engine, the clock, the command
+    table, limits and counters.  Owned by the event-loop layer."""
+    cdef public BucketStore store
+    cdef public Clock clock
+    cdef public dict commands         # lowercase bytes -> Command
+    cdef public object requirepass    # bytes or None
+    cdef ParseLimits limits
+    cdef public int64_t query_buffer_limit
+    cdef public int64_t output_hard_limit
+    cdef public int64_t output_soft_limit
+    cdef public double output_soft_seconds
+    cdef public int64_t maxclients
+    cdef public dict clients          # client id -> Connection
+    cdef public int64_t next_client_id
+    cdef public int64_t total_commands
+    cdef public int64_t total_connections
+    cdef public int64_t rejected_connections
+    cdef public int64_t total_error_replies
+    cdef public int64_t net_input_bytes
+    cdef public int64_t net_output_bytes
+    cdef public object app            # the event-loop layer's server object
+    cdef public object log
+
+
+cdef class Connection:
+    cdef readonly ServerCore core
+    cdef object transport
+    cdef Parser parser
+    cdef char* inbuf
+    cdef size_t inlen
+    cdef size_t incap
+    cdef int64_t now_ms
+    cdef double soft_limit_since
+    cdef Command last_cmd
+    cdef char last_name[32]
+    cdef size_t last_name_len
+    cdef bint multi_dirty
+    cdef bint closed
+    cdef readonly int64_t id
+    cdef public int proto
+    cdef public bint authenticated
+    cdef public bint close_after_reply
+    cdef public object name
+    cdef public object lib_name
+    cdef public object lib_ver
+    cdef readonly str addr
+    cdef readonly str laddr
+    cdef readonly double created
+    cdef readonly double last_interaction
+    cdef public list multi_queue      # None outside MULTI
+
+    cdef void process(self, const char* buf, size_t n)
+    cdef void keep_tail(self, const char* buf, size_t n)
+    cdef int check_query_buffer(self, size_t n) except -1
+    cdef void execute(self)
+    cdef void run(self, Command cmd, list args)
+    cdef Command lookup(self, const Arg* a)
+    cdef void run_python(self, Command cmd, list args)
+    cdef void cl_check(self)
+    cdef void ping(self)
+    cdef void multi(self)
+    cdef void exec_queued(self)
+    cdef void discard(self)
+    cdef void queue(self, Command cmd)
+    cdef void reply_error(self, str msg)
+    cdef void flush(self)
+    cdef void check_output_limits(self)
+    cdef list args_as_bytes(self)

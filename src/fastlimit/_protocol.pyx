@@ -1,0 +1,581 @@
+"""The per-connection protocol state machine; see _protocol.pxd."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy, memmove
+
+from fastlimit._core cimport (BucketParams, CheckResult, bucket_check,
+                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
+from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
+                              parser_free, parser_reserve, parse_command,
+                              parse_int64, writer_init, writer_reset, write_raw,
+                              write_prefixed_int, write_bulk, write_line,
+                              write_error, encode_reply, PARSE_COMMAND,
+                              PARSE_EMPTY, PARSE_ERROR, PARSE_INCOMPLETE)
+
+import logging
+import time
+
+from fastlimit._resp import ReplyError
+
+# All replies of one read are gathered here and sent with one write.
+# The server is single-threaded and a read is handled to completion
+# before the next, so one buffer serves every connection.
+cdef Writer OUT
+if writer_init(&OUT, 16384) != 0:
+    raise MemoryError()
+
+cdef enum:
+    INBUF_KEEP = 65536    # a larger idle input buffer is released
+
+
+cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
+    cdef size_t i
+    cdef char c
+    if a.len != n:
+        return False
+    for i in range(n):
+        c = a.ptr[i]
+        if c'A' <= c <= c'Z':
+            c = c + 32
+        if c != lower[i]:
+            return False
+    return True
+
+
+cdef inline str arg_text(const Arg* a, size_t limit=128):
+    cdef size_t n = a.len if a.len < limit else limit
+    return PyBytes_FromStringAndSize(a.ptr, n).decode("utf-8", "replace")
+
+
+cdef class Command:
+    def __init__(self, str name, int arity, flags=(), handler=None, *,
+                 int first_key=0, int last_key=0, int key_step=0, int fast=FAST_NONE,
+                 subcommands=None, doc=None, acl_categories=()):
+        self.name = name
+        self.arity = arity
+        self.flags = tuple(flags)
+        self.handler = handler
+        self.first_key = first_key
+        self.last_key = last_key
+        self.key_step = key_step
+        self.fast = fast
+        self.subcommands = {c.name.split("|")[1].encode(): c for c in (subcommands or ())}
+        self.doc = dict(doc or {})
+        self.acl_categories = tuple(acl_categories)
+        self.no_auth = "no-auth" in self.flags
+        self.is_write = "write" in self.flags
+
+    cdef bint arity_ok(self, int argc) noexcept:
+        if self.arity >= 0:
+            return argc == self.arity
+        return argc >= -self.arity
+
+    def check_arity(self, int argc):
+        return self.arity_ok(argc)
+
+    @property
+    def usec(self):
+        return self.nsec // 1000
+
+    def reset_stats(self):
+        self.calls = self.nsec = self.failed_calls = self.rejected_calls = 0
+
+    def __repr__(self):
+        return f"<Command {self.name} arity={self.arity}>"
+
+
+cdef class ServerCore:
+    def __init__(self, BucketStore store, dict commands, *, requirepass=None,
+                 int64_t max_bulk_len=512 * 1024 * 1024,
+                 int64_t max_multibulk_len=1024 * 1024,
+                 int64_t query_buffer_limit=1024 * 1024 * 1024,
+                 int64_t output_hard_limit=32 * 1024 * 1024,
+                 int64_t output_soft_limit=8 * 1024 * 1024,
+                 double output_soft_seconds=60.0,
+                 int64_t maxclients=10000, app=None, log=None):
+        self.store = store
+        self.clock = store.clock
+        self.commands = commands
+        self.requirepass = requirepass
+        self.limits.max_bulk_len = max_bulk_len
+        self.limits.max_multibulk_len = max_multibulk_len
+        self.limits.unauthenticated = False
+        self.query_buffer_limit = query_buffer_limit
+        self.output_hard_limit = output_hard_limit
+        self.output_soft_limit = output_soft_limit
+        self.output_soft_seconds = output_soft_seconds
+        self.maxclients = maxclients
+        self.clients = {}
+        self.next_client_id = 1
+        self.app = app
+        self.log = log or logging.getLogger("fastlimit")
+
+    property max_bulk_len:
+        def __get__(self):
+            return self.limits.max_bulk_len
+        def __set__(self, int64_t v):
+            self.limits.max_bulk_len = v
+
+    property max_multibulk_len:
+        def __get__(self):
+            return self.limits.max_multibulk_len
+        def __set__(self, int64_t v):
+            self.limits.max_multibulk_len = v
+
+
+cdef class Connection:
+    def __cinit__(self):
+        if parser_init(&self.parser) != 0:
+            raise MemoryError()
+        self.inbuf = NULL
+
+    def __init__(self, ServerCore core):
+        self.core = core
+        self.proto = 2
+        self.authenticated = core.requirepass is None
+        self.created = self.last_interaction = time.monotonic()
+        self.addr = self.laddr = ""
+
+    def __dealloc__(self):
+        parser_free(&self.parser)
+        free(self.inbuf)
+
+    # ---- asyncio protocol callbacks -----------------------------------------
+
+    def connection_made(self, transport):
+        cdef ServerCore core = self.core
+        self.transport = transport
+        self.id = core.next_client_id
+        core.next_client_id += 1
+        core.total_connections += 1
+        self.addr = _format_addr(transport.get_extra_info("peername"))
+        self.laddr = _format_addr(transport.get_extra_info("sockname"))
+        if len(core.clients) >= core.maxclients:
+            core.rejected_connections += 1
+            transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            self.closed = True
+            return
+        core.clients[self.id] = self
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.core.clients.pop(self.id, None)
+        self.transport = None
+        free(self.inbuf)
+        self.inbuf = NULL
+        self.inlen = self.incap = 0
+
+    def eof_received(self):
+        return False
+
+    def pause_writing(self):
+        pass
+
+    def resume_writing(self):
+        pass
+
+    def data_received(self, bytes data):
+        cdef size_t n = PyBytes_GET_SIZE(data)
+        cdef char* grown
+        cdef size_t cap
+        if self.closed:
+            return
+        self.core.net_input_bytes += n
+        if self.inlen == 0:
+            self.process(PyBytes_AS_STRING(data), n)
+            return
+        if self.inlen + n > self.incap:
+            cap = max(self.incap * 2, self.inlen + n)
+            grown = <char*>realloc(self.inbuf, cap)
+            if grown == NULL:
+                self.core.log.error("client id=%d: out of memory for its query buffer", self.id)
+                self.abort()
+                return
+            self.inbuf = grown
+            self.incap = cap
+        memcpy(self.inbuf + self.inlen, PyBytes_AS_STRING(data), n)
+        self.inlen += n
+        if self.inlen < self.parser.need:
+            self.check_query_buffer(self.inlen)
+            return
+        # Parse from a private copy of the pointer: process() rewrites inbuf.
+        self.process(self.inbuf, self.inlen)
+
+    # ---- parsing and dispatch -----------------------------------------------
+
+    cdef void process(self, const char* buf, size_t n):
+        """Runs every complete command in buf[0:n], sends the replies,
+        and keeps the incomplete tail for the next read."""
+        cdef size_t pos = 0, used = 0
+        cdef int status
+        cdef ParseLimits lim = self.core.limits
+        cdef int64_t t_prev, t_now
+        lim.unauthenticated = not self.authenticated
+        self.now_ms = self.core.clock.now_ms()
+        self.last_interaction = time.monotonic()
+        t_prev = fl_mono_ns()
+        while pos < n and not self.close_after_reply:
+            status = parse_command(&self.parser, buf + pos, n - pos, &used, &lim)
+            if status == PARSE_INCOMPLETE:
+                break   # parser.need counts from pos: the tail kept below
+            if status == PARSE_ERROR:
+                write_error(&OUT, self.parser.error)
+                self.core.total_error_replies += 1
+                self.core.log.info("client id=%d addr=%s: %s; closing",
+                                   self.id, self.addr, self.parser.error.decode())
+                self.close_after_reply = True
+                break
+            if status == PARSE_COMMAND:
+                self.execute()
+                if not self.authenticated:
+                    lim.unauthenticated = True
+                elif lim.unauthenticated:
+                    lim.unauthenticated = False
+                t_now = fl_mono_ns()
+                if self.last_cmd is not None:
+                    self.last_cmd.nsec += t_now - t_prev
+                t_prev = t_now
+            pos += used
+        if self.close_after_reply or pos >= n:
+            self.inlen = 0
+            self.parser.need = 0
+            if self.incap > INBUF_KEEP:
+                free(self.inbuf)
+                self.inbuf = NULL
+                self.incap = 0
+        else:
+            self.keep_tail(buf + pos, n - pos)
+        self.flush()
+
+    cdef void keep_tail(self, const char* buf, size_t n):
+        cdef char* grown
+        if self.inbuf != NULL and self.inbuf <= buf < self.inbuf + self.incap:
+            memmove(self.inbuf, buf, n)
+        else:
+            if n > self.incap:
+                grown = <char*>realloc(self.inbuf, n)
+                if grown == NULL:
+                    self.core.log.error("client id=%d: out of memory for its query buffer",
+                                        self.id)
+                    self.abort()
+                    return
+                self.inbuf = grown
+                self.incap = n
+            memcpy(self.inbuf, buf, n)
+        self.inlen = n
+        self.check_query_buffer(n)
+
+    cdef int check_query_buffer(self, size_t n) except -1:
+        if <int64_t>n > self.core.query_buffer_limit:
+            self.core.log.warning(
+                "closing client id=%d addr=%s that reached max query buffer length (%d bytes)",
+                self.id, self.addr, n)
+            self.abort()
+        return 0
+
+    cdef Command lookup(self, const Arg* a):
+        """The command named by a, via a one-entry cache: pipelines mostly
+        repeat one command."""
+        cdef char lower[32]
+        cdef size_t i
+        cdef char c
+        cdef Command cmd
+        if a.len == 0 or a.len > sizeof(lower):
+            return None
+        for i in range(a.len):
+            c = a.ptr[i]
+            lower[i] = c + 32 if c'A' <= c <= c'Z' else c
+        if self.last_cmd is not None and a.len == self.last_name_len:
+            for i in range(a.len):
+                if lower[i] != self.last_name[i]:
+                    break
+            else:
+                return self.last_cmd
+        cmd = self.core.commands.get(PyBytes_FromStringAndSize(lower, a.len))
+        if cmd is not None:
+            memcpy(self.last_name, lower, a.len)
+            self.last_name_len = a.len
+            self.last_cmd = cmd
+        return cmd
+
+    cdef void execute(self):
+        """Checks and runs (or queues) the command in parser.argv."""
+        cdef Arg* argv = self.parser.argv
+        cdef int argc = self.parser.argc
+        cdef Command cmd = self.lookup(&argv[0])
+        if cmd is None:
+            self.last_cmd = None
+            self.reply_error(unknown_command_message(argv, argc))
+            if self.multi_queue is not None:
+                self.multi_dirty = True
+            return
+        if not cmd.arity_ok(argc):
+            cmd.rejected_calls += 1
+            self.reply_error(f"ERR wrong number of arguments for '{cmd.name}' command")
+            if self.multi_queue is not None:
+                self.multi_dirty = True
+            return
+        if not self.authenticated and not cmd.no_auth:
+            cmd.rejected_calls += 1
+            self.reply_error("NOAUTH Authentication required.")
+            if self.multi_queue is not None:
+                self.multi_dirty = True
+            return
+        if self.multi_queue is not None and cmd.fast < FAST_MULTI:
+            self.queue(cmd)
+            return
+        self.run(cmd, None)
+
+    cdef void run(self, Command cmd, list args):
+        """Runs a checked command; args are given when it was queued,
+        otherwise parser.argv holds them."""
+        cmd.calls += 1
+        self.core.total_commands += 1
+        if cmd.fast == FAST_CL_CHECK:
+            self.cl_check()
+        elif cmd.fast == FAST_PING:
+            self.ping()
+        elif cmd.fast == FAST_MULTI:
+            self.multi()
+        elif cmd.fast == FAST_EXEC:
+            self.exec_queued()
+        elif cmd.fast == FAST_DISCARD:
+            self.discard()
+        else:
+            self.run_python(cmd, args)
+
+    cdef list args_as_bytes(self):
+        cdef int i
+        return [PyBytes_FromStringAndSize(self.parser.argv[i].ptr, self.parser.argv[i].len)
+                for i in range(self.parser.argc)]
+
+    cdef void run_python(self, Command cmd, list args):
+        cdef size_t mark = OUT.len
+        if args is None:
+            args = self.args_as_bytes()
+        try:
+            reply = cmd.handler(self, args)
+            encode_reply(&OUT, reply, self.proto)
+        except ReplyError as e:
+            OUT.len = mark
+            cmd.failed_calls += 1
+            self.reply_error(str(e))
+        except Exception:
+            OUT.len = mark
+            cmd.failed_calls += 1
+            self.core.log.exception("command %s failed", cmd.name)
+            self.reply_error(f"ERR internal error while running '{cmd.name}'")
+
+    cdef void reply_error(self, str msg):
+        cdef bytes b = msg.encode("utf-8", "replace")
+        self.core.total_error_replies += 1
+        write_line(&OUT, c'-', PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+    # ---- commands that run entirely here ---------------------------------------
+
+    cdef void cl_check(self):
+        """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]"""
+        cdef Arg* a = self.parser.argv
+        cdef int argc = self.parser.argc, i = 4
+        cdef BucketParams bp
+        cdef CheckResult r
+        cdef const char* err
+        cdef int rc
+        bp.cost = 1
+        bp.period_ms = 1000
+        if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
+            self.reply_error("ERR capacity is not an integer or out of range")
+            return
+        if not parse_int64(a[3].ptr, a[3].len, &bp.refill):
+            self.reply_error("ERR refill_per_sec is not an integer or out of range")
+            return
+        while i < argc:
+            if i + 1 >= argc:
+                self.reply_error(f"ERR syntax error: option '{arg_text(&a[i])}' needs a value")
+                return
+            if eq_nocase(&a[i], b"cost", 4):
+                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.cost):
+                    self.reply_error("ERR COST is not an integer or out of range")
+                    return
+            elif eq_nocase(&a[i], b"period", 6):
+                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
+                    self.reply_error("ERR PERIOD is not an integer or out of range")
+                    return
+            else:
+                self.reply_error(f"ERR syntax error: unknown option '{arg_text(&a[i])}', "
+                                 "expected COST or PERIOD")
+                return
+            i += 2
+        err = bucket_params_error(&bp)
+        if err != NULL:
+            self.reply_error("ERR " + err.decode())
+            return
+        rc = bucket_check(&self.core.store.table, a[1].ptr, a[1].len, &bp,
+                          self.now_ms, &r)
+        if rc == FL_EKEYLEN:
+            self.reply_error("ERR key is longer than 65535 bytes")
+            return
+        if rc != FL_OK:
+            self.reply_error("OOM out of memory: the bucket could not be stored")
+            return
+        write_raw(&OUT, b"*5\r\n", 4)
+        write_prefixed_int(&OUT, c':', r.allowed)
+        write_prefixed_int(&OUT, c':', r.limit)
+        write_prefixed_int(&OUT, c':', r.remaining)
+        write_prefixed_int(&OUT, c':', r.retry_after_ms)
+        write_prefixed_int(&OUT, c':', r.reset_after_ms)
+
+    cdef void ping(self):
+        if self.parser.argc == 1:
+            write_raw(&OUT, b"+PONG\r\n", 7)
+        else:
+            write_bulk(&OUT, self.parser.argv[1].ptr, self.parser.argv[1].len)
+
+    cdef void multi(self):
+        if self.multi_queue is not None:
+            self.reply_error("ERR MULTI calls can not be nested")
+            return
+        self.multi_queue = []
+        self.multi_dirty = False
+        write_raw(&OUT, b"+OK\r\n", 5)
+
+    cdef void queue(self, Command cmd):
+        self.multi_queue.append((cmd, self.args_as_bytes()))
+        write_raw(&OUT, b"+QUEUED\r\n", 9)
+
+    cdef void discard(self):
+        if self.multi_queue is None:
+            self.reply_error("ERR DISCARD without MULTI")
+            return
+        self.multi_queue = None
+        self.multi_dirty = False
+        write_raw(&OUT, b"+OK\r\n", 5)
+
+    cdef void exec_queued(self):
+        """Runs the queued commands back to back: the server is
+        single-threaded, so nothing interleaves with them."""
+        cdef list queued = self.multi_queue
+        cdef Command cmd
+        cdef list args
+        cdef bytes arg
+        cdef int i
+        if queued is None:
+            self.reply_error("ERR EXEC without MULTI")
+            return
+        self.multi_queue = None
+        if self.multi_dirty:
+            self.multi_dirty = False
+            self.reply_error("EXECABORT Transaction discarded because of previous errors.")
+            return
+        write_prefixed_int(&OUT, c'*', len(queued))
+        for cmd, args in queued:
+            if parser_reserve(&self.parser, len(args)) != 0:
+                self.reply_error("OOM out of memory")
+                continue
+            for i, arg in enumerate(args):
+                self.parser.argv[i].ptr = PyBytes_AS_STRING(arg)
+                self.parser.argv[i].len = PyBytes_GET_SIZE(arg)
+            self.parser.argc = len(args)
+            self.run(cmd, args)
+
+    # ---- output ----------------------------------------------------------------
+
+    cdef void flush(self):
+        cdef bytes data
+        if OUT.len == 0 or self.transport is None:
+            writer_reset(&OUT)
+            return
+        data = PyBytes_FromStringAndSize(OUT.buf, OUT.len)
+        self.core.net_output_bytes += OUT.len
+        writer_reset(&OUT)
+        self.transport.write(data)
+        if self.close_after_reply:
+            self.closed = True
+            self.transport.close()
+            return
+        self.check_output_limits()
+
+    cdef void check_output_limits(self):
+        cdef ServerCore core = self.core
+        cdef int64_t pending = self.transport.get_write_buffer_size()
+        cdef double now
+        if pending == 0:
+            self.soft_limit_since = 0
+            return
+        if core.output_hard_limit > 0 and pending > core.output_hard_limit:
+            core.log.warning("closing client id=%d addr=%s: output buffer %d bytes "
+                             "over the hard limit", self.id, self.addr, pending)
+            self.abort()
+            return
+        if core.output_soft_limit > 0 and pending > core.output_soft_limit:
+            now = time.monotonic()
+            if self.soft_limit_since == 0:
+                self.soft_limit_since = now
+            elif now - self.soft_limit_since > core.output_soft_seconds:
+                core.log.warning("closing client id=%d addr=%s: output buffer over the "
+                                 "soft limit for %.0f s", self.id, self.addr,
+                                 now - self.soft_limit_since)
+                self.abort()
+        else:
+            self.soft_limit_since = 0
+
+    # ---- used by the event-loop layer and by command handlers -----------------
+
+    def abort(self):
+        """Drops the connection now, with whatever output is pending."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self):
+        """Closes after the pending output is sent."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def cron(self):
+        """Periodic checks for a connection that may have gone quiet."""
+        if self.transport is not None and not self.closed:
+            self.check_output_limits()
+
+    @property
+    def query_buffer_len(self):
+        return self.inlen
+
+    @property
+    def output_buffer_len(self):
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    @property
+    def in_multi(self):
+        return self.multi_queue is not None
+
+    @property
+    def last_command(self):
+        return self.last_cmd.name if self.last_cmd is not None else "NULL"
+
+
+cdef str unknown_command_message(const Arg* argv, int argc):
+    # Redis: ERR unknown command 'x', with args beginning with: 'a' 'b'
+    cdef int i
+    cdef list parts = []
+    cdef size_t budget = 128
+    for i in range(1, argc):
+        if budget == 0:
+            break
+        parts.append(f"'{arg_text(&argv[i], budget)}' ")
+        budget -= min(budget, argv[i].len)
+    return (f"ERR unknown command '{arg_text(&argv[0])}', "
+            f"with args beginning with: {''.join(parts)}")
+
+
+def _format_addr(addr):
+    if not addr:
+        return ""
+    if isinstance(addr, tuple):
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(addr)

@@ -1,0 +1,1 @@
+"""The fastlimit server: settings, command table, event-loop layer, CLI."""

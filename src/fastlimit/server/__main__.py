@@ -1,0 +1,3 @@
+from fastlimit.server.main import main
+
+main()

@@ -1,0 +1,165 @@
+"""The event-loop layer: listen, hand each connection to the Cython
+protocol, run the periodic sweep and client checks, shut down cleanly.
+Everything interesting happens in _protocol and _core; this stays thin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+from fastlimit._core import BucketStore, Clock
+from fastlimit._protocol import Connection, ServerCore
+from fastlimit.server import config as cfg
+from fastlimit.server.commands import build_table
+
+log = logging.getLogger("fastlimit")
+
+# When a sweep tick finds this share of what it scanned already expired,
+# the next tick gets the larger budget (as Redis's active expiry does).
+BUSY_SWEEP_SHARE = 0.10
+BUSY_SWEEP_FACTOR = 25
+
+
+class Server:
+    def __init__(self, settings: cfg.Settings):
+        self.settings = settings
+        self.clock = Clock(manual=settings.manual_clock)
+        self.store = BucketStore(shards=settings.shards, clock=self.clock)
+        self.core = ServerCore(self.store, build_table(), app=self, log=log)
+        self._apply_limits()
+        self.run_id = os.urandom(20).hex()
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.peak_rss = 0
+        self.port = settings.port
+        self.loop_name = "asyncio"
+        self.ops_per_sec = 0
+        self.sweep_runs = 0
+        self.sweep_budget_ms = settings.sweep_budget_ms
+        self._servers: list[asyncio.AbstractServer] = []
+        self._stopping: asyncio.Event | None = None
+        self._tick_handle = None
+        self._last_ops = (time.monotonic(), 0)
+
+    # ---- settings -------------------------------------------------------------
+
+    def _apply_limits(self) -> None:
+        s, core = self.settings, self.core
+        core.requirepass = s.requirepass.encode() if s.requirepass else None
+        core.max_bulk_len = s.proto_max_bulk_len
+        core.max_multibulk_len = s.max_multibulk_len
+        core.query_buffer_limit = s.client_query_buffer_limit
+        core.output_hard_limit, core.output_soft_limit, core.output_soft_seconds = \
+            s.client_output_buffer_limit
+        core.maxclients = s.maxclients
+        logging.getLogger().setLevel(cfg.LOGLEVELS[s.loglevel])
+
+    def config_set(self, pairs) -> None:
+        """Applies CONFIG SET pairs all or nothing."""
+        trial = cfg.Settings(**vars(self.settings))
+        for name, value in pairs:
+            cfg.apply(trial, name, value)
+        self.settings = trial.validate()
+        self._apply_limits()
+
+    def reset_stats(self) -> None:
+        core = self.core
+        core.total_commands = core.total_connections = core.rejected_connections = 0
+        core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
+        for cmd in core.commands.values():
+            cmd.reset_stats()
+            for sub in cmd.subcommands.values():
+                sub.reset_stats()
+
+    # ---- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.loop_name = type(loop).__module__.split(".")[0]
+        self._stopping = asyncio.Event()
+        for host in self.settings.bind:
+            server = await loop.create_server(
+                lambda: Connection(self.core), host, self.port or None if self.port else 0,
+                reuse_address=True, backlog=511)
+            self._servers.append(server)
+            if not self.port:
+                self.port = server.sockets[0].getsockname()[1]
+        self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_shutdown)
+        log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
+                 _version(), " ".join(self.settings.bind), self.port, self.loop_name,
+                 "manual" if self.clock.manual else "wall")
+
+    def request_shutdown(self) -> None:
+        if self._stopping is not None and not self._stopping.is_set():
+            log.warning("shutting down")
+            self._stopping.set()
+
+    async def serve_until_stopped(self) -> None:
+        await self._stopping.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        for server in self._servers:
+            server.close()
+        for conn in list(self.core.clients.values()):
+            conn.close()
+        for server in self._servers:
+            await server.wait_closed()
+        log.info("fastlimit is now ready to exit, bye bye")
+
+    # ---- periodic work ----------------------------------------------------------
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
+        removed, scanned = self.store.sweep(budget_ms=self.sweep_budget_ms)
+        self.sweep_runs += 1
+        base = self.settings.sweep_budget_ms
+        busy = scanned and removed / scanned >= BUSY_SWEEP_SHARE
+        self.sweep_budget_ms = base * BUSY_SWEEP_FACTOR if busy else base
+        self._per_second()
+
+    def _per_second(self) -> None:
+        now = time.monotonic()
+        then, ops = self._last_ops
+        if now - then >= 1.0:
+            total = self.core.total_commands
+            self.ops_per_sec = int((total - ops) / (now - then))
+            self._last_ops = (now, total)
+            for conn in list(self.core.clients.values()):
+                conn.cron()
+
+
+def _version() -> str:
+    from fastlimit import __version__
+    return __version__
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        log.warning("uvloop is not installed; using asyncio's default loop")
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run(settings: cfg.Settings) -> None:
+    async def main():
+        server = Server(settings)
+        await server.start()
+        await server.serve_until_stopped()
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()

@@ -1,0 +1,582 @@
+"""The command table: one entry per command (name, arity as in Redis,
+flags, key positions, docs) driving dispatch, arity checks, COMMAND
+replies and per-command statistics.  Commands with a ``fast`` id run
+entirely in the Cython connection; the others have a handler here.
+
+A handler is ``handler(conn, args) -> reply`` where ``args[0]`` is the
+command name as sent; it raises ``ReplyError`` for an error reply.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import time
+
+from fastlimit import __version__
+from fastlimit._protocol import Command
+from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
+from fastlimit.server import config as cfg
+from fastlimit.server.info import render_info
+
+# The fast-path ids of _protocol.pxd's FastPath enum.
+FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET = range(1, 8)
+
+REDIS_COMPAT_VERSION = "7.0.0"
+OK = SimpleString("OK")
+
+
+def _int(value: bytes, what: str = "value") -> int:
+    try:
+        text = value.decode("ascii")
+        n = int(text)
+    except (UnicodeDecodeError, ValueError):
+        raise ReplyError(f"ERR {what} is not an integer or out of range") from None
+    if text != str(n) or not -(2**63) <= n < 2**63:
+        raise ReplyError(f"ERR {what} is not an integer or out of range")
+    return n
+
+
+def _lower(value: bytes) -> str:
+    return value.decode("utf-8", "replace").lower()
+
+
+# ---- connection ---------------------------------------------------------------
+
+def cmd_echo(conn, args):
+    return args[1]
+
+
+def _password_ok(conn, username: bytes | None, password: bytes) -> bool:
+    expected = conn.core.requirepass
+    if expected is None:
+        return False
+    user_ok = username is None or username == b"default"
+    return hmac.compare_digest(password, expected) and user_ok
+
+
+def cmd_auth(conn, args):
+    if len(args) > 3:
+        raise ReplyError("ERR syntax error")
+    if conn.core.requirepass is None:
+        raise ReplyError("ERR AUTH <password> called without any password configured "
+                         "for the default user. Are you sure your configuration is correct?")
+    username, password = (None, args[1]) if len(args) == 2 else (args[1], args[2])
+    if not _password_ok(conn, username, password):
+        conn.core.log.warning("client id=%d addr=%s: wrong password", conn.id, conn.addr)
+        raise ReplyError("WRONGPASS invalid username-password pair or user is disabled.")
+    conn.authenticated = True
+    return OK
+
+
+def _validate_client_name(name: bytes) -> None:
+    if any(c < 33 or c > 126 for c in name):
+        raise ReplyError("ERR Client names cannot contain spaces, newlines or special characters.")
+
+
+def cmd_hello(conn, args):
+    proto = conn.proto
+    if len(args) >= 2:
+        try:
+            proto = int(args[1])
+        except ValueError:
+            raise ReplyError("ERR Protocol version is not an integer or out of range") from None
+        if proto not in (2, 3):
+            raise ReplyError("NOPROTO unsupported protocol version")
+    i, name, authed = 2, None, False
+    while i < len(args):
+        option = _lower(args[i])
+        if option == "auth" and i + 2 < len(args):
+            if conn.core.requirepass is None and args[i + 1] == b"default":
+                authed = True   # Redis accepts any password when none is set
+            elif not _password_ok(conn, args[i + 1], args[i + 2]):
+                raise ReplyError("WRONGPASS invalid username-password pair or user is disabled.")
+            authed = True
+            i += 3
+        elif option == "setname" and i + 1 < len(args):
+            name = args[i + 1]
+            _validate_client_name(name)
+            i += 2
+        else:
+            raise ReplyError(f"ERR Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
+    if not conn.authenticated and not authed:
+        raise ReplyError("NOAUTH HELLO must be called with the client already authenticated, "
+                         "otherwise the HELLO <proto> AUTH <user> <pass> option can be used "
+                         "to authenticate the client and select the RESP protocol version "
+                         "at the same time")
+    if authed:
+        conn.authenticated = True
+    if name is not None:
+        conn.name = name or None
+    conn.proto = proto
+    return {"server": "fastlimit", "version": REDIS_COMPAT_VERSION, "proto": proto,
+            "id": conn.id, "mode": "standalone", "role": "master", "modules": [],
+            "fastlimit_version": __version__}
+
+
+def cmd_select(conn, args):
+    if _int(args[1]) != 0:
+        raise ReplyError("ERR DB index is out of range")
+    return OK
+
+
+def cmd_quit(conn, args):
+    conn.close_after_reply = True
+    return OK
+
+
+def cmd_reset(conn, args):
+    conn.multi_queue = None
+    conn.proto = 2
+    conn.name = None
+    conn.authenticated = conn.core.requirepass is None
+    return SimpleString("RESET")
+
+
+# ---- CLIENT -----------------------------------------------------------------------
+
+def cmd_client_id(conn, args):
+    return conn.id
+
+
+def cmd_client_getname(conn, args):
+    return conn.name
+
+
+def cmd_client_setname(conn, args):
+    _validate_client_name(args[2])
+    conn.name = args[2] or None
+    return OK
+
+
+def cmd_client_setinfo(conn, args):
+    attr = _lower(args[2])
+    if attr not in ("lib-name", "lib-ver"):
+        raise ReplyError(f"ERR Unrecognized option '{args[2].decode(errors='replace')}'")
+    _validate_client_name(args[3])
+    setattr(conn, attr.replace("-", "_"), args[3])
+    return OK
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def client_line(c, now: float) -> str:
+    flags = "x" if c.in_multi else "N"
+    return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
+            f"age={int(now - c.created)} idle={int(now - c.last_interaction)} flags={flags} "
+            f"db=0 sub=0 psub=0 ssub=0 multi={len(c.multi_queue) if c.in_multi else -1} "
+            f"qbuf={c.query_buffer_len} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 "
+            f"obl=0 oll=0 omem={c.output_buffer_len} tot-mem=0 events=r "
+            f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
+            f"lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)}")
+
+
+def cmd_client_list(conn, args):
+    clients = list(conn.core.clients.values())
+    i = 2
+    while i < len(args):
+        option = _lower(args[i])
+        if option == "type" and i + 1 < len(args):
+            kind = _lower(args[i + 1])
+            if kind not in ("normal", "master", "replica", "slave", "pubsub"):
+                raise ReplyError(f"ERR Unknown client type '{kind}'")
+            if kind != "normal":
+                clients = []
+            i += 2
+        elif option == "id" and i + 1 < len(args):
+            ids = {_int(a, "client-id") for a in args[i + 1:]}
+            clients = [c for c in clients if c.id in ids]
+            break
+        else:
+            raise ReplyError("ERR syntax error")
+    now = time.monotonic()
+    return Verbatim("".join(client_line(c, now) + "\n" for c in clients))
+
+
+def cmd_client_info(conn, args):
+    return Verbatim(client_line(conn, time.monotonic()) + "\n")
+
+
+def cmd_client_kill(conn, args):
+    clients = conn.core.clients.values()
+    if len(args) == 3:   # old form: CLIENT KILL addr:port
+        target = args[2].decode(errors="replace")
+        victims = [c for c in clients if c.addr == target]
+        if not victims:
+            raise ReplyError("ERR No such client")
+        victims[0].close()
+        return OK
+    if len(args) % 2:
+        raise ReplyError("ERR syntax error")
+    victims = list(clients)
+    skipme = True
+    for i in range(2, len(args), 2):
+        option, value = _lower(args[i]), args[i + 1]
+        if option == "id":
+            wanted = _int(value, "client-id")
+            victims = [c for c in victims if c.id == wanted]
+        elif option == "addr":
+            victims = [c for c in victims if c.addr == value.decode(errors="replace")]
+        elif option == "laddr":
+            victims = [c for c in victims if c.laddr == value.decode(errors="replace")]
+        elif option == "skipme":
+            skipme = _lower(value) == "yes"
+        elif option == "type":
+            if _lower(value) != "normal":
+                victims = []
+        else:
+            raise ReplyError("ERR syntax error")
+    if skipme:
+        victims = [c for c in victims if c is not conn]
+    for c in victims:
+        c.close()
+    return len(victims)
+
+
+def cmd_client_ok(conn, args):
+    return OK
+
+
+# ---- server -----------------------------------------------------------------------
+
+def cmd_dbsize(conn, args):
+    return len(conn.core.store)
+
+
+def cmd_flushall(conn, args):
+    if len(args) > 2 or (len(args) == 2 and _lower(args[1]) not in ("sync", "async")):
+        raise ReplyError("ERR syntax error")
+    conn.core.store.clear()
+    return OK
+
+
+def cmd_time(conn, args):
+    ms = conn.core.clock.now()
+    return [str(ms // 1000).encode(), str((ms % 1000) * 1000).encode()]
+
+
+def cmd_info(conn, args):
+    sections = [_lower(a) for a in args[1:]]
+    return Verbatim(render_info(conn.core, sections))
+
+
+def cmd_shutdown(conn, args):
+    options = {_lower(a) for a in args[1:]}
+    unknown = options - {"nosave", "save", "now", "force", "abort"}
+    if unknown:
+        raise ReplyError("ERR syntax error")
+    if "abort" in options:
+        raise ReplyError("ERR No shutdown in progress.")
+    conn.core.log.warning("user requested shutdown (client id=%d addr=%s)", conn.id, conn.addr)
+    conn.core.app.request_shutdown()
+    conn.close_after_reply = True
+    return NO_REPLY   # as Redis: success is the connection closing
+
+
+def cmd_debug(conn, args):
+    sub = _lower(args[1])
+    if sub == "clock":
+        return _debug_clock(conn, args)
+    if sub == "help":
+        return [SimpleString(line) for line in (
+            "DEBUG CLOCK GET -- the server clock in ms",
+            "DEBUG CLOCK SET <ms> -- set the manual clock",
+            "DEBUG CLOCK ADVANCE <ms> -- move the manual clock forward",
+            "DEBUG SWEEP [budget-ms] -- run the idle-bucket sweep now")]
+    if sub == "sweep":
+        budget = float(_int(args[2], "budget-ms")) if len(args) > 2 else 100.0
+        removed, scanned = conn.core.store.sweep(budget_ms=budget)
+        return [removed, scanned]
+    raise ReplyError(f"ERR unknown subcommand '{args[1].decode(errors='replace')}'. "
+                     "Try DEBUG HELP.")
+
+
+def _debug_clock(conn, args):
+    clock = conn.core.clock
+    action = _lower(args[2]) if len(args) > 2 else "get"
+    if action == "get" and len(args) <= 3:
+        return clock.now()
+    if action not in ("set", "advance") or len(args) != 4:
+        raise ReplyError("ERR syntax error: DEBUG CLOCK GET | SET <ms> | ADVANCE <ms>")
+    if not clock.manual:
+        raise ReplyError("ERR DEBUG CLOCK SET/ADVANCE need the server started with --manual-clock")
+    value = _int(args[3], "milliseconds")
+    try:
+        clock.set(value) if action == "set" else clock.advance(value)
+    except ValueError as e:
+        raise ReplyError(f"ERR {e}") from None
+    return clock.now()
+
+
+# ---- CONFIG ----------------------------------------------------------------------
+
+def cmd_config_get(conn, args):
+    settings = cfg.get_all(conn.core.app.settings)
+    patterns = [_lower(a) for a in args[2:]]
+    return {name: value for name, value in settings.items()
+            if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
+
+
+def cmd_config_set(conn, args):
+    if len(args) % 2:
+        raise ReplyError("ERR wrong number of arguments for 'config|set' command")
+    pairs = [(_lower(args[i]), args[i + 1].decode("utf-8", "replace"))
+             for i in range(2, len(args), 2)]
+    app = conn.core.app
+    for name, value in pairs:
+        if name in cfg.FIXED and value == cfg.FIXED[name]:
+            continue
+        if name not in cfg.RUNTIME_SETTABLE:
+            raise ReplyError(f"ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
+    try:
+        app.config_set([(n, v) for n, v in pairs if n in cfg.RUNTIME_SETTABLE])
+    except cfg.ConfigError as e:
+        raise ReplyError(f"ERR CONFIG SET failed - {e}") from None
+    return OK
+
+
+def cmd_config_resetstat(conn, args):
+    conn.core.app.reset_stats()
+    return OK
+
+
+# ---- COMMAND ----------------------------------------------------------------------
+
+def _key_specs(c: Command) -> list:
+    if c.first_key == 0:
+        return []
+    flags = {SimpleString("RW"), SimpleString("UPDATE")} if c.is_write else {SimpleString("RO")}
+    return [{"flags": flags,
+             "begin_search": {"type": "index", "spec": {"index": c.first_key}},
+             "find_keys": {"type": "range",
+                           "spec": {"lastkey": c.last_key - c.first_key if c.last_key >= 0
+                                    else c.last_key, "keystep": c.key_step, "limit": 0}}}]
+
+
+def command_entry(c: Command) -> list:
+    """A full Redis 7 COMMAND entry (10 elements)."""
+    return [c.name, c.arity, {SimpleString(f) for f in c.flags},
+            c.first_key, c.last_key, c.key_step,
+            {SimpleString(a) for a in c.acl_categories}, [], _key_specs(c),
+            [command_entry(s) for s in c.subcommands.values()]]
+
+
+def _doc_arguments(arguments) -> list:
+    out = []
+    for arg in arguments:
+        name, kind = arg[0], arg[1]
+        entry = {"name": name, "type": kind}
+        if kind == "key":
+            entry["key_spec_index"] = 0
+        if len(arg) > 2 and "token" in arg[2]:
+            entry["token"] = arg[2]["token"]
+        if len(arg) > 2 and arg[2].get("optional"):
+            entry["flags"] = [SimpleString("optional")]
+        if len(arg) > 2 and "arguments" in arg[2]:
+            entry["arguments"] = _doc_arguments(arg[2]["arguments"])
+        out.append(entry)
+    return out
+
+
+def command_doc(c: Command) -> dict:
+    doc = {"summary": c.doc.get("summary", ""), "since": c.doc.get("since", "0.1.0"),
+           "group": c.doc.get("group", "generic"),
+           "complexity": c.doc.get("complexity", "O(1)")}
+    if c.doc.get("arguments"):
+        doc["arguments"] = _doc_arguments(c.doc["arguments"])
+    if c.subcommands:
+        doc["subcommands"] = {s.name: command_doc(s) for s in c.subcommands.values()}
+    return doc
+
+
+def _table(conn) -> dict:
+    return conn.core.commands
+
+
+def _find(conn, name: bytes):
+    parent, _, sub = name.lower().partition(b"|")
+    c = _table(conn).get(parent)
+    if c is not None and sub:
+        return c.subcommands.get(sub)
+    return c
+
+
+def cmd_command(conn, args):
+    return [command_entry(c) for c in _table(conn).values()]
+
+
+def cmd_command_count(conn, args):
+    return len(_table(conn))
+
+
+def cmd_command_info(conn, args):
+    if len(args) == 2:
+        return cmd_command(conn, args)
+    return [command_entry(c) if (c := _find(conn, a)) is not None else None for a in args[2:]]
+
+
+def cmd_command_docs(conn, args):
+    commands = (_table(conn).values() if len(args) == 2
+                else [c for a in args[2:] if (c := _find(conn, a)) is not None])
+    return {c.name: command_doc(c) for c in commands}
+
+
+def cmd_command_list(conn, args):
+    return [c.name for c in _table(conn).values()]
+
+
+def cmd_command_getkeys(conn, args):
+    c = _find(conn, args[2])
+    if c is None:
+        raise ReplyError("ERR Invalid command specified")
+    if not c.check_arity(len(args) - 2):
+        raise ReplyError("ERR Invalid number of arguments specified for command")
+    if c.first_key == 0:
+        raise ReplyError("ERR The command has no key arguments")
+    cmd_args = args[2:]
+    last = c.last_key if c.last_key >= 0 else len(cmd_args) + c.last_key
+    return cmd_args[c.first_key:last + 1:c.key_step]
+
+
+# ---- subcommand containers ----------------------------------------------------------
+
+def container(name: str, arity: int, flags, subcommands, doc, default=None) -> Command:
+    """A command whose second argument names a subcommand (CLIENT LIST);
+    `default` answers the bare command, where Redis allows one."""
+    holder = []
+
+    def dispatch(conn, args):
+        if len(args) == 1:
+            return default(conn, args)
+        parent = holder[0]
+        sub = parent.subcommands.get(args[1].lower())
+        if sub is None:
+            raise ReplyError(f"ERR unknown subcommand '{args[1].decode(errors='replace')[:128]}'. "
+                             f"Try {name.upper()} HELP.")
+        if not sub.check_arity(len(args)):
+            sub.rejected_calls += 1
+            raise ReplyError(f"ERR wrong number of arguments for '{sub.name}' command")
+        sub.calls += 1
+        try:
+            return sub.handler(conn, args)
+        except ReplyError:
+            sub.failed_calls += 1
+            raise
+
+    def help_lines(conn, args):
+        return [SimpleString(f"{name.upper()} <subcommand> [<arg> ...]. Subcommands are:")] + [
+            SimpleString(f"{s.name.split('|')[1].upper()} -- {s.doc.get('summary', '')}")
+            for s in holder[0].subcommands.values()]
+
+    subs = list(subcommands) + [
+        Command(f"{name}|help", 2, ("loading", "stale"), help_lines,
+                doc={"summary": "Shows helpful text about the different subcommands."})]
+    cmd = Command(name, arity, flags, dispatch, subcommands=subs, doc=doc)
+    holder.append(cmd)
+    return cmd
+
+
+def sub(parent: str, name: str, arity: int, handler, summary: str, flags=(), arguments=()):
+    return Command(f"{parent}|{name}", arity, flags, handler,
+                   doc={"summary": summary, "arguments": list(arguments)})
+
+
+# ---- the table --------------------------------------------------------------------
+
+def _cmd(name, arity, flags, handler=None, *, fast=0, keys=(0, 0, 0), acl=(), **doc):
+    return Command(name, arity, flags, handler, first_key=keys[0], last_key=keys[1],
+                   key_step=keys[2], fast=fast, doc=doc, acl_categories=acl)
+
+
+def build_table() -> dict[bytes, Command]:
+    conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
+    commands = [
+        _cmd("cl.check", -4, ("write", "denyoom", "fast"), fast=FAST_CL_CHECK, keys=(1, 1, 1),
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="Spends COST tokens from a token bucket if it holds them; replies "
+                     "[allowed, limit, remaining, retry_after_ms, reset_after_ms].",
+             arguments=[("key", "key"), ("capacity", "integer"), ("refill_per_sec", "integer"),
+                        ("cost", "integer", {"token": "COST", "optional": True}),
+                        ("period", "integer", {"token": "PERIOD", "optional": True})]),
+        _cmd("cl.reset", 2, ("write", "fast"), lambda c, a: int(c.core.store.reset(a[1])),
+             keys=(1, 1, 1), acl=("@write", "@fast", "@ratelimit"), group="ratelimit",
+             summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
+             arguments=[("key", "key")]),
+        _cmd("ping", -1, ("fast", "sentinel"), fast=FAST_PING, acl=("@fast", "@connection"),
+             group="connection", summary="Returns the server's liveliness response.",
+             arguments=[("message", "string", {"optional": True})]),
+        _cmd("echo", 2, ("fast",), cmd_echo, acl=("@fast", "@connection"), group="connection",
+             summary="Returns the given string.", arguments=[("message", "string")]),
+        _cmd("auth", -2, conn_flags + ("sentinel",), cmd_auth, acl=("@fast", "@connection"),
+             group="connection", summary="Authenticates the connection.",
+             arguments=[("username", "string", {"optional": True}), ("password", "string")]),
+        _cmd("hello", -1, conn_flags + ("sentinel",), cmd_hello, acl=("@fast", "@connection"),
+             group="connection", summary="Handshakes with the server.",
+             arguments=[("protover", "integer", {"optional": True})]),
+        _cmd("select", 2, ("loading", "stale", "fast"), cmd_select, acl=("@fast", "@connection"),
+             group="connection", summary="Changes the selected database (only 0 exists).",
+             arguments=[("index", "integer")]),
+        _cmd("quit", -1, conn_flags, cmd_quit, fast=FAST_QUIT, acl=("@fast", "@connection"),
+             group="connection", summary="Closes the connection."),
+        _cmd("reset", 1, conn_flags, cmd_reset, fast=FAST_RESET, acl=("@fast", "@connection"),
+             group="connection", summary="Resets the connection."),
+        _cmd("multi", 1, ("noscript", "loading", "stale", "fast", "allow-busy"), fast=FAST_MULTI,
+             acl=("@fast", "@transaction"), group="transactions", summary="Starts a transaction."),
+        _cmd("exec", 1, ("noscript", "loading", "stale", "skip-slowlog"), fast=FAST_EXEC,
+             acl=("@slow", "@transaction"), group="transactions",
+             summary="Executes all commands in a transaction."),
+        _cmd("discard", 1, ("noscript", "loading", "stale", "fast", "allow-busy"),
+             fast=FAST_DISCARD, acl=("@fast", "@transaction"), group="transactions",
+             summary="Discards a transaction."),
+        _cmd("dbsize", 1, ("readonly", "fast"), cmd_dbsize, acl=("@keyspace", "@read", "@fast"),
+             group="server", summary="Returns the number of live buckets."),
+        _cmd("flushall", -1, ("write",), cmd_flushall, acl=("@keyspace", "@write", "@slow"),
+             group="server", summary="Removes every bucket.",
+             arguments=[("flush-type", "string", {"optional": True})]),
+        _cmd("flushdb", -1, ("write",), cmd_flushall, acl=("@keyspace", "@write", "@slow"),
+             group="server", summary="Removes every bucket (there is one database).",
+             arguments=[("flush-type", "string", {"optional": True})]),
+        _cmd("time", 1, ("loading", "stale", "fast"), cmd_time, acl=("@fast",), group="server",
+             summary="Returns the server time (the manual clock when it is on)."),
+        _cmd("info", -1, ("loading", "stale", "sentinel"), cmd_info, acl=("@slow", "@dangerous"),
+             group="server", summary="Returns information and statistics about the server.",
+             arguments=[("section", "string", {"optional": True})]),
+        _cmd("shutdown", -1, ("admin", "noscript", "loading", "stale", "no-multi", "sentinel"),
+             cmd_shutdown, acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Stops the server."),
+        _cmd("debug", -2, ("admin", "noscript", "loading", "stale"), cmd_debug,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Debugging and test helpers (DEBUG HELP)."),
+        container("client", -2, ("sentinel",), [
+            sub("client", "id", 2, cmd_client_id, "Returns the connection's unique ID."),
+            sub("client", "getname", 2, cmd_client_getname, "Returns the connection's name."),
+            sub("client", "setname", 3, cmd_client_setname, "Sets the connection's name.",
+                arguments=[("connection-name", "string")]),
+            sub("client", "setinfo", 4, cmd_client_setinfo,
+                "Sets information specific to the client library.",
+                arguments=[("attr", "string"), ("value", "string")]),
+            sub("client", "list", -2, cmd_client_list, "Lists open connections."),
+            sub("client", "info", 2, cmd_client_info, "Returns information about this connection."),
+            sub("client", "kill", -3, cmd_client_kill, "Terminates open connections."),
+            sub("client", "no-evict", 3, cmd_client_ok, "Accepted for compatibility."),
+            sub("client", "no-touch", 3, cmd_client_ok, "Accepted for compatibility."),
+        ], {"summary": "A container for client connection commands.", "group": "connection"}),
+        container("command", -1, ("loading", "stale"), [
+            sub("command", "count", 2, cmd_command_count, "Returns a count of commands."),
+            sub("command", "info", -2, cmd_command_info, "Returns information about commands."),
+            sub("command", "docs", -2, cmd_command_docs, "Returns documentary information about commands."),
+            sub("command", "list", -2, cmd_command_list, "Returns a list of command names."),
+            sub("command", "getkeys", -3, cmd_command_getkeys, "Extracts the key names from a command."),
+        ], {"summary": "Returns detailed information about all commands.", "group": "server"},
+            default=cmd_command),
+        container("config", -2, (), [
+            sub("config", "get", -3, cmd_config_get, "Returns the effective values of settings.",
+                arguments=[("parameter", "string")]),
+            sub("config", "set", -4, cmd_config_set, "Sets settings at runtime.",
+                arguments=[("parameter", "string"), ("value", "string")]),
+            sub("config", "resetstat", 2, cmd_config_resetstat, "Resets the server's statistics."),
+        ], {"summary": "A container for server configuration commands.", "group": "server"}),
+    ]
+    return {c.name.encode(): c for c in commands}

@@ -1,0 +1,221 @@
+"""Server settings: defaults, the TOML config file, the command line, and
+the CONFIG GET/SET view of them.
+
+Names follow Redis where Redis has the setting (``maxclients``,
+``proto-max-bulk-len``, ...).  In a TOML file either ``proto-max-bulk-len``
+or ``proto_max_bulk_len`` may be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+DEFAULT_PORT = 6380
+
+
+class ConfigError(ValueError):
+    """A setting has a value the server cannot use."""
+
+
+_MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb)?$", re.IGNORECASE)
+_UNITS = {None: 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
+          "g": 1000**3, "gb": 1024**3}
+
+
+def parse_memory(value) -> int:
+    """Redis's memory notation: 1k = 1000 bytes, 1kb = 1024 bytes, ..."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"negative size: {value}")
+        return value
+    m = _MEMORY.match(str(value).strip())
+    if not m:
+        raise ConfigError(f"not a size: {value!r} (use e.g. 1024, 64kb, 32mb)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def parse_int(value, low: int, high: int, name: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not low <= n <= high:
+        raise ConfigError(f"{name} must be from {low} to {high}, got {value!r}")
+    return n
+
+
+def parse_bool(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("yes", "true", "1", "on"):
+        return True
+    if text in ("no", "false", "0", "off"):
+        return False
+    raise ConfigError(f"{name} must be yes or no, got {value!r}")
+
+
+def parse_output_limit(value) -> tuple[int, int, int]:
+    """``<hard> <soft> <soft-seconds>``, as one string or a list."""
+    parts = value.split() if isinstance(value, str) else list(value)
+    if len(parts) == 4 and str(parts[0]).lower() == "normal":
+        parts = parts[1:]
+    if len(parts) != 3:
+        raise ConfigError("client-output-buffer-limit takes <hard> <soft> <soft-seconds>")
+    return (parse_memory(parts[0]), parse_memory(parts[1]),
+            parse_int(parts[2], 0, 10**9, "client-output-buffer-limit soft seconds"))
+
+
+@dataclass
+class Settings:
+    bind: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+    port: int = DEFAULT_PORT
+    requirepass: str | None = None
+    shards: int = 256
+    manual_clock: bool = False
+    maxclients: int = 10000
+    proto_max_bulk_len: int = 512 * 1024 * 1024
+    max_multibulk_len: int = 1024 * 1024
+    client_query_buffer_limit: int = 1024 * 1024 * 1024
+    client_output_buffer_limit: tuple[int, int, int] = (32 * 1024**2, 8 * 1024**2, 60)
+    hz: int = 10
+    sweep_budget_ms: float = 1.0
+    loglevel: str = "notice"
+    config_file: str | None = None
+
+    def validate(self) -> "Settings":
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be from 0 to 65535, got {self.port}")
+        if not self.bind:
+            raise ConfigError("bind needs at least one address")
+        if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
+            raise ConfigError(f"shards must be a power of two from 1 to 65536, got {self.shards}")
+        if not 1 <= self.maxclients <= 1_000_000:
+            raise ConfigError(f"maxclients must be from 1 to 1000000, got {self.maxclients}")
+        if not 1 <= self.hz <= 500:
+            raise ConfigError(f"hz must be from 1 to 500, got {self.hz}")
+        if not 1 <= self.proto_max_bulk_len <= 2**40:
+            raise ConfigError("proto-max-bulk-len must be from 1 byte to 1 TB")
+        if not 1 <= self.max_multibulk_len <= 2**31 - 1:
+            raise ConfigError("max-multibulk-len must be from 1 to 2147483647")
+        if self.loglevel not in LOGLEVELS:
+            raise ConfigError(f"loglevel must be one of {', '.join(LOGLEVELS)}")
+        if not 0 < self.sweep_budget_ms <= 100:
+            raise ConfigError("sweep-budget-ms must be above 0 and at most 100")
+        if self.requirepass == "":
+            self.requirepass = None
+        return self
+
+
+LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
+
+# name -> (parse from text, format for CONFIG GET)
+_FIELDS = {
+    "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
+    "port": (lambda v: parse_int(v, 0, 65535, "port"), str),
+    "requirepass": (lambda v: str(v) or None, lambda v: v or ""),
+    "shards": (lambda v: parse_int(v, 1, 65536, "shards"), str),
+    "manual-clock": (lambda v: parse_bool(v, "manual-clock"), lambda v: "yes" if v else "no"),
+    "maxclients": (lambda v: parse_int(v, 1, 1_000_000, "maxclients"), str),
+    "proto-max-bulk-len": (parse_memory, str),
+    "max-multibulk-len": (lambda v: parse_int(v, 1, 2**31 - 1, "max-multibulk-len"), str),
+    "client-query-buffer-limit": (parse_memory, str),
+    "client-output-buffer-limit": (
+        parse_output_limit, lambda v: "normal {} {} {}".format(*v)),
+    "hz": (lambda v: parse_int(v, 1, 500, "hz"), str),
+    "sweep-budget-ms": (float, str),
+    "loglevel": (lambda v: str(v).lower(), str),
+}
+
+# Settings that CONFIG SET may change while the server runs.
+RUNTIME_SETTABLE = {"maxclients", "proto-max-bulk-len", "max-multibulk-len",
+                    "client-query-buffer-limit", "client-output-buffer-limit",
+                    "hz", "sweep-budget-ms", "loglevel", "requirepass"}
+
+# Redis settings that clients ask about; fixed, because fastlimit keeps
+# buckets in memory only (snapshots come with replication).
+FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
+         "maxmemory": "0", "maxmemory-policy": "noeviction",
+         "cluster-enabled": "no", "protected-mode": "no"}
+
+
+def attr_name(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def apply(settings: Settings, name: str, value) -> None:
+    """Sets one setting from text or a TOML value, validating it."""
+    key = name.lower().replace("_", "-")
+    if key not in _FIELDS:
+        raise ConfigError(f"unknown setting {name!r}")
+    parse, _ = _FIELDS[key]
+    try:
+        setattr(settings, attr_name(key), parse(value))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def get_all(settings: Settings) -> dict[str, str]:
+    """Every setting as CONFIG GET shows it."""
+    out = {key: fmt(getattr(settings, attr_name(key))) for key, (_, fmt) in _FIELDS.items()}
+    out.update(FIXED)
+    return out
+
+
+def load_file(path: str, settings: Settings) -> None:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    section = data.get("server", data)
+    for name, value in section.items():
+        if isinstance(value, dict):
+            continue   # other sections belong to later features
+        apply(settings, name, value)
+    settings.config_file = path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fastlimit-server",
+        description="Rate-limiting counter server that speaks the Redis protocol.")
+    p.add_argument("--config", metavar="FILE", help="TOML config file (command line wins)")
+    p.add_argument("--port", type=int, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--bind", nargs="+", metavar="ADDR", help="addresses to listen on (default 127.0.0.1)")
+    p.add_argument("--requirepass", metavar="PW", help="password clients must AUTH with")
+    p.add_argument("--shards", type=int, help="bucket table shards, a power of two (default 256)")
+    p.add_argument("--manual-clock", action="store_true", default=None,
+                   help="start the clock at 0 and move it only with DEBUG CLOCK (tests)")
+    p.add_argument("--maxclients", type=int)
+    p.add_argument("--proto-max-bulk-len", metavar="SIZE")
+    p.add_argument("--max-multibulk-len", type=int)
+    p.add_argument("--client-query-buffer-limit", metavar="SIZE")
+    p.add_argument("--client-output-buffer-limit", nargs=3, metavar=("HARD", "SOFT", "SECONDS"))
+    p.add_argument("--hz", type=int, help="background task frequency (default 10)")
+    p.add_argument("--sweep-budget-ms", type=float, help="time per tick for dropping idle buckets")
+    p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
+    return p
+
+
+def from_args(argv=None) -> Settings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = Settings()
+    if args.config:
+        load_file(args.config, settings)
+    for action in parser._actions:
+        if action.dest in ("help", "config"):
+            continue
+        value = getattr(args, action.dest)
+        if value is not None:
+            apply(settings, action.dest, value)
+    return settings.validate()

@@ -1,0 +1,144 @@
+"""INFO: Redis's sections and field names, plus a fastlimit section."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+
+from fastlimit import __version__
+
+DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
+                    "replication", "cpu", "keyspace", "fastlimit"]
+ALL_SECTIONS = DEFAULT_SECTIONS + ["commandstats", "errorstats"]
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n}B"
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _server(core, app) -> dict:
+    uptime = int(time.monotonic() - app.started)
+    s = app.settings
+    return {
+        "redis_version": "7.0.0", "fastlimit_version": __version__,
+        "redis_mode": "standalone", "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "arch_bits": 64, "multiplexing_api": app.loop_name,
+        "python_version": platform.python_version(), "process_id": os.getpid(),
+        "run_id": app.run_id, "tcp_port": app.port, "server_time_usec": int(time.time() * 1e6),
+        "uptime_in_seconds": uptime, "uptime_in_days": uptime // 86400, "hz": s.hz,
+        "clock_mode": "manual" if core.clock.manual else "wall",
+        "clock_ms": core.clock.now(), "executable": sys.argv[0],
+        "config_file": s.config_file or "",
+    }
+
+
+def _clients(core, app) -> dict:
+    return {"connected_clients": len(core.clients), "maxclients": core.maxclients,
+            "blocked_clients": 0, "tracking_clients": 0,
+            "client_recent_max_input_buffer": max(
+                (c.query_buffer_len for c in core.clients.values()), default=0),
+            "client_recent_max_output_buffer": max(
+                (c.output_buffer_len for c in core.clients.values()), default=0)}
+
+
+def _memory(core, app) -> dict:
+    tables = core.store.memory_bytes
+    rss = rss_bytes()
+    app.peak_rss = max(app.peak_rss, rss)
+    keys = len(core.store)
+    return {"used_memory": rss, "used_memory_human": human_bytes(rss),
+            "used_memory_rss": rss, "used_memory_rss_human": human_bytes(rss),
+            "used_memory_peak": app.peak_rss, "used_memory_peak_human": human_bytes(app.peak_rss),
+            "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
+            "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
+            "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
+            "mem_allocator": "libc+mmap"}
+
+
+def _persistence(core, app) -> dict:
+    return {"loading": 0, "rdb_changes_since_last_save": 0, "rdb_bgsave_in_progress": 0,
+            "rdb_last_save_time": int(app.started_wall), "aof_enabled": 0}
+
+
+def _stats(core, app) -> dict:
+    return {"total_connections_received": core.total_connections,
+            "total_commands_processed": core.total_commands,
+            "instantaneous_ops_per_sec": app.ops_per_sec,
+            "total_net_input_bytes": core.net_input_bytes,
+            "total_net_output_bytes": core.net_output_bytes,
+            "rejected_connections": core.rejected_connections,
+            "expired_keys": core.store.expired_total,
+            "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
+            "total_error_replies": core.total_error_replies,
+            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms}
+
+
+def _replication(core, app) -> dict:
+    return {"role": "master", "connected_slaves": 0, "master_repl_offset": 0}
+
+
+def _cpu(core, app) -> dict:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"used_cpu_sys": f"{ru.ru_stime:.6f}", "used_cpu_user": f"{ru.ru_utime:.6f}"}
+
+
+def _keyspace(core, app) -> dict:
+    keys = len(core.store)
+    return {"db0": f"keys={keys},expires={keys},avg_ttl=0"} if keys else {}
+
+
+def _fastlimit(core, app) -> dict:
+    return {"buckets": len(core.store), "bucket_shards": core.store.shards,
+            "bucket_table_bytes": core.store.memory_bytes,
+            "buckets_expired": core.store.expired_total}
+
+
+def _commandstats(core, app) -> dict:
+    out = {}
+    for cmd in core.commands.values():
+        for c in [cmd, *cmd.subcommands.values()]:
+            if c.calls or c.failed_calls or c.rejected_calls:
+                per_call = c.usec / c.calls if c.calls else 0
+                out[f"cmdstat_{c.name}"] = (
+                    f"calls={c.calls},usec={c.usec},usec_per_call={per_call:.2f},"
+                    f"rejected_calls={c.rejected_calls},failed_calls={c.failed_calls}")
+    return out
+
+
+def _errorstats(core, app) -> dict:
+    return {"total_error_replies": core.total_error_replies}
+
+
+SECTIONS = {"server": _server, "clients": _clients, "memory": _memory,
+            "persistence": _persistence, "stats": _stats, "replication": _replication,
+            "cpu": _cpu, "keyspace": _keyspace, "fastlimit": _fastlimit,
+            "commandstats": _commandstats, "errorstats": _errorstats}
+
+
+def render_info(core, requested: list[str]) -> str:
+    if not requested or requested == ["default"]:
+        names = DEFAULT_SECTIONS
+    elif any(r in ("all", "everything") for r in requested):
+        names = ALL_SECTIONS
+    else:
+        names = [n for n in ALL_SECTIONS if n in requested]
+    parts = []
+    for name in names:
+        fields = SECTIONS[name](core, core.app)
+        lines = [f"# {name.capitalize()}"] + [f"{k}:{v}" for k, v in fields.items()]
+        parts.append("\r\n".join(lines) + "\r\n")
+    return "\r\n".join(parts)

@@ -1,0 +1,38 @@
+"""``fastlimit-server``: parse settings, set up logging, run."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from fastlimit.server import config as cfg
+
+
+def setup_logging(level: str) -> None:
+    logging.addLevelName(15, "VERBOSE")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(process)d:M %(asctime)s.%(msecs)03d %(levelname)s %(message)s",
+        datefmt="%d %b %Y %H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(cfg.LOGLEVELS[level])
+
+
+def main(argv=None) -> None:
+    try:
+        settings = cfg.from_args(argv)
+    except cfg.ConfigError as e:
+        print(f"fastlimit-server: {e}", file=sys.stderr)
+        sys.exit(2)
+    setup_logging(settings.loglevel)
+    from fastlimit.server.app import run
+    try:
+        run(settings)
+    except OSError as e:
+        logging.getLogger("fastlimit").error("cannot start: %s", e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
