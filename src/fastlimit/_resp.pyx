@@ -493,3 +493,35 @@ cdef int encode_reply(Writer* w, object value, int proto) except -1:
     if rc != 0:
         raise MemoryError()
     return 0
+
+
+def parse(bytes data, *, int64_t max_bulk_len=512 * 1024 * 1024,
+          int64_t max_multibulk_len=1024 * 1024, bint unauthenticated=False):
+    """Parses every complete command in data, as a connection would.
+    Returns (commands, consumed, error): the argument lists parsed, the
+    bytes they used, and the protocol error text that stopped parsing
+    (or None when the rest is simply incomplete)."""
+    cdef Parser p
+    cdef ParseLimits lim
+    cdef size_t pos = 0, used = 0, n = PyBytes_GET_SIZE(data)
+    cdef const char* buf = PyBytes_AS_STRING(data)
+    cdef int status, i
+    cdef list commands = []
+    lim.max_bulk_len = max_bulk_len
+    lim.max_multibulk_len = max_multibulk_len
+    lim.unauthenticated = unauthenticated
+    if parser_init(&p) != 0:
+        raise MemoryError()
+    try:
+        while pos < n:
+            status = parse_command(&p, buf + pos, n - pos, &used, &lim)
+            if status == PARSE_INCOMPLETE:
+                break
+            if status == PARSE_ERROR:
+                return commands, pos, p.error.decode()
+            if status == PARSE_COMMAND:
+                commands.append([p.argv[i].ptr[:p.argv[i].len] for i in range(p.argc)])
+            pos += used
+        return commands, pos, None
+    finally:
+        parser_free(&p)

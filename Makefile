@@ -1,0 +1,17 @@
+.PHONY: serve test bench build clean
+
+serve:          ## build everything, start the server on 127.0.0.1:6380
+	scripts/serve.sh
+
+test:           ## build everything (release and debug), run the whole test suite
+	scripts/test.sh
+
+bench:          ## fastlimit vs redis-server side by side (see bench/README.md)
+	scripts/bootstrap.sh
+	.venv/bin/python bench/run.py
+
+build:          ## in-place build for development (python3 -m pytest from src/)
+	python3 setup.py build_ext --inplace
+
+clean:
+	rm -rf build .venv .venv-debug src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds everything and runs the whole test suite: first against the
+# release build, then against the debug build (C assertions and Cython
+# bounds checks on).  Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh --debug
+
+echo "== tests: release build"
+FASTLIMIT_PYTHON=$PWD/.venv/bin/python .venv/bin/python -m pytest "$@"
+echo "== tests: debug build"
+FASTLIMIT_PYTHON=$PWD/.venv-debug/bin/python .venv-debug/bin/python -m pytest -m "not release_only" "$@"
