@@ -5,6 +5,11 @@
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t
 
+cdef extern from "<assert.h>":
+    # C assert: compiled in by the debug build (FASTLIMIT_DEBUG=1), where a
+    # broken invariant aborts the process and fails the test that caused it.
+    void invariant "assert"(bint condition) nogil
+
 cdef extern from "fl_native.h":
     # __int128 in C; Cython only needs to know it is an integer
     ctypedef long long fl_i128

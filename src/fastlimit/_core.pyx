@@ -72,7 +72,8 @@ cdef int shard_rehash(Shard* s, uint32_t nslots) noexcept nogil:
     """Moves every slot into a new array of `nslots`; hashes are stored in
     the slots, so no record is read."""
     cdef Slot* fresh = <Slot*>fl_mem_alloc(nslots * sizeof(Slot))
-    cdef uint32_t i, j
+    cdef uint32_t i, j, moved = 0
+    invariant(nslots > s.count)
     if fresh == NULL:
         return FL_ENOMEM
     for i in range(s.nslots):
@@ -81,6 +82,8 @@ cdef int shard_rehash(Shard* s, uint32_t nslots) noexcept nogil:
             while fresh[j].off != 0:
                 j = next_slot(j, nslots)
             fresh[j] = s.slots[i]
+            moved += 1
+    invariant(moved == s.count)
     fl_mem_free(s.slots, s.nslots * sizeof(Slot))
     s.slots = fresh
     s.nslots = nslots
@@ -122,6 +125,7 @@ cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
             memcpy(fresh + pos, rec, n)
             s.slots[i].off = <uint32_t>pos
             pos += n
+    invariant(pos == ARENA_START + live)
     fl_mem_free(s.arena, s.arena_cap)
     s.arena = fresh
     s.arena_cap = cap
@@ -247,6 +251,7 @@ cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
         while s.slots[i].off != 0:
             i = next_slot(i, s.nslots)
         p.slot = i
+    invariant(not p.found and s.slots[p.slot].off == 0)
     rec = s.arena + s.arena_len
     fl_put_u32(rec, expire_s)
     fl_put_u16(rec + 4, <uint16_t>keylen)
@@ -272,6 +277,7 @@ cdef void table_delete(Table* t, Probe* p) noexcept nogil:
     back so linear probing needs no tombstones."""
     cdef Shard* s = p.shard
     cdef uint32_t hole = p.slot, j = p.slot, home
+    invariant(p.found and s.count > 0 and s.slots[hole].off != 0)
     s.dead += record_size(t, s.arena + s.slots[hole].off)
     s.count -= 1
     while True:
@@ -419,6 +425,8 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
         out.retry_after_ms = ms_until(tokens, rem, cost_m, bp)
     out.remaining = tokens // 1000
     out.reset_after_ms = ms_until(tokens, rem, cap_m, bp)
+    invariant(0 <= tokens <= cap_m and rem < bp.period_ms)
+    invariant(out.reset_after_ms >= 0 and out.retry_after_ms >= -1)
 
     if tokens == cap_m:
         if p.found:
