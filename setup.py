@@ -37,5 +37,8 @@ extensions = [
     for name in MODULES
 ]
 
+# Generated C goes to a directory per variant, so a debug build never
+# leaves C files that a later release build would reuse as up to date.
 setup(ext_modules=cythonize(extensions, compiler_directives=directives,
-                            include_path=["src"]))
+                            include_path=["src"],
+                            build_dir="build/cython-debug" if DEBUG else "build/cython-release"))
