@@ -37,8 +37,9 @@ extensions = [
     for name in MODULES
 ]
 
-# Generated C goes to a directory per variant, so a debug build never
-# leaves C files that a later release build would reuse as up to date.
+# Each variant builds in its own tree (generated C, objects, libraries),
+# so neither ever reuses the other's output as "up to date".
+VARIANT_DIR = "build/debug" if DEBUG else "build/release"
 setup(ext_modules=cythonize(extensions, compiler_directives=directives,
-                            include_path=["src"],
-                            build_dir="build/cython-debug" if DEBUG else "build/cython-release"))
+                            include_path=["src"], build_dir=f"{VARIANT_DIR}/cython"),
+      options={"build": {"build_base": VARIANT_DIR}})
