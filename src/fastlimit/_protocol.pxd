@@ -87,6 +87,7 @@ cdef class Connection:
     cdef size_t last_name_len
     cdef bint multi_dirty
     cdef bint closed
+    cdef bint busy             # inside process(): replies not sent yet
     cdef readonly int64_t id
     cdef public int proto
     cdef public bint authenticated

@@ -214,6 +214,7 @@ cdef class Connection:
         cdef ParseLimits lim = self.core.limits
         cdef int64_t t_prev, t_now
         lim.unauthenticated = not self.authenticated
+        self.busy = True
         self.now_ms = self.core.clock.now_ms()
         self.last_interaction = time.monotonic()
         t_prev = fl_mono_ns()
@@ -248,6 +249,7 @@ cdef class Connection:
                 self.incap = 0
         else:
             self.keep_tail(buf + pos, n - pos)
+        self.busy = False
         self.flush()
 
     cdef void keep_tail(self, const char* buf, size_t n):
@@ -485,13 +487,14 @@ cdef class Connection:
 
     cdef void flush(self):
         cdef bytes data
-        if OUT.len == 0 or self.transport is None:
+        if self.transport is None or self.closed:
             writer_reset(&OUT)
             return
-        data = PyBytes_FromStringAndSize(OUT.buf, OUT.len)
-        self.core.net_output_bytes += OUT.len
-        writer_reset(&OUT)
-        self.transport.write(data)
+        if OUT.len > 0:
+            data = PyBytes_FromStringAndSize(OUT.buf, OUT.len)
+            self.core.net_output_bytes += OUT.len
+            writer_reset(&OUT)
+            self.transport.write(data)
         if self.close_after_reply:
             self.closed = True
             self.transport.close()
@@ -531,7 +534,11 @@ cdef class Connection:
             self.transport.abort()
 
     def close(self):
-        """Closes after the pending output is sent."""
+        """Closes after the pending output is sent; a connection closed by
+        one of its own commands first gets that command's reply."""
+        if self.busy:
+            self.close_after_reply = True
+            return
         self.closed = True
         if self.transport is not None:
             self.transport.close()
