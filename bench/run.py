@@ -64,6 +64,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the bench process dies, even
+    by SIGKILL, so no server outlives it (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        pass
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * PAGE
@@ -84,7 +94,7 @@ class Server:
         self.logfile = open(self.logpath, "wb")
         self.proc = subprocess.Popen(argv, stdout=self.logfile, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=self.workdir, env=env,
-                                     start_new_session=True)
+                                     preexec_fn=_die_with_parent)
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -138,7 +148,9 @@ class Fastlimit(Server):
         # development tree with an in-place build works too.
         probe = subprocess.run([sys.executable, "-c", "import fastlimit._core"],
                                capture_output=True, cwd=workdir)
+        self.source = "installed package"
         if probe.returncode != 0 and (REPO / "src" / "fastlimit").is_dir():
+            self.source = "src/ tree"
             env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
         self._spawn([sys.executable, "-m", "fastlimit.server", "--port", "0", *extra], env)
@@ -201,7 +213,8 @@ def run_benchmark(binary: str, port: int, clients: int, n: int, pipeline: int,
     # generous: the slowest case (Lua at ~100k req/s) plus start-up
     timeout = 30 + n / 20_000
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"redis-benchmark timed out after {timeout:.0f} s")
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
@@ -360,7 +373,7 @@ def build_report(args, rows: list[Row], mem: dict, meta: dict) -> str:
     out = []
     out.append("## fastlimit vs redis-server (token-bucket Lua script)")
     out.append("")
-    out.append(f"{meta['when']} · {meta['machine']} · fastlimit {meta['rev']} "
+    out.append(f"{meta['when']} · {meta['machine']} · fastlimit at git {meta['rev']} "
                f"({meta['fl_loop']}) · redis-server {meta['redis_version']} · "
                f"redis-benchmark -c {args.clients}, -n {args.n1:,} at P=1 / "
                f"{args.n16:,} at P=16, -r 1000000 for the checks · median of "
@@ -463,7 +476,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help=f"short run (-n {QUICK_N1:,}/{QUICK_N16:,}, 1 repeat): under ~40 s")
     p.add_argument("--repeat", type=int, help="interleaved runs per row, median taken "
-                   "(default 2, 1 with --quick)")
+                   "(default 3, 1 with --quick)")
     p.add_argument("--n1", type=int, help=f"requests per run at -P 1 (default {DEFAULT_N1:,})")
     p.add_argument("--n16", type=int, help=f"requests per run at -P 16 (default {DEFAULT_N16:,})")
     p.add_argument("--clients", type=int, default=50, help="redis-benchmark -c (default 50)")
@@ -480,7 +493,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.n1 = args.n1 or (QUICK_N1 if args.quick else DEFAULT_N1)
     args.n16 = args.n16 or (QUICK_N16 if args.quick else DEFAULT_N16)
-    args.repeat = max(1, args.repeat or (1 if args.quick else 2))
+    args.repeat = max(1, args.repeat or (1 if args.quick else 3))
     return args
 
 
@@ -495,7 +508,7 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
         rd.wait_ready()
         c = fl.client()
         m = re.search(r"\((\w+) loop", fl.log_tail(50))
-        meta["fl_loop"] = f"{m.group(1)} loop" if m else "?"
+        meta["fl_loop"] = f"{fl.source}, {m.group(1) if m else '?'} loop"
         reply = c.execute_command("CL.CHECK", "bench:probe", 100, 10)
         if len(reply) != 5:
             raise RuntimeError(f"fastlimit CL.CHECK replied {reply!r}")
@@ -515,9 +528,12 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
                     ["EVALSHA", sha, "1", "key:__rand_int__", "100", "10", "1"], 1_000_000),
             ping: (["PING"], ["PING"], None),
         }
-        # warm-up: connections, allocator, caches
-        for srv in (fl, rd):
-            run_benchmark(args.redis_benchmark, srv.port, args.clients, 20_000, 16,
+        # warm-up (not measured): connections, allocator, tables, caches
+        warm = max(10_000, args.n16 // 20)
+        for srv, cmd in ((fl, commands[check][0]), (rd, commands[check][1])):
+            run_benchmark(args.redis_benchmark, srv.port, args.clients, warm, 16, cmd,
+                          1_000_000)
+            run_benchmark(args.redis_benchmark, srv.port, args.clients, warm, 16,
                           ["PING"], None)
         for rep in range(args.repeat):
             for row in rows:
@@ -549,8 +565,15 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
     return rows
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so every
+    # try/finally stops its servers.
+    signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
     lua = LUA_PATH.read_bytes()
     for tool in (args.redis_server, args.redis_benchmark):
@@ -601,4 +624,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e or 'Ctrl-C'}); servers stopped")
+        sys.exit(130)
