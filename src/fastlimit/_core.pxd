@@ -111,7 +111,7 @@ cdef struct CheckResult:
     int64_t reset_after_ms
 
 cdef enum:
-    BUCKET_VALUE_SIZE = 20   # i64 tokens, i64 last_ms, u32 remainder
+    BUCKET_VALUE_SIZE = 20   # i64 tokens, i64 last_ms, u32 fraction of a milli-token
 
 cdef extern from "fl_native.h":
     # Input bounds that keep every intermediate value representable.
@@ -119,7 +119,7 @@ cdef extern from "fl_native.h":
     const int64_t MAX_REFILL         # 10**15 tokens per period
     const int64_t MAX_PERIOD_MS      # 2**32 - 1: the remainder is a u32
     const int64_t MAX_REFILL_TIME_MS # 10**15 ms to refill a whole bucket
-    const int64_t MAX_NOW_MS         # 4 * 10**15: now + refill time fits
+    const int64_t MAX_NOW_MS         # 4 * 10**12 (year 2096): expiry seconds fit a u32
 
 cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil
 cdef int bucket_check(Table* t, const char* key, size_t keylen,

@@ -125,7 +125,7 @@ cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
             memcpy(fresh + pos, rec, n)
             s.slots[i].off = <uint32_t>pos
             pos += n
-    invariant(pos == ARENA_START + live)
+    invariant(pos == live)   # live counts the reserved start too
     fl_mem_free(s.arena, s.arena_cap)
     s.arena = fresh
     s.arena_cap = cap
@@ -155,7 +155,7 @@ cdef void shard_maintain(Table* t, Shard* s) noexcept nogil:
     # stays valid either way.
     if wants_shrink(s):
         shard_shrink(s)
-    if s.dead > 4096 and s.dead * 2 > s.arena_len:
+    if s.dead * 2 > s.arena_len:
         shard_compact(t, s)
 
 
@@ -333,6 +333,7 @@ cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
                     fl_get_u32(s.arena + s.slots[t.sweep_slot].off) <= now_s):
                 p.shard = s
                 p.slot = t.sweep_slot
+                p.found = True
                 table_delete(t, &p)
                 removed += 1
                 continue   # a later entry may have shifted into this slot
@@ -363,6 +364,23 @@ cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil:
     return NULL
 
 
+cdef inline uint32_t fraction_from_remainder(uint32_t rem, int64_t period_ms) noexcept nogil:
+    """The refill remainder (rem/period_ms of a milli-token) as a fraction
+    of a milli-token in units of 2^-32, rounded up, so that it means the
+    same under any PERIOD a later call may use.  Below 2^32 because
+    rem < period_ms <= 2^32 - 1."""
+    return <uint32_t>(((<uint64_t>rem << 32) + <uint64_t>period_ms - 1) // <uint64_t>period_ms)
+
+
+cdef inline uint32_t remainder_from_fraction(uint32_t frac, int64_t period_ms) noexcept nogil:
+    """Inverse of fraction_from_remainder, rounding down: exact when the
+    PERIOD is unchanged (the error of the rounding up is below one unit
+    because period_ms < 2^32), and at most one 1/period_ms of a
+    milli-token off when it changed."""
+    cdef uint64_t rem = (<uint64_t>frac * <uint64_t>period_ms) >> 32
+    return <uint32_t>(rem if rem < <uint64_t>period_ms else period_ms - 1)
+
+
 cdef inline int64_t ms_until(int64_t tokens, uint32_t rem, int64_t target,
                              const BucketParams* bp) noexcept nogil:
     """Milliseconds of refill until `tokens` (milli-tokens, plus `rem`
@@ -390,12 +408,14 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     cdef char value[BUCKET_VALUE_SIZE]
     cdef int rc
 
+    if keylen > FL_MAX_KEY_LEN:
+        return FL_EKEYLEN
     if table_lookup(t, key, keylen, &p):
         v = probe_value(t, &p)
         if now_ms < <int64_t>fl_get_u32(probe_record(t, &p)) * 1000:
             tokens = fl_get_i64(v)
             last = fl_get_i64(v + 8)
-            rem = fl_get_u32(v + 16)
+            rem = remainder_from_fraction(fl_get_u32(v + 16), bp.period_ms)
             if tokens >= cap_m:     # parameters changed: cap, never mint
                 tokens = cap_m
                 rem = 0
@@ -435,7 +455,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     expire_ms = now_ms + out.reset_after_ms
     fl_put_i64(value, tokens)
     fl_put_i64(value + 8, last)
-    fl_put_u32(value + 16, rem)
+    fl_put_u32(value + 16, fraction_from_remainder(rem, bp.period_ms))
     if p.found:
         v = probe_record(t, &p)
         fl_put_u32(v, expire_second(expire_ms))
@@ -446,8 +466,11 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
 
 
 cdef inline uint32_t expire_second(int64_t ms) noexcept nogil:
+    """The record's expiry, rounded up to a second.  Refills that end past
+    2^32 - 1 seconds (year 2106) store UINT32_MAX: never dropped unless
+    touched, which the clock bound (MAX_NOW_MS) keeps unreachable."""
     cdef int64_t s = (ms + 999) // 1000
-    return UINT32_MAX if s > UINT32_MAX else <uint32_t>s
+    return UINT32_MAX if s >= UINT32_MAX else <uint32_t>s
 
 
 cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil:
@@ -524,6 +547,8 @@ cdef class BucketStore:
         err = bucket_params_error(&bp)
         if err != NULL:
             raise ValueError(err.decode())
+        if now_ms is not None and not 0 <= now_ms <= MAX_NOW_MS:
+            raise ValueError("now_ms out of range: 0 to 4*10^12")
         rc = self.check_c(key, len(key), &bp,
                           self.clock.now_ms() if now_ms is None else now_ms, &r)
         if rc == FL_EKEYLEN:

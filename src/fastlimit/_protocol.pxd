@@ -39,6 +39,7 @@ cdef class Command:
     cdef readonly dict doc            # summary, since, group, complexity, arguments
     cdef readonly tuple acl_categories
     cdef readonly bint no_auth
+    cdef readonly bint no_multi
     cdef readonly bint is_write
     cdef public int64_t calls
     cdef public int64_t nsec
@@ -100,6 +101,7 @@ cdef class Connection:
     cdef readonly double created
     cdef readonly double last_interaction
     cdef public list multi_queue      # None outside MULTI
+    cdef public str last_subcommand   # 'client|list' after CLIENT LIST
 
     cdef void process(self, const char* buf, size_t n)
     cdef void keep_tail(self, const char* buf, size_t n)

@@ -65,6 +65,7 @@ cdef class Command:
         self.doc = dict(doc or {})
         self.acl_categories = tuple(acl_categories)
         self.no_auth = "no-auth" in self.flags
+        self.no_multi = "no-multi" in self.flags
         self.is_write = "write" in self.flags
 
     cdef bint arity_ok(self, int argc) noexcept:
@@ -326,6 +327,11 @@ cdef class Connection:
             if self.multi_queue is not None:
                 self.multi_dirty = True
             return
+        if self.multi_queue is not None and cmd.no_multi:
+            cmd.rejected_calls += 1
+            self.reply_error("ERR Command not allowed inside a transaction")
+            self.multi_dirty = True
+            return
         if self.multi_queue is not None and cmd.fast < FAST_MULTI:
             self.queue(cmd)
             return
@@ -360,6 +366,9 @@ cdef class Connection:
             args = self.args_as_bytes()
         try:
             reply = cmd.handler(self, args)
+            # Python commands may move the manual clock (DEBUG CLOCK) for
+            # the commands after them in this read.
+            self.now_ms = self.core.clock.now_ms()
             encode_reply(&OUT, reply, self.proto)
         except ReplyError as e:
             OUT.len = mark
@@ -431,6 +440,9 @@ cdef class Connection:
         write_prefixed_int(&OUT, c':', r.reset_after_ms)
 
     cdef void ping(self):
+        if self.parser.argc > 2:
+            self.reply_error("ERR wrong number of arguments for 'ping' command")
+            return
         if self.parser.argc == 1:
             write_raw(&OUT, b"+PONG\r\n", 7)
         else:
@@ -562,21 +574,22 @@ cdef class Connection:
 
     @property
     def last_command(self):
-        return self.last_cmd.name if self.last_cmd is not None else "NULL"
+        if self.last_cmd is None:
+            return "NULL"
+        if self.last_cmd.subcommands and self.last_subcommand:
+            return self.last_subcommand
+        return self.last_cmd.name
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):
     # Redis: ERR unknown command 'x', with args beginning with: 'a' 'b'
-    cdef int i
-    cdef list parts = []
-    cdef size_t budget = 128
-    for i in range(1, argc):
-        if budget == 0:
-            break
-        parts.append(f"'{arg_text(&argv[i], budget)}' ")
-        budget -= min(budget, argv[i].len)
-    return (f"ERR unknown command '{arg_text(&argv[0])}', "
-            f"with args beginning with: {''.join(parts)}")
+    # (the quoted list stops once it reaches 128 characters)
+    cdef int i = 1
+    cdef str args = ""
+    while i < argc and len(args) < 128:
+        args += f"'{arg_text(&argv[i], 128 - len(args))}' "
+        i += 1
+    return f"ERR unknown command '{arg_text(&argv[0])}', with args beginning with: {args}"
 
 
 def _format_addr(addr):

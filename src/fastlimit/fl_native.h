@@ -164,6 +164,7 @@ static inline fl_i128 fl_ceil_div(fl_i128 a, fl_i128 b) {
 #define MAX_REFILL ((int64_t)1000000000000000LL)
 #define MAX_PERIOD_MS ((int64_t)4294967295LL)
 #define MAX_REFILL_TIME_MS ((int64_t)1000000000000000LL)
-#define MAX_NOW_MS ((int64_t)4000000000000000LL)
+/* Below 2^32 - 1 seconds, so expiry seconds fit a u32 (see expire_second). */
+#define MAX_NOW_MS ((int64_t)4000000000000LL)
 
 #endif /* FL_NATIVE_H */

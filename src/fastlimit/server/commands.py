@@ -158,6 +158,16 @@ def cmd_client_setinfo(conn, args):
     return OK
 
 
+def _positive_id(value: bytes, error: str) -> int:
+    try:
+        n = _int(value)
+    except ReplyError:
+        raise ReplyError(error) from None
+    if n < 1:
+        raise ReplyError(error)
+    return n
+
+
 def _text(value) -> str:
     return value.decode("utf-8", "replace") if value else ""
 
@@ -186,7 +196,7 @@ def cmd_client_list(conn, args):
                 clients = []
             i += 2
         elif option == "id" and i + 1 < len(args):
-            ids = {_int(a, "client-id") for a in args[i + 1:]}
+            ids = {_positive_id(a, "ERR Invalid client ID") for a in args[i + 1:]}
             clients = [c for c in clients if c.id in ids]
             break
         else:
@@ -215,7 +225,7 @@ def cmd_client_kill(conn, args):
     for i in range(2, len(args), 2):
         option, value = _lower(args[i]), args[i + 1]
         if option == "id":
-            wanted = _int(value, "client-id")
+            wanted = _positive_id(value, "ERR client-id should be greater than 0")
             victims = [c for c in victims if c.id == wanted]
         elif option == "addr":
             victims = [c for c in victims if c.addr == value.decode(errors="replace")]
@@ -347,7 +357,7 @@ def cmd_config_resetstat(conn, args):
 def _key_specs(c: Command) -> list:
     if c.first_key == 0:
         return []
-    flags = {SimpleString("RW"), SimpleString("UPDATE")} if c.is_write else {SimpleString("RO")}
+    flags = {SimpleString("RW"), SimpleString("update")} if c.is_write else {SimpleString("RO")}
     return [{"flags": flags,
              "begin_search": {"type": "index", "spec": {"index": c.first_key}},
              "find_keys": {"type": "range",
@@ -459,6 +469,7 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None) -> C
             sub.rejected_calls += 1
             raise ReplyError(f"ERR wrong number of arguments for '{sub.name}' command")
         sub.calls += 1
+        conn.last_subcommand = sub.name
         try:
             return sub.handler(conn, args)
         except ReplyError:

@@ -139,6 +139,7 @@ def render_info(core, requested: list[str]) -> str:
     parts = []
     for name in names:
         fields = SECTIONS[name](core, core.app)
-        lines = [f"# {name.capitalize()}"] + [f"{k}:{v}" for k, v in fields.items()]
+        title = "CPU" if name == "cpu" else name.capitalize()
+        lines = [f"# {title}"] + [f"{k}:{v}" for k, v in fields.items()]
         parts.append("\r\n".join(lines) + "\r\n")
     return "\r\n".join(parts)
