@@ -68,6 +68,7 @@ cdef class ServerCore:
     cdef public int64_t total_connections
     cdef public int64_t rejected_connections
     cdef public int64_t total_error_replies
+    cdef public dict error_counts     # error code ("ERR", "NOAUTH") -> replies
     cdef public int64_t net_input_bytes
     cdef public int64_t net_output_bytes
     cdef public object app            # the event-loop layer's server object

@@ -11,7 +11,7 @@ from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parse_command,
                               parse_int64, writer_init, writer_reset, write_raw,
                               write_prefixed_int, write_bulk, write_line,
-                              write_error, encode_reply, PARSE_COMMAND,
+                              encode_reply, PARSE_COMMAND,
                               PARSE_EMPTY, PARSE_ERROR, PARSE_INCOMPLETE)
 
 import logging
@@ -109,6 +109,7 @@ cdef class ServerCore:
         self.output_soft_seconds = output_soft_seconds
         self.maxclients = maxclients
         self.clients = {}
+        self.error_counts = {}
         self.next_client_id = 1
         self.app = app
         self.log = log or logging.getLogger("fastlimit")
@@ -224,8 +225,7 @@ cdef class Connection:
             if status == PARSE_INCOMPLETE:
                 break   # parser.need counts from pos: the tail kept below
             if status == PARSE_ERROR:
-                write_error(&OUT, self.parser.error)
-                self.core.total_error_replies += 1
+                self.reply_error(self.parser.error.decode())
                 self.core.log.info("client id=%d addr=%s: %s; closing",
                                    self.id, self.addr, self.parser.error.decode())
                 self.close_after_reply = True
@@ -382,7 +382,10 @@ cdef class Connection:
 
     cdef void reply_error(self, str msg):
         cdef bytes b = msg.encode("utf-8", "replace")
+        cdef str code = msg.partition(" ")[0]
+        cdef dict counts = self.core.error_counts
         self.core.total_error_replies += 1
+        counts[code] = counts.get(code, 0) + 1
         write_line(&OUT, c'-', PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
 
     # ---- commands that run entirely here ---------------------------------------

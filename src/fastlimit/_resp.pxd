@@ -64,7 +64,6 @@ cdef int write_raw(Writer* w, const char* s, size_t n) noexcept
 cdef int write_prefixed_int(Writer* w, char prefix, int64_t v) noexcept
 cdef int write_bulk(Writer* w, const char* s, size_t n) noexcept
 cdef int write_line(Writer* w, char prefix, const char* s, size_t n) noexcept
-cdef int write_error(Writer* w, const char* msg) noexcept
 cdef int write_null(Writer* w, int proto) noexcept
 cdef int write_map_header(Writer* w, int64_t pairs, int proto) noexcept
 cdef int encode_reply(Writer* w, object value, int proto) except -1

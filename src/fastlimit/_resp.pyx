@@ -406,13 +406,6 @@ cdef int write_line(Writer* w, char prefix, const char* s, size_t n) noexcept:
     return 0
 
 
-cdef int write_error(Writer* w, const char* msg) noexcept:
-    cdef size_t n = 0
-    while msg[n] != 0:
-        n += 1
-    return write_line(w, c'-', msg, n)
-
-
 cdef int write_null(Writer* w, int proto) noexcept:
     if proto >= 3:
         return write_raw(w, b"_\r\n", 3)

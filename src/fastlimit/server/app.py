@@ -70,6 +70,7 @@ class Server:
         core = self.core
         core.total_commands = core.total_connections = core.rejected_connections = 0
         core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
+        core.error_counts.clear()
         for cmd in core.commands.values():
             cmd.reset_stats()
             for sub in cmd.subcommands.values():

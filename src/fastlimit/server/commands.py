@@ -101,7 +101,7 @@ def cmd_hello(conn, args):
             raise ReplyError(f"ERR Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
     if not conn.authenticated and not authed:
         raise ReplyError("NOAUTH HELLO must be called with the client already authenticated, "
-                         "otherwise the HELLO <proto> AUTH <user> <pass> option can be used "
+                         "otherwise the HELLO AUTH <user> <pass> option can be used "
                          "to authenticate the client and select the RESP protocol version "
                          "at the same time")
     if authed:
@@ -470,11 +470,14 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None) -> C
             raise ReplyError(f"ERR wrong number of arguments for '{sub.name}' command")
         sub.calls += 1
         conn.last_subcommand = sub.name
+        started = time.perf_counter_ns()
         try:
             return sub.handler(conn, args)
         except ReplyError:
             sub.failed_calls += 1
             raise
+        finally:
+            sub.nsec += time.perf_counter_ns() - started
 
     def help_lines(conn, args):
         return [SimpleString(f"{name.upper()} <subcommand> [<arg> ...]. Subcommands are:")] + [

@@ -120,7 +120,7 @@ def _commandstats(core, app) -> dict:
 
 
 def _errorstats(core, app) -> dict:
-    return {"total_error_replies": core.total_error_replies}
+    return {f"errorstat_{code}": f"count={n}" for code, n in sorted(core.error_counts.items())}
 
 
 SECTIONS = {"server": _server, "clients": _clients, "memory": _memory,
