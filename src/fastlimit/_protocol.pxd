@@ -105,6 +105,7 @@ cdef class Connection:
     cdef public str last_subcommand   # 'client|list' after CLIENT LIST
 
     cdef void process(self, const char* buf, size_t n)
+    cdef void run_commands(self, const char* buf, size_t n)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)

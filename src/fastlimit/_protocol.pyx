@@ -46,7 +46,7 @@ cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
 
 cdef inline str arg_text(const Arg* a, size_t limit=128):
     cdef size_t n = a.len if a.len < limit else limit
-    return PyBytes_FromStringAndSize(a.ptr, n).decode("utf-8", "replace")
+    return PyBytes_FromStringAndSize(a.ptr, n).decode("utf-8", "surrogateescape")
 
 
 cdef class Command:
@@ -210,13 +210,28 @@ cdef class Connection:
 
     cdef void process(self, const char* buf, size_t n):
         """Runs every complete command in buf[0:n], sends the replies,
-        and keeps the incomplete tail for the next read."""
+        and keeps the incomplete tail for the next read.  Whatever goes
+        wrong, the shared reply buffer is left empty: one client's bytes
+        must never reach another."""
+        self.busy = True
+        try:
+            self.run_commands(buf, n)
+            self.busy = False
+            self.flush()
+        except Exception:
+            self.core.log.exception("client id=%d addr=%s: internal error; closing it",
+                                    self.id, self.addr)
+            self.abort()
+        finally:
+            writer_reset(&OUT)
+            self.busy = False
+
+    cdef void run_commands(self, const char* buf, size_t n):
         cdef size_t pos = 0, used = 0
         cdef int status
         cdef ParseLimits lim = self.core.limits
         cdef int64_t t_prev, t_now
         lim.unauthenticated = not self.authenticated
-        self.busy = True
         self.now_ms = self.core.clock.now_ms()
         self.last_interaction = time.monotonic()
         t_prev = fl_mono_ns()
@@ -225,9 +240,9 @@ cdef class Connection:
             if status == PARSE_INCOMPLETE:
                 break   # parser.need counts from pos: the tail kept below
             if status == PARSE_ERROR:
-                self.reply_error(self.parser.error.decode())
-                self.core.log.info("client id=%d addr=%s: %s; closing",
-                                   self.id, self.addr, self.parser.error.decode())
+                self.reply_error(self.parser.error.decode("utf-8", "surrogateescape"))
+                self.core.log.info("client id=%d addr=%s: %s; closing", self.id, self.addr,
+                                   ascii(self.parser.error)[2:-1])
                 self.close_after_reply = True
                 break
             if status == PARSE_COMMAND:
@@ -250,8 +265,6 @@ cdef class Connection:
                 self.incap = 0
         else:
             self.keep_tail(buf + pos, n - pos)
-        self.busy = False
-        self.flush()
 
     cdef void keep_tail(self, const char* buf, size_t n):
         cdef char* grown
@@ -381,7 +394,7 @@ cdef class Connection:
             self.reply_error(f"ERR internal error while running '{cmd.name}'")
 
     cdef void reply_error(self, str msg):
-        cdef bytes b = msg.encode("utf-8", "replace")
+        cdef bytes b = msg.encode("utf-8", "surrogateescape")
         cdef str code = msg.partition(" ")[0]
         cdef dict counts = self.core.error_counts
         self.core.total_error_replies += 1

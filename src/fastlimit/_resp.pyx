@@ -247,46 +247,64 @@ cdef int parse_inline(Parser* p, const char* buf, size_t length,
         if parser_reserve(p, argc + 1) != 0:
             return fail(p, b"ERR Protocol error: out of memory")
         p.argv[argc].ptr = out
-        quote = buf[i] if buf[i] == c'"' or buf[i] == c"'" else 0
-        if quote:
-            i += 1
-            while True:
+        quote = 0
+        while True:
+            if quote == c'"':
                 if i >= n:
                     return fail(p, b"ERR Protocol error: unbalanced quotes in request")
                 c = buf[i]
-                if c == quote:
+                if c == c'\\' and i + 3 < n and buf[i + 1] == c'x' \
+                        and hex_value(buf[i + 2]) >= 0 and hex_value(buf[i + 3]) >= 0:
+                    out[0] = <char>(hex_value(buf[i + 2]) * 16 + hex_value(buf[i + 3]))
+                    out += 1
+                    i += 4
+                    continue
+                if c == c'\\' and i + 1 < n:
+                    i += 1
+                    c = buf[i]
+                    if c == c'n':
+                        c = c'\n'
+                    elif c == c'r':
+                        c = c'\r'
+                    elif c == c't':
+                        c = c'\t'
+                    elif c == c'b':
+                        c = c'\b'
+                    elif c == c'a':
+                        c = c'\a'
+                elif c == c'"':
                     i += 1
                     if i < n and not is_space(buf[i]):
                         return fail(p, b"ERR Protocol error: unbalanced quotes in request")
                     break
-                if c == c'\\' and i + 1 < n:
-                    i += 1
-                    c = buf[i]
-                    if quote == c'"':
-                        if c == c'x' and i + 2 < n and hex_value(buf[i + 1]) >= 0 \
-                                and hex_value(buf[i + 2]) >= 0:
-                            c = <char>(hex_value(buf[i + 1]) * 16 + hex_value(buf[i + 2]))
-                            i += 2
-                        elif c == c'n':
-                            c = c'\n'
-                        elif c == c'r':
-                            c = c'\r'
-                        elif c == c't':
-                            c = c'\t'
-                        elif c == c'b':
-                            c = c'\b'
-                        elif c == c'a':
-                            c = c'\a'
-                    elif c != c"'":
-                        out[0] = c'\\'
-                        out += 1
                 out[0] = c
                 out += 1
                 i += 1
-        else:
-            while i < n and not is_space(buf[i]):
+            elif quote == c"'":
+                if i >= n:
+                    return fail(p, b"ERR Protocol error: unbalanced quotes in request")
+                c = buf[i]
+                if c == c'\\' and i + 1 < n and buf[i + 1] == c"'":
+                    i += 1
+                elif c == c"'":
+                    i += 1
+                    if i < n and not is_space(buf[i]):
+                        return fail(p, b"ERR Protocol error: unbalanced quotes in request")
+                    break
                 out[0] = buf[i]
                 out += 1
+                i += 1
+            else:
+                if i >= n:
+                    break
+                c = buf[i]
+                if c == c' ' or c == c'\n' or c == c'\r' or c == c'\t':
+                    break
+                if c == c'"' or c == c"'":
+                    quote = c
+                else:
+                    out[0] = c
+                    out += 1
                 i += 1
         p.argv[argc].len = out - p.argv[argc].ptr
         argc += 1
@@ -511,7 +529,7 @@ def parse(bytes data, *, int64_t max_bulk_len=512 * 1024 * 1024,
             if status == PARSE_INCOMPLETE:
                 break
             if status == PARSE_ERROR:
-                return commands, pos, p.error.decode()
+                return commands, pos, p.error.decode("latin-1")
             if status == PARSE_COMMAND:
                 commands.append([p.argv[i].ptr[:p.argv[i].len] for i in range(p.argc)])
             pos += used
