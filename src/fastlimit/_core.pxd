@@ -123,9 +123,11 @@ cdef extern from "fl_native.h":
 
 cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil
 cdef int bucket_check(Table* t, const char* key, size_t keylen,
-                      const BucketParams* bp, int64_t now_ms,
+                      const BucketParams* bp, int64_t now_ms, bint commit,
                       CheckResult* out) noexcept nogil
 cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil
+cdef uint32_t expire_second(int64_t ms) noexcept nogil
+cdef bint record_live(Table* t, const Probe* p, int64_t now_ms) noexcept nogil
 
 
 cdef class Clock:

@@ -229,6 +229,12 @@ cdef char* probe_record(Table* t, const Probe* p) noexcept nogil:
     return p.shard.arena + p.shard.slots[p.slot].off
 
 
+cdef bint record_live(Table* t, const Probe* p, int64_t now_ms) noexcept nogil:
+    """Whether the probe found a record whose expiry has not passed; an
+    expired record not yet swept reads as no record."""
+    return p.found and now_ms < <int64_t>fl_get_u32(probe_record(t, p)) * 1000
+
+
 cdef char* probe_value(Table* t, const Probe* p) noexcept nogil:
     return p.shard.arena + p.shard.slots[p.slot].off + RECORD_HEADER
 
@@ -393,11 +399,13 @@ cdef inline int64_t ms_until(int64_t tokens, uint32_t rem, int64_t target,
 
 
 cdef int bucket_check(Table* t, const char* key, size_t keylen,
-                      const BucketParams* bp, int64_t now_ms,
+                      const BucketParams* bp, int64_t now_ms, bint commit,
                       CheckResult* out) noexcept nogil:
     """One check of the reference token bucket (see the brief), with
     integer milli-tokens.  A bucket that ends full is not stored: a full
-    bucket is indistinguishable from no bucket."""
+    bucket is indistinguishable from no bucket.  Without `commit` nothing
+    is spent or stored and the reply describes the bucket as it stands
+    (the first phase of an all-or-nothing check of several rules)."""
     cdef Probe p
     cdef int64_t cap_m = bp.capacity * 1000
     cdef int64_t cost_m = bp.cost * 1000
@@ -410,15 +418,15 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
 
     if keylen > FL_MAX_KEY_LEN:
         return FL_EKEYLEN
-    if table_lookup(t, key, keylen, &p):
+    table_lookup(t, key, keylen, &p)
+    if record_live(t, &p, now_ms):
         v = probe_value(t, &p)
-        if now_ms < <int64_t>fl_get_u32(probe_record(t, &p)) * 1000:
-            tokens = fl_get_i64(v)
-            last = fl_get_i64(v + 8)
-            rem = remainder_from_fraction(fl_get_u32(v + 16), bp.period_ms)
-            if tokens >= cap_m:     # parameters changed: cap, never mint
-                tokens = cap_m
-                rem = 0
+        tokens = fl_get_i64(v)
+        last = fl_get_i64(v + 8)
+        rem = remainder_from_fraction(fl_get_u32(v + 16), bp.period_ms)
+        if tokens >= cap_m:     # parameters changed: cap, never mint
+            tokens = cap_m
+            rem = 0
 
     elapsed = now_ms - last
     if elapsed > 0 and tokens < cap_m:
@@ -439,7 +447,8 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     elif tokens >= cost_m:
         out.allowed = 1
         out.retry_after_ms = 0
-        tokens -= cost_m
+        if commit:
+            tokens -= cost_m
     else:
         out.allowed = 0
         out.retry_after_ms = ms_until(tokens, rem, cost_m, bp)
@@ -448,6 +457,8 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     invariant(0 <= tokens <= cap_m and rem < bp.period_ms)
     invariant(out.reset_after_ms >= 0 and out.retry_after_ms >= -1)
 
+    if not commit:
+        return FL_OK
     if tokens == cap_m:
         if p.found:
             table_delete(t, &p)
@@ -465,7 +476,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     return rc
 
 
-cdef inline uint32_t expire_second(int64_t ms) noexcept nogil:
+cdef uint32_t expire_second(int64_t ms) noexcept nogil:
     """The record's expiry, rounded up to a second.  Refills that end past
     2^32 - 1 seconds (year 2106) store UINT32_MAX: never dropped unless
     touched, which the clock bound (MAX_NOW_MS) keeps unreachable."""
@@ -531,7 +542,7 @@ cdef class BucketStore:
     cdef int check_c(self, const char* key, size_t keylen,
                      const BucketParams* bp, int64_t now_ms,
                      CheckResult* out) noexcept:
-        return bucket_check(&self.table, key, keylen, bp, now_ms, out)
+        return bucket_check(&self.table, key, keylen, bp, now_ms, True, out)
 
     def check(self, bytes key, int64_t capacity, int64_t refill_per_sec,
               int64_t cost=1, int64_t period_ms=1000, now_ms=None):

@@ -7,7 +7,9 @@
 from libc.stdint cimport int64_t
 
 from fastlimit._core cimport BucketStore, Clock
+from fastlimit._rules cimport RuleEngine
 from fastlimit._resp cimport Parser, ParseLimits, Arg
+from fastlimit._core cimport CheckResult
 
 
 cdef enum FastPath:
@@ -22,6 +24,7 @@ cdef enum FastPath:
     FAST_DISCARD = 5
     FAST_QUIT = 6
     FAST_RESET = 7
+    FAST_CL_LIMIT = 8
 
 
 cdef class Command:
@@ -53,6 +56,7 @@ cdef class ServerCore:
     """State every connection shares: the engine, the clock, the command
     table, limits and counters.  Owned by the event-loop layer."""
     cdef public BucketStore store
+    cdef public RuleEngine rules     # buckets of named rules
     cdef public Clock clock
     cdef public dict commands         # lowercase bytes -> Command
     cdef public object requirepass    # bytes or None
@@ -113,6 +117,8 @@ cdef class Connection:
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)
     cdef void cl_check(self)
+    cdef void cl_limit(self)
+    cdef void write_check(self, const CheckResult* r)
     cdef void ping(self)
     cdef void multi(self)
     cdef void exec_queued(self)

@@ -5,6 +5,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memmove
 
+from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
@@ -88,7 +89,7 @@ cdef class Command:
 
 
 cdef class ServerCore:
-    def __init__(self, BucketStore store, dict commands, *, requirepass=None,
+    def __init__(self, BucketStore store, RuleEngine rules, dict commands, *, requirepass=None,
                  int64_t max_bulk_len=512 * 1024 * 1024,
                  int64_t max_multibulk_len=1024 * 1024,
                  int64_t query_buffer_limit=1024 * 1024 * 1024,
@@ -97,6 +98,7 @@ cdef class ServerCore:
                  double output_soft_seconds=60.0,
                  int64_t maxclients=10000, app=None, log=None):
         self.store = store
+        self.rules = rules
         self.clock = store.clock
         self.commands = commands
         self.requirepass = requirepass
@@ -357,6 +359,8 @@ cdef class Connection:
         self.core.total_commands += 1
         if cmd.fast == FAST_CL_CHECK:
             self.cl_check()
+        elif cmd.fast == FAST_CL_LIMIT:
+            self.cl_limit()
         elif cmd.fast == FAST_PING:
             self.ping()
         elif cmd.fast == FAST_MULTI:
@@ -441,19 +445,71 @@ cdef class Connection:
             self.reply_error("ERR " + err.decode())
             return
         rc = bucket_check(&self.core.store.table, a[1].ptr, a[1].len, &bp,
-                          self.now_ms, &r)
+                          self.now_ms, True, &r)
         if rc == FL_EKEYLEN:
             self.reply_error("ERR key is longer than 65535 bytes")
             return
         if rc != FL_OK:
             self.reply_error("OOM out of memory: the bucket could not be stored")
             return
+        self.write_check(&r)
+
+    cdef void write_check(self, const CheckResult* r):
         write_raw(&OUT, b"*5\r\n", 4)
         write_prefixed_int(&OUT, c':', r.allowed)
         write_prefixed_int(&OUT, c':', r.limit)
         write_prefixed_int(&OUT, c':', r.remaining)
         write_prefixed_int(&OUT, c':', r.retry_after_ms)
         write_prefixed_int(&OUT, c':', r.reset_after_ms)
+
+    cdef void cl_limit(self):
+        """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
+        cdef Arg* a = self.parser.argv
+        cdef int argc = self.parser.argc, i = 3, n, rc
+        cdef const char* tier = NULL
+        cdef size_t tlen = 0
+        cdef int64_t cost = 1
+        cdef bint detail = False
+        cdef CheckResult r
+        cdef RuleEngine rules = self.core.rules
+        while i < argc:
+            if eq_nocase(&a[i], b"detail", 6):
+                detail = True
+                i += 1
+                continue
+            if i + 1 >= argc:
+                self.reply_error(f"ERR syntax error: option '{arg_text(&a[i])}' needs a value")
+                return
+            if eq_nocase(&a[i], b"tier", 4):
+                tier, tlen = a[i + 1].ptr, a[i + 1].len
+            elif eq_nocase(&a[i], b"cost", 4):
+                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &cost) or cost < 0:
+                    self.reply_error("ERR COST must be an integer from 0 to 10^15")
+                    return
+            else:
+                self.reply_error(f"ERR syntax error: unknown option '{arg_text(&a[i])}', "
+                                 "expected TIER, COST or DETAIL")
+                return
+            i += 2
+        try:
+            n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, tier, tlen)
+            rc = rules.evaluate(a[1].ptr, a[1].len, a[2].ptr, a[2].len, n, cost,
+                                self.now_ms, &r)
+        except ValueError as e:
+            self.reply_error(f"ERR {e}")
+            return
+        if rc == FL_EKEYLEN:
+            self.reply_error("ERR client key and resource are longer than 65535 bytes")
+            return
+        if rc != FL_OK:
+            self.reply_error("OOM out of memory: the bucket could not be stored")
+            return
+        if not detail:
+            self.write_check(&r)
+            return
+        write_raw(&OUT, b"*6\r\n", 4)
+        self.write_check(&r)
+        encode_reply(&OUT, self.core.app.rules_detail(rules.last_detail(n)), self.proto)
 
     cdef void ping(self):
         if self.parser.argc > 2:

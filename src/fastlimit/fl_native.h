@@ -164,6 +164,12 @@ static inline fl_i128 fl_ceil_div(fl_i128 a, fl_i128 b) {
 #define MAX_REFILL ((int64_t)1000000000000000LL)
 #define MAX_PERIOD_MS ((int64_t)4294967295LL)
 #define MAX_REFILL_TIME_MS ((int64_t)1000000000000000LL)
+/* GCRA (named rules, CL.THROTTLE): ticks are 1/count ms, so now * count and
+ * period_ms * (burst + 1) must stay far inside int64. */
+#define MAX_GCRA_COUNT ((int64_t)1000000LL)
+#define MAX_GCRA_BURST ((int64_t)1000000000LL)
+#define MAX_GCRA_TOLERANCE ((int64_t)1000000000000000000LL)
+
 /* Below 2^32 - 1 seconds, so expiry seconds fit a u32 (see expire_second). */
 #define MAX_NOW_MS ((int64_t)4000000000000LL)
 

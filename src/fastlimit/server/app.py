@@ -13,6 +13,7 @@ import time
 
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
+from fastlimit._rules import RuleEngine
 from fastlimit.server import config as cfg
 from fastlimit.server.commands import build_table
 
@@ -29,7 +30,9 @@ class Server:
         self.settings = settings
         self.clock = Clock(manual=settings.manual_clock)
         self.store = BucketStore(shards=settings.shards, clock=self.clock)
-        self.core = ServerCore(self.store, build_table(), app=self, log=log)
+        self.rule_engine = RuleEngine(clock=self.clock, shards=settings.shards)
+        self.rules = None   # the rule registry, once rules are configured
+        self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
         self._apply_limits()
         self.run_id = os.urandom(20).hex()
         self.started = time.monotonic()
@@ -65,6 +68,22 @@ class Server:
             cfg.apply(trial, name, value)
         self.settings = trial.validate()
         self._apply_limits()
+
+    def bucket_count(self) -> int:
+        return len(self.store) + len(self.rule_engine)
+
+    def flush_buckets(self) -> None:
+        self.store.clear()
+        self.rule_engine.clear()
+
+    def rules_detail(self, steps) -> list:
+        """CL.LIMIT DETAIL rows: [rule id, mode, allowed, remaining,
+        retry_after_ms, reset_after_ms] per rule checked."""
+        return [[self.rule_id(num), "shadow" if shadow else "enforce", allowed, remaining,
+                 retry, reset] for num, shadow, allowed, remaining, retry, reset in steps]
+
+    def rule_id(self, num: int) -> str:
+        return self.rules.rule_id(num) if self.rules is not None else str(num)
 
     def reset_stats(self) -> None:
         core = self.core
@@ -122,6 +141,8 @@ class Server:
         loop = asyncio.get_running_loop()
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
         removed, scanned = self.store.sweep(budget_ms=self.sweep_budget_ms)
+        more_removed, more_scanned = self.rule_engine.sweep(budget_ms=self.sweep_budget_ms)
+        removed, scanned = removed + more_removed, scanned + more_scanned
         self.sweep_runs += 1
         base = self.settings.sweep_budget_ms
         busy = scanned and removed / scanned >= BUSY_SWEEP_SHARE

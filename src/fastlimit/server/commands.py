@@ -16,11 +16,13 @@ import time
 from fastlimit import __version__
 from fastlimit._protocol import Command
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
+from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.info import render_info
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
-FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET = range(1, 8)
+(FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET,
+ FAST_CL_LIMIT) = range(1, 9)
 
 REDIS_COMPAT_VERSION = "7.0.0"
 OK = SimpleString("OK")
@@ -252,14 +254,29 @@ def cmd_client_ok(conn, args):
 # ---- server -----------------------------------------------------------------------
 
 def cmd_dbsize(conn, args):
-    return len(conn.core.store)
+    return conn.core.app.bucket_count()
 
 
 def cmd_flushall(conn, args):
     if len(args) > 2 or (len(args) == 2 and _lower(args[1]) not in ("sync", "async")):
         raise ReplyError("ERR syntax error")
-    conn.core.store.clear()
+    conn.core.app.flush_buckets()
     return OK
+
+
+def cmd_cl_throttle(conn, args):
+    """redis-cell's CL.THROTTLE <key> <max_burst> <count> <period> [<quantity>]"""
+    numbers = [_int(a, name) for a, name in zip(
+        args[2:], ("max_burst", "count per period", "period", "quantity"))]
+    burst, count, period = numbers[:3]
+    quantity = numbers[3] if len(numbers) > 3 else 1
+    error = throttle_params_error(burst, count, period, quantity)
+    if error:
+        raise ReplyError(f"ERR {error}")
+    try:
+        return list(conn.core.rules.throttle(args[1], burst, count, period, quantity))
+    except ValueError as e:
+        raise ReplyError(f"ERR {e}") from None
 
 
 def cmd_time(conn, args):
@@ -518,6 +535,20 @@ def build_table() -> dict[bytes, Command]:
              keys=(1, 1, 1), acl=("@write", "@fast", "@ratelimit"), group="ratelimit",
              summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
              arguments=[("key", "key")]),
+        _cmd("cl.limit", -3, ("write", "denyoom", "fast"), fast=FAST_CL_LIMIT, keys=(1, 1, 1),
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="Checks every rule matching the client, resource and tier, all or "
+                     "nothing; replies like CL.CHECK for the binding rule.",
+             arguments=[("client_key", "key"), ("resource", "string"),
+                        ("tier", "string", {"token": "TIER", "optional": True}),
+                        ("cost", "integer", {"token": "COST", "optional": True}),
+                        ("detail", "pure-token", {"token": "DETAIL", "optional": True})]),
+        _cmd("cl.throttle", -5, ("write", "denyoom", "fast"), cmd_cl_throttle, keys=(1, 1, 1),
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="redis-cell's GCRA limiter: [limited, limit, remaining, "
+                     "retry_after_s, reset_after_s].",
+             arguments=[("key", "key"), ("max_burst", "integer"), ("count", "integer"),
+                        ("period", "integer"), ("quantity", "integer", {"optional": True})]),
         _cmd("ping", -1, ("fast", "sentinel"), fast=FAST_PING, acl=("@fast", "@connection"),
              group="connection", summary="Returns the server's liveliness response.",
              arguments=[("message", "string", {"optional": True})]),

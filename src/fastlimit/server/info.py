@@ -56,10 +56,10 @@ def _clients(core, app) -> dict:
 
 
 def _memory(core, app) -> dict:
-    tables = core.store.memory_bytes
+    tables = core.store.memory_bytes + core.rules.memory_bytes
     rss = rss_bytes()
     app.peak_rss = max(app.peak_rss, rss)
-    keys = len(core.store)
+    keys = app.bucket_count()
     return {"used_memory": rss, "used_memory_human": human_bytes(rss),
             "used_memory_rss": rss, "used_memory_rss_human": human_bytes(rss),
             "used_memory_peak": app.peak_rss, "used_memory_peak_human": human_bytes(app.peak_rss),
@@ -81,7 +81,7 @@ def _stats(core, app) -> dict:
             "total_net_input_bytes": core.net_input_bytes,
             "total_net_output_bytes": core.net_output_bytes,
             "rejected_connections": core.rejected_connections,
-            "expired_keys": core.store.expired_total,
+            "expired_keys": core.store.expired_total + core.rules.expired_total,
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
             "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms}
@@ -97,14 +97,14 @@ def _cpu(core, app) -> dict:
 
 
 def _keyspace(core, app) -> dict:
-    keys = len(core.store)
+    keys = app.bucket_count()
     return {"db0": f"keys={keys},expires={keys},avg_ttl=0"} if keys else {}
 
 
 def _fastlimit(core, app) -> dict:
-    return {"buckets": len(core.store), "bucket_shards": core.store.shards,
-            "bucket_table_bytes": core.store.memory_bytes,
-            "buckets_expired": core.store.expired_total}
+    return {"buckets": app.bucket_count(), "bucket_shards": core.store.shards,
+            "bucket_table_bytes": core.store.memory_bytes + core.rules.memory_bytes,
+            "buckets_expired": core.store.expired_total + core.rules.expired_total}
 
 
 def _commandstats(core, app) -> dict:

@@ -1,0 +1,88 @@
+# Named rules in the engine: the algorithms besides the token bucket,
+# compiled rule specs, and the all-or-nothing check of several rules.
+# Rules are numbered by the Python registry; a number is never reused in
+# a process, so buckets of a deleted or replaced rule can never be read
+# again.  Bucket keys are <u32 rule number><client key>[\0<resource>].
+
+from libc.stdint cimport int64_t, uint64_t, uint32_t
+
+from fastlimit._core cimport Table, CheckResult, BucketParams, Clock
+
+
+cdef enum Algorithm:
+    ALG_TOKEN_BUCKET = 0
+    ALG_FIXED_WINDOW = 1
+    ALG_SLIDING_WINDOW = 2
+    ALG_GCRA = 3
+    ALG_CONCURRENCY = 4
+    N_ALGORITHMS = 5
+
+cdef enum:
+    FIXED_WINDOW_VALUE = 16      # i64 count, i64 window start ms
+    SLIDING_WINDOW_VALUE = 24    # i64 previous count, i64 current count, i64 window start
+    GCRA_VALUE = 8               # i64 theoretical arrival time, in ticks of 1/count ms
+    MAX_RULES_PER_CHECK = 64
+
+
+cdef struct RuleSpec:
+    int algorithm
+    bint in_use
+    bint shadow
+    bint per_resource            # bucket per client and resource
+    BucketParams bucket          # token bucket (cost set per call)
+    int64_t limit                # windows
+    int64_t window_ms
+    int64_t burst                # GCRA: max_burst; limit is burst + 1
+    int64_t count                # GCRA: arrivals per period
+    int64_t period_ms
+    uint64_t allowed
+    uint64_t denied
+    uint64_t shadow_denied
+
+
+# One algorithm step.  Without commit nothing is stored and the result
+# describes the state as it stands.  Return FL_OK or an FL_E* code.
+cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                            int64_t cost, int64_t now_ms, bint commit,
+                            CheckResult* out) noexcept nogil
+cdef int sliding_window_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                              int64_t cost, int64_t now_ms, bint commit,
+                              CheckResult* out) noexcept nogil
+cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                    int64_t cost, int64_t now_ms, bint commit,
+                    CheckResult* out) noexcept nogil
+
+
+cdef class RuleEngine:
+    cdef Table tables[N_ALGORITHMS]
+    cdef Table throttle_table     # CL.THROTTLE's GCRA buckets (redis-cell keys)
+    cdef RuleSpec* rules
+    cdef uint32_t nrules          # allocated entries; numbers are indexes
+    cdef readonly Clock clock
+    cdef char* keybuf
+    cdef size_t keycap
+    cdef dict match_cache         # (resource, tier) key -> (packed nums, globs)
+    cdef object matcher
+    cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
+    cdef uint32_t order[MAX_RULES_PER_CHECK]
+    cdef CheckResult results[MAX_RULES_PER_CHECK]
+
+    cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
+                        const char* resource, size_t rlen, int64_t cost,
+                        int64_t now_ms, bint commit, CheckResult* out) except? -100
+    cdef int evaluate(self, const char* client, size_t clen, const char* resource,
+                      size_t rlen, int n, int64_t cost, int64_t now_ms,
+                      CheckResult* out) except? -100
+    cdef int select_rules(self, const char* client, size_t clen, const char* resource,
+                          size_t rlen, const char* tier, size_t tlen) except -1
+    cdef int select_ids(self, list nums) except -1
+    cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
+                             const char* tier, size_t tlen)
+    cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
+                          size_t clen, int64_t cost)
+    cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,
+                    bint detail)
+    cpdef list last_detail(self, int n)
+    cdef int throttle_c(self, const char* key, size_t keylen, int64_t burst,
+                        int64_t count, int64_t period_ms, int64_t quantity,
+                        int64_t now_ms, CheckResult* out) noexcept

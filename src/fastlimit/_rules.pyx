@@ -1,0 +1,638 @@
+"""Named rules in the engine; see _rules.pxd for the contract."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy, memset
+
+from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL_OK,
+                              FL_ENOMEM, FL_EKEYLEN, FL_MAX_KEY_LEN, table_init,
+                              table_free, table_clear, table_lookup, table_insert,
+                              table_delete, table_count, table_memory, table_sweep,
+                              probe_value, probe_record, record_live, expire_second,
+                              bucket_check, bucket_params_error, fl_get_i64,
+                              fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
+                              BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant)
+
+import collections
+import fnmatch
+import os
+
+# The Python-facing names of the algorithms, by Algorithm value.
+ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window", "gcra", "concurrency")
+# How many recent denials RuleEngine keeps for CL.RULE DENIALS.
+DENIAL_SAMPLE = 128
+
+cdef extern from "fl_native.h":
+    const int64_t MAX_LIMIT "MAX_CAPACITY"      # 10**15, as for bucket capacity
+    const int64_t MAX_WINDOW_MS "MAX_PERIOD_MS"  # 2**32 - 1
+    const int64_t MAX_GCRA_COUNT                 # 10**6 arrivals per period
+    const int64_t MAX_GCRA_BURST                 # 10**9
+    const int64_t MAX_GCRA_TOLERANCE             # 10**18: period_ms * (burst + 1)
+
+cdef uint32_t VALUE_SIZES[5]
+VALUE_SIZES[:] = [BUCKET_VALUE_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE, 8]
+
+
+cdef inline int64_t ceil_div(fl_i128 a, fl_i128 b) noexcept nogil:
+    """ceil(a / b) for b > 0 and a >= 0."""
+    return <int64_t>((a + b - 1) // b)
+
+
+cdef inline int store_value(Table* t, Probe* p, const char* key, size_t keylen,
+                            int64_t expire_ms, const char* value, size_t n) noexcept nogil:
+    """Writes a record's value and expiry, inserting it when absent."""
+    cdef char* rec
+    if p.found:
+        rec = probe_record(t, p)
+        fl_put_u32(rec, expire_second(expire_ms))
+        memcpy(probe_value(t, p), value, n)
+        return FL_OK
+    return table_insert(t, p, key, keylen, expire_second(expire_ms), value)
+
+
+cdef inline int drop_record(Table* t, Probe* p) noexcept nogil:
+    if p.found:
+        table_delete(t, p)
+    return FL_OK
+
+
+# ---- fixed window ------------------------------------------------------------
+
+cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                            int64_t cost, int64_t now_ms, bint commit,
+                            CheckResult* out) noexcept nogil:
+    """Counts per window of window_ms aligned to the clock's zero; a window's
+    count starts over at its end (up to 2x the limit can pass across a
+    boundary: that is the algorithm)."""
+    cdef Probe p
+    cdef int64_t W = r.window_ms, L = r.limit
+    cdef int64_t start = now_ms - now_ms % W, count = 0, stored_start
+    cdef char value[FIXED_WINDOW_VALUE]
+    cdef char* v
+    table_lookup(t, key, keylen, &p)
+    if record_live(t, &p, now_ms):
+        v = probe_value(t, &p)
+        stored_start = fl_get_i64(v + 8)
+        if stored_start >= start:       # this window, or a later one the clock left
+            count = fl_get_i64(v)
+            start = stored_start
+    out.limit = L
+    if cost > L:
+        out.allowed = 0
+        out.retry_after_ms = -1
+    elif count + cost <= L:
+        out.allowed = 1
+        out.retry_after_ms = 0
+        if commit:
+            count += cost
+    else:
+        out.allowed = 0
+        out.retry_after_ms = start + W - now_ms
+    out.remaining = L - count
+    out.reset_after_ms = start + W - now_ms if count > 0 else 0
+    if not commit:
+        return FL_OK
+    if count == 0:
+        return drop_record(t, &p)
+    fl_put_i64(value, count)
+    fl_put_i64(value + 8, start)
+    return store_value(t, &p, key, keylen, start + W, value, FIXED_WINDOW_VALUE)
+
+
+# ---- sliding window counter ------------------------------------------------------
+
+cdef int sliding_window_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                              int64_t cost, int64_t now_ms, bint commit,
+                              CheckResult* out) noexcept nogil:
+    """Estimates the count over the last window_ms as
+    previous * (1 - elapsed fraction) + current, with two counters per
+    key, kept exact by comparing everything multiplied by window_ms."""
+    cdef Probe p
+    cdef int64_t W = r.window_ms, L = r.limit
+    cdef int64_t start = now_ms - now_ms % W, prev = 0, curr = 0, stored_start
+    cdef int64_t elapsed, e
+    cdef fl_i128 used, budget
+    cdef char value[SLIDING_WINDOW_VALUE]
+    cdef char* v
+    table_lookup(t, key, keylen, &p)
+    if record_live(t, &p, now_ms):
+        v = probe_value(t, &p)
+        stored_start = fl_get_i64(v + 16)
+        if stored_start >= start:
+            prev = fl_get_i64(v)
+            curr = fl_get_i64(v + 8)
+            start = stored_start
+        elif stored_start == start - W:
+            prev = fl_get_i64(v + 8)
+    elapsed = now_ms - start if now_ms > start else 0
+    used = <fl_i128>prev * (W - elapsed) + <fl_i128>curr * W
+    out.limit = L
+    if cost > L:
+        out.allowed = 0
+        out.retry_after_ms = -1
+    elif used + <fl_i128>cost * W <= <fl_i128>L * W:
+        out.allowed = 1
+        out.retry_after_ms = 0
+        if commit:
+            curr += cost
+            used += <fl_i128>cost * W
+    else:
+        out.allowed = 0
+        if curr + cost <= L:
+            # later in this window the previous window's share has shrunk enough
+            budget = <fl_i128>(L - curr - cost) * W
+            e = W - <int64_t>(budget // prev)
+            out.retry_after_ms = start + e - now_ms
+        else:
+            # only next window, when the current count becomes the previous
+            budget = <fl_i128>(L - cost) * W
+            e = W - <int64_t>(budget // curr)
+            out.retry_after_ms = start + W + e - now_ms
+    out.remaining = <int64_t>((<fl_i128>L * W - used) // W) if used < <fl_i128>L * W else 0
+    if curr > 0:
+        out.reset_after_ms = start + 2 * W - now_ms
+    elif prev > 0:
+        out.reset_after_ms = start + W - now_ms
+    else:
+        out.reset_after_ms = 0
+    invariant(out.retry_after_ms >= -1 and out.reset_after_ms >= 0)
+    if not commit:
+        return FL_OK
+    if prev == 0 and curr == 0:
+        return drop_record(t, &p)
+    fl_put_i64(value, prev)
+    fl_put_i64(value + 8, curr)
+    fl_put_i64(value + 16, start)
+    return store_value(t, &p, key, keylen, start + 2 * W, value, SLIDING_WINDOW_VALUE)
+
+
+# ---- GCRA ---------------------------------------------------------------------
+
+cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                    int64_t cost, int64_t now_ms, bint commit,
+                    CheckResult* out) noexcept nogil:
+    """The generic cell rate algorithm as redis-cell runs it, in exact
+    integer time: a tick is 1/count ms, so the emission interval
+    (period/count) is period_ms ticks."""
+    cdef Probe p
+    cdef fl_i128 T = r.period_ms, now_t = <fl_i128>now_ms * r.count
+    cdef fl_i128 dvt = T * (r.burst + 1), inc = T * cost
+    cdef fl_i128 tat = now_t, new_tat, diff, ttl, nxt
+    cdef char value[GCRA_VALUE]
+    table_lookup(t, key, keylen, &p)
+    if record_live(t, &p, now_ms):
+        tat = fl_get_i64(probe_value(t, &p))
+    new_tat = (tat if tat > now_t else now_t) + inc
+    diff = now_t - (new_tat - dvt)
+    out.limit = r.burst + 1
+    if diff < 0:
+        out.allowed = 0
+        out.retry_after_ms = ceil_div(-diff, r.count) if inc <= dvt else -1
+        ttl = tat - now_t if tat > now_t else 0
+    else:
+        out.allowed = 1
+        out.retry_after_ms = 0
+        if commit:
+            tat = new_tat
+        ttl = tat - now_t if tat > now_t else 0
+    nxt = dvt - ttl
+    # redis-cell: remaining = (dvt - ttl) / emission interval, truncated
+    out.remaining = <int64_t>(nxt // T) if nxt > 0 else 0
+    out.reset_after_ms = ceil_div(ttl, r.count)
+    if not commit:
+        return FL_OK
+    if ttl <= 0:
+        return drop_record(t, &p)
+    fl_put_i64(value, <int64_t>tat)
+    return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
+
+
+# ---- rule specs ------------------------------------------------------------------
+
+cdef int64_t spec_int(dict spec, str field, int64_t low, int64_t high) except? -1:
+    value = spec.get(field)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{field}: must be an integer from {low} to {high}")
+    return value
+
+
+cdef int compile_spec(RuleSpec* r, dict spec) except -1:
+    """Fills r from a rule's spec dict (see RuleEngine.define)."""
+    cdef const char* err
+    algorithm = spec.get("algorithm")
+    if algorithm not in ALGORITHMS[:4]:
+        raise ValueError(f"algorithm: must be one of {', '.join(ALGORITHMS[:4])}")
+    r.algorithm = ALGORITHMS.index(algorithm)
+    r.shadow = bool(spec.get("shadow", False))
+    scope = spec.get("scope", "client")
+    if scope not in ("client", "client+resource"):
+        raise ValueError("scope: must be 'client' or 'client+resource'")
+    r.per_resource = scope == "client+resource"
+    if r.algorithm == ALG_TOKEN_BUCKET:
+        r.bucket.capacity = spec_int(spec, "capacity", 1, MAX_LIMIT)
+        r.bucket.refill = spec_int(spec, "refill", 1, MAX_LIMIT)
+        r.bucket.period_ms = spec_int(spec, "period_ms", 1, MAX_WINDOW_MS) \
+            if "period_ms" in spec else 1000
+        r.bucket.cost = 0
+        err = bucket_params_error(&r.bucket)
+        if err != NULL:
+            raise ValueError(err.decode())
+    elif r.algorithm == ALG_GCRA:
+        r.burst = spec_int(spec, "burst", 0, MAX_GCRA_BURST)
+        r.count = spec_int(spec, "count", 1, MAX_GCRA_COUNT)
+        r.period_ms = spec_int(spec, "period_ms", 1, MAX_WINDOW_MS)
+        if <fl_i128>r.period_ms * (r.burst + 1) > MAX_GCRA_TOLERANCE:
+            raise ValueError("period_ms: period_ms * (burst + 1) must be at most 10^18")
+    else:
+        r.limit = spec_int(spec, "limit", 1, MAX_LIMIT)
+        r.window_ms = spec_int(spec, "window_ms", 1, MAX_WINDOW_MS)
+    return 0
+
+
+cdef class RuleEngine:
+    """The buckets of named rules, one table per algorithm, and the
+    all-or-nothing evaluation of every rule matching a request."""
+
+    def __cinit__(self, Clock clock=None, uint32_t shards=256, bytes seed=None):
+        cdef int i
+        if shards == 0 or shards & (shards - 1) or shards > 65536:
+            raise ValueError("shards must be a power of two from 1 to 65536")
+        seed = seed if seed is not None else os.urandom(16)
+        self.clock = clock if clock is not None else Clock()
+        for i in range(N_ALGORITHMS):
+            if table_init(&self.tables[i], shards, VALUE_SIZES[i],
+                          <const uint8_t*><const char*>seed) != FL_OK:
+                raise MemoryError()
+        if table_init(&self.throttle_table, shards, GCRA_VALUE,
+                      <const uint8_t*><const char*>seed) != FL_OK:
+            raise MemoryError()
+        self.rules = NULL
+        self.nrules = 0
+        self.keybuf = <char*>malloc(256)
+        self.keycap = 256 if self.keybuf != NULL else 0
+        self.match_cache = {}
+        self.matcher = None
+        self.recent_denials = collections.deque(maxlen=DENIAL_SAMPLE)
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            table_free(&self.tables[i])
+        table_free(&self.throttle_table)
+        free(self.rules)
+        free(self.keybuf)
+
+    # ---- rules ----------------------------------------------------------------
+
+    def define(self, uint32_t num, dict spec):
+        """Creates or updates rule `num` from spec: "algorithm" (token_bucket,
+        fixed_window, sliding_window, gcra), "shadow", "scope" ("client" or
+        "client+resource") and the algorithm's numbers (token_bucket:
+        capacity, refill, period_ms; windows: limit, window_ms; gcra: burst,
+        count, period_ms).  Updating keeps the rule's buckets."""
+        cdef RuleSpec compiled
+        cdef RuleSpec* grown
+        cdef uint32_t cap
+        memset(&compiled, 0, sizeof(RuleSpec))
+        compile_spec(&compiled, spec)
+        if num >= self.nrules:
+            cap = max(num + 1, self.nrules * 2, 16)
+            grown = <RuleSpec*>realloc(self.rules, cap * sizeof(RuleSpec))
+            if grown == NULL:
+                raise MemoryError()
+            memset(grown + self.nrules, 0, (cap - self.nrules) * sizeof(RuleSpec))
+            self.rules = grown
+            self.nrules = cap
+        elif self.rules[num].in_use and self.rules[num].algorithm == compiled.algorithm:
+            compiled.allowed = self.rules[num].allowed
+            compiled.denied = self.rules[num].denied
+            compiled.shadow_denied = self.rules[num].shadow_denied
+        compiled.in_use = True
+        self.rules[num] = compiled
+
+    def forget(self, uint32_t num):
+        """Retires rule `num`: its buckets can never be read again (numbers
+        are not reused) and the sweep reclaims them as they expire."""
+        if num < self.nrules:
+            self.rules[num].in_use = False
+
+    def set_matcher(self, matcher):
+        """matcher(resource: bytes, tier: bytes | None) -> [(num, client
+        glob bytes or None), ...] for the rules whose resource and tier
+        match; its answers are cached until invalidate()."""
+        self.matcher = matcher
+        self.match_cache.clear()
+
+    def invalidate(self):
+        self.match_cache.clear()
+
+    def stats(self, uint32_t num):
+        if num >= self.nrules:
+            return {"allowed": 0, "denied": 0, "shadow_denied": 0}
+        return {"allowed": self.rules[num].allowed, "denied": self.rules[num].denied,
+                "shadow_denied": self.rules[num].shadow_denied}
+
+    def denials(self):
+        return list(self.recent_denials)
+
+    # ---- evaluation -------------------------------------------------------------
+
+    cdef int select_rules(self, const char* client, size_t clen, const char* resource,
+                          size_t rlen, const char* tier, size_t tlen) except -1:
+        """Puts the numbers of the rules matching the request in
+        self.order; returns how many."""
+        cdef bytes cache_key = (PyBytes_FromStringAndSize(resource, rlen) + b"\0" +
+                                (b"T" + PyBytes_FromStringAndSize(tier, tlen)
+                                 if tier != NULL else b"N"))
+        cdef tuple entry = self.match_cache.get(cache_key)
+        cdef int n = 0
+        if entry is None:
+            entry = self.compile_match(cache_key, resource, rlen, tier, tlen)
+        for num, glob in entry:
+            if not self.rules[<uint32_t>num].in_use:
+                continue
+            if glob is not None and not fnmatch.fnmatchcase(
+                    PyBytes_FromStringAndSize(client, clen), glob):
+                continue
+            if n == MAX_RULES_PER_CHECK:
+                raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules match the request")
+            self.order[n] = num
+            n += 1
+        return n
+
+    cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
+                             const char* tier, size_t tlen):
+        cdef list found = []
+        if self.matcher is not None:
+            for num, glob in self.matcher(
+                    PyBytes_FromStringAndSize(resource, rlen),
+                    PyBytes_FromStringAndSize(tier, tlen) if tier != NULL else None):
+                if num < self.nrules and self.rules[<uint32_t>num].in_use:
+                    found.append((num, glob))
+        if len(self.match_cache) > 65536:   # many distinct resources: start over
+            self.match_cache.clear()
+        entry = tuple(found)
+        self.match_cache[cache_key] = entry
+        return entry
+
+    cdef int select_ids(self, list nums) except -1:
+        cdef int n = 0
+        for num in nums:
+            if num >= self.nrules or not self.rules[<uint32_t>num].in_use:
+                raise KeyError(num)
+            if n == MAX_RULES_PER_CHECK:
+                raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules")
+            self.order[n] = num
+            n += 1
+        return n
+
+    cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
+                        const char* resource, size_t rlen, int64_t cost,
+                        int64_t now_ms, bint commit, CheckResult* out) except? -100:
+        """One rule's step on its bucket for this client (and resource)."""
+        cdef RuleSpec* r = &self.rules[num]
+        cdef size_t keylen = 4 + clen + (1 + rlen if r.per_resource else 0)
+        cdef char* grown
+        cdef int rc
+        cdef BucketParams bp
+        if keylen > FL_MAX_KEY_LEN:
+            return FL_EKEYLEN
+        if keylen > self.keycap:
+            grown = <char*>realloc(self.keybuf, keylen)
+            if grown == NULL:
+                raise MemoryError()
+            self.keybuf = grown
+            self.keycap = keylen
+        fl_put_u32(self.keybuf, num)
+        memcpy(self.keybuf + 4, client, clen)
+        if r.per_resource:
+            self.keybuf[4 + clen] = 0
+            memcpy(self.keybuf + 5 + clen, resource, rlen)
+        if r.algorithm == ALG_TOKEN_BUCKET:
+            bp = r.bucket
+            bp.cost = cost
+            if cost > MAX_LIMIT:
+                bp.cost = bp.capacity + 1   # can never pass; keeps the maths in range
+            rc = bucket_check(&self.tables[r.algorithm], self.keybuf, keylen, &bp,
+                              now_ms, commit, out)
+        elif r.algorithm == ALG_FIXED_WINDOW:
+            rc = fixed_window_check(&self.tables[r.algorithm], self.keybuf, keylen, r,
+                                    cost, now_ms, commit, out)
+        elif r.algorithm == ALG_SLIDING_WINDOW:
+            rc = sliding_window_check(&self.tables[r.algorithm], self.keybuf, keylen,
+                                      r, cost, now_ms, commit, out)
+        else:
+            rc = gcra_check(&self.tables[r.algorithm], self.keybuf, keylen, r, cost, now_ms,
+                            commit, out)
+        return rc
+
+    cdef int evaluate(self, const char* client, size_t clen, const char* resource,
+                      size_t rlen, int n, int64_t cost, int64_t now_ms,
+                      CheckResult* out) except? -100:
+        """Checks the n rules in self.order all or nothing: the request
+        passes only if every enforcing rule allows it, and only then is
+        anything spent.  self.results[i] holds rule i's step; `out` the
+        binding rule's (the denying rule with the longest wait, else the
+        enforcing rule with the fewest remaining).  Returns FL_OK or an
+        FL_E* code."""
+        cdef int i, rc, binding = -1
+        cdef bint passed = True
+        cdef RuleSpec* r
+        for i in range(n):
+            rc = self.check_rule(self.order[i], client, clen, resource, rlen, cost,
+                                 now_ms, False, &self.results[i])
+            if rc != FL_OK:
+                return rc
+            if not self.results[i].allowed and not self.rules[self.order[i]].shadow:
+                passed = False
+        if passed:
+            for i in range(n):
+                r = &self.rules[self.order[i]]
+                if r.shadow and not self.results[i].allowed:
+                    continue    # a shadow rule that would deny spends nothing
+                rc = self.check_rule(self.order[i], client, clen, resource, rlen, cost,
+                                     now_ms, True, &self.results[i])
+                if rc != FL_OK:
+                    return rc
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            if r.shadow:
+                if not self.results[i].allowed:
+                    r.shadow_denied += 1
+                    self.note_denial(now_ms, self.order[i], client, clen, cost)
+                continue
+            if self.results[i].allowed:
+                r.allowed += passed
+            else:
+                r.denied += 1
+                self.note_denial(now_ms, self.order[i], client, clen, cost)
+            if binding < 0 or binds_tighter(&self.results[i], &self.results[binding], passed):
+                binding = i
+        if binding < 0:
+            # No enforcing rule applies: allowed, and nothing limits it.
+            out.allowed, out.limit, out.remaining = 1, -1, -1
+            out.retry_after_ms = out.reset_after_ms = 0
+        else:
+            out[0] = self.results[binding]
+            out.allowed = passed
+        return FL_OK
+
+    cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
+                          size_t clen, int64_t cost):
+        self.recent_denials.append(
+            (now_ms, num, PyBytes_FromStringAndSize(client, clen if clen < 256 else 256), cost))
+
+    def limit(self, bytes client, bytes resource, bytes tier=None, int64_t cost=1,
+              now_ms=None, bint detail=False):
+        """Checks every rule matching (client, resource, tier).  Returns the
+        five integers, or with detail (five, [(num, shadow, allowed,
+        remaining, retry_after_ms, reset_after_ms), ...])."""
+        cdef int n = self.select_rules(
+            client, len(client), resource, len(resource),
+            <const char*>tier if tier is not None else NULL,
+            len(tier) if tier is not None else 0)
+        return self.run(client, resource, n, cost, now_ms, detail)
+
+    def apply(self, list nums, bytes client, int64_t cost=1, bytes resource=b"",
+              now_ms=None, bint detail=False):
+        """The same as limit() for the given rule numbers."""
+        cdef int n = self.select_ids(nums)
+        return self.run(client, resource, n, cost, now_ms, detail)
+
+    cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,
+                    bint detail):
+        cdef CheckResult out
+        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        cdef int rc, i
+        if cost < 0:
+            raise ValueError("cost must not be negative")
+        if not 0 <= now <= MAX_NOW_MS:
+            raise ValueError("now_ms out of range: 0 to 4*10^12")
+        rc = self.evaluate(client, len(client), resource, len(resource), n, cost, now, &out)
+        if rc == FL_EKEYLEN:
+            raise ValueError("key longer than the 65535 bytes a bucket key may have")
+        if rc != FL_OK:
+            raise MemoryError()
+        five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
+        return (five, self.last_detail(n)) if detail else five
+
+    cpdef list last_detail(self, int n):
+        """The per-rule steps of the last evaluation of n rules:
+        [(num, shadow, allowed, remaining, retry_after_ms, reset_after_ms)]."""
+        cdef int i
+        return [(self.order[i], bool(self.rules[self.order[i]].shadow),
+                 self.results[i].allowed, self.results[i].remaining,
+                 self.results[i].retry_after_ms, self.results[i].reset_after_ms)
+                for i in range(n)]
+
+    # ---- CL.THROTTLE -------------------------------------------------------------
+
+    cdef int throttle_c(self, const char* key, size_t keylen, int64_t burst,
+                        int64_t count, int64_t period_ms, int64_t quantity,
+                        int64_t now_ms, CheckResult* out) noexcept:
+        cdef RuleSpec r
+        r.burst = burst
+        r.count = count
+        r.period_ms = period_ms
+        if keylen > FL_MAX_KEY_LEN:
+            return FL_EKEYLEN
+        return gcra_check(&self.throttle_table, key, keylen, &r, quantity, now_ms, True, out)
+
+    def throttle(self, bytes key, int64_t burst, int64_t count, int64_t period_s,
+                 int64_t quantity=1, now_ms=None):
+        """redis-cell's CL.THROTTLE: (limited, limit, remaining,
+        retry_after_s, reset_after_s); times rounded up to seconds."""
+        cdef CheckResult out
+        cdef int rc
+        err = throttle_params_error(burst, count, period_s, quantity)
+        if err is not None:
+            raise ValueError(err)
+        rc = self.throttle_c(key, len(key), burst, count, period_s * 1000, quantity,
+                             self.clock.now_ms() if now_ms is None else now_ms, &out)
+        if rc != FL_OK:
+            raise ValueError("key longer than 65535 bytes") if rc == FL_EKEYLEN else MemoryError()
+        return throttle_reply(&out)
+
+    # ---- upkeep ------------------------------------------------------------------
+
+    def sweep(self, now_ms=None, double budget_ms=1.0):
+        """Drops expired buckets of every table within budget_ms.
+        Returns (removed, slots_scanned)."""
+        cdef uint64_t scanned = 0, total_scanned = 0, removed = 0
+        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
+        cdef uint32_t now_s = expire_second(now - 999)
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            removed += table_sweep(&self.tables[i], now_s, deadline, &scanned)
+            total_scanned += scanned
+        removed += table_sweep(&self.throttle_table, now_s, deadline, &scanned)
+        return removed, total_scanned + scanned
+
+    def clear(self):
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            table_clear(&self.tables[i])
+        table_clear(&self.throttle_table)
+
+    def __len__(self):
+        cdef uint64_t n = table_count(&self.throttle_table)
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            n += table_count(&self.tables[i])
+        return n
+
+    @property
+    def memory_bytes(self):
+        cdef size_t n = table_memory(&self.throttle_table)
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            n += table_memory(&self.tables[i])
+        return n
+
+    @property
+    def expired_total(self):
+        cdef uint64_t n = self.throttle_table.expired
+        cdef int i
+        for i in range(N_ALGORITHMS):
+            n += self.tables[i].expired
+        return n
+
+
+cdef inline bint binds_tighter(const CheckResult* a, const CheckResult* b, bint passed) noexcept:
+    """Whether result a should describe the request rather than b: when
+    denied, the longest wait (-1, never, is longest); when allowed, the
+    fewest remaining."""
+    if not passed:
+        if a.allowed != b.allowed:
+            return not a.allowed
+        if a.retry_after_ms == -1 or b.retry_after_ms == -1:
+            return a.retry_after_ms == -1 and b.retry_after_ms != -1
+        return a.retry_after_ms > b.retry_after_ms
+    return a.remaining < b.remaining
+
+
+def throttle_params_error(int64_t burst, int64_t count, int64_t period_s, int64_t quantity):
+    """Why CL.THROTTLE's numbers are unusable, or None.  redis-cell crashes
+    on a zero count or period; here they are errors."""
+    if not 0 <= burst <= MAX_GCRA_BURST:
+        return f"max_burst must be an integer from 0 to {MAX_GCRA_BURST}"
+    if not 1 <= count <= MAX_GCRA_COUNT:
+        return f"count per period must be an integer from 1 to {MAX_GCRA_COUNT}"
+    if not 1 <= period_s <= MAX_WINDOW_MS // 1000:
+        return f"period must be an integer from 1 to {MAX_WINDOW_MS // 1000} seconds"
+    if not 0 <= quantity <= MAX_LIMIT:
+        return "quantity must be an integer from 0 to 10^15"
+    if <fl_i128>period_s * 1000 * (burst + 1) > MAX_GCRA_TOLERANCE:
+        return "period * (max_burst + 1) is too long"
+    return None
+
+
+cdef tuple throttle_reply(const CheckResult* out):
+    # redis-cell: [limited, limit, remaining, retry_after_s (-1 when
+    # allowed), reset_after_s]; seconds rounded up, not down (a fix).
+    return (0 if out.allowed else 1, out.limit, out.remaining,
+            -1 if out.allowed else (-1 if out.retry_after_ms < 0
+                                    else (out.retry_after_ms + 999) // 1000),
+            (out.reset_after_ms + 999) // 1000)
