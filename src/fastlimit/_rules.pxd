@@ -4,7 +4,7 @@
 # a process, so buckets of a deleted or replaced rule can never be read
 # again.  Bucket keys are <u32 rule number><client key>[\0<resource>].
 
-from libc.stdint cimport int64_t, uint64_t, uint32_t
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
 
 from fastlimit._core cimport Table, CheckResult, BucketParams, Clock
 
@@ -16,11 +16,14 @@ cdef enum Algorithm:
     ALG_GCRA = 3
     ALG_CONCURRENCY = 4
     N_ALGORITHMS = 5
+    N_SHARED_TABLES = 4          # concurrency rules have tables of their own
 
 cdef enum:
     FIXED_WINDOW_VALUE = 16      # i64 count, i64 window start ms
     SLIDING_WINDOW_VALUE = 24    # i64 previous count, i64 current count, i64 window start
     GCRA_VALUE = 8               # i64 theoretical arrival time, in ticks of 1/count ms
+    LEASE_SLOT = 12              # concurrency: i64 lease expiry ms (0 = free), u32 generation
+    MAX_CONCURRENCY = 1024       # slots per key, so a record stays small
     MAX_RULES_PER_CHECK = 64
 
 
@@ -35,6 +38,9 @@ cdef struct RuleSpec:
     int64_t burst                # GCRA: max_burst; limit is burst + 1
     int64_t count                # GCRA: arrivals per period
     int64_t period_ms
+    int64_t lease_ms             # concurrency: a lease ends by itself after this
+    Table* leases                # concurrency: this rule's own table (value = limit slots)
+    uint32_t lease_generation    # concurrency: stamps every lease, so ids are never reused
     uint64_t allowed
     uint64_t denied
     uint64_t shadow_denied
@@ -51,11 +57,18 @@ cdef int sliding_window_check(Table* t, const char* key, size_t keylen, const Ru
 cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
                     int64_t cost, int64_t now_ms, bint commit,
                     CheckResult* out) noexcept nogil
+# Concurrency: takes a free slot (out.reset_after_ms carries the lease id,
+# -1 when denied), or frees one.  release returns 1 when the lease was held.
+cdef int concurrency_acquire(Table* t, const char* key, size_t keylen, RuleSpec* r,
+                             int64_t now_ms, CheckResult* out) noexcept nogil
+cdef int concurrency_release(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                             int64_t lease_id, int64_t now_ms) noexcept nogil
 
 
 cdef class RuleEngine:
-    cdef Table tables[N_ALGORITHMS]
+    cdef Table tables[N_SHARED_TABLES]   # by Algorithm, shared by the rules using it
     cdef Table throttle_table     # CL.THROTTLE's GCRA buckets (redis-cell keys)
+    cdef uint8_t seed[16]
     cdef RuleSpec* rules
     cdef uint32_t nrules          # allocated entries; numbers are indexes
     cdef readonly Clock clock
@@ -76,6 +89,11 @@ cdef class RuleEngine:
     cdef int select_rules(self, const char* client, size_t clen, const char* resource,
                           size_t rlen, const char* tier, size_t tlen) except -1
     cdef int select_ids(self, list nums) except -1
+    cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
+                            const char* resource, size_t rlen) except? 0
+    cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1
+    cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
+    cdef list lease_tables(self)
     cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
                              const char* tier, size_t tlen)
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,

@@ -6,6 +6,7 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
 from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL_OK,
+                              fl_get_u32,
                               FL_ENOMEM, FL_EKEYLEN, FL_MAX_KEY_LEN, table_init,
                               table_free, table_clear, table_lookup, table_insert,
                               table_delete, table_count, table_memory, table_sweep,
@@ -30,8 +31,12 @@ cdef extern from "fl_native.h":
     const int64_t MAX_GCRA_BURST                 # 10**9
     const int64_t MAX_GCRA_TOLERANCE             # 10**18: period_ms * (burst + 1)
 
-cdef uint32_t VALUE_SIZES[5]
-VALUE_SIZES[:] = [BUCKET_VALUE_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE, 8]
+cdef enum:
+    MAX_LEASE_MS = 86400000                      # a day
+    CONCURRENCY_SHARDS = 16                      # a rule's own table starts small
+
+cdef uint32_t VALUE_SIZES[N_SHARED_TABLES]
+VALUE_SIZES[:] = [BUCKET_VALUE_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE]
 
 
 cdef inline int64_t ceil_div(fl_i128 a, fl_i128 b) noexcept nogil:
@@ -208,6 +213,75 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
 
 
+# ---- concurrency -----------------------------------------------------------------
+
+cdef inline char* lease_slot(char* value, int64_t i) noexcept nogil:
+    return value + i * LEASE_SLOT
+
+
+cdef int concurrency_acquire(Table* t, const char* key, size_t keylen, RuleSpec* r,
+                             int64_t now_ms, CheckResult* out) noexcept nogil:
+    """Takes a free lease slot for the key.  A slot is free when it was
+    released or its lease ran out, so a caller that crashes holding one
+    costs capacity for lease_ms at most.  The lease id carries the slot
+    and the rule's lease generation, so a stale or repeated release frees
+    nothing, even after the key's record expired and came back."""
+    cdef Probe p
+    cdef char value[MAX_CONCURRENCY * LEASE_SLOT]
+    cdef int64_t i, free_slot = -1, busy = 0, soonest = 0, latest = 0, expiry
+    cdef uint32_t generation
+    cdef size_t n = r.limit * LEASE_SLOT
+    table_lookup(t, key, keylen, &p)
+    if record_live(t, &p, now_ms):
+        memcpy(value, probe_value(t, &p), n)
+    else:
+        memset(value, 0, n)
+    for i in range(r.limit):
+        expiry = fl_get_i64(lease_slot(value, i))
+        if expiry > now_ms:
+            busy += 1
+            soonest = expiry if soonest == 0 or expiry < soonest else soonest
+            latest = expiry if expiry > latest else latest
+        elif free_slot < 0:
+            free_slot = i
+    out.limit = r.limit
+    if free_slot < 0:
+        out.allowed = 0
+        out.remaining = 0
+        out.retry_after_ms = soonest - now_ms
+        out.reset_after_ms = -1
+        return FL_OK
+    r.lease_generation += 1
+    generation = r.lease_generation
+    fl_put_i64(lease_slot(value, free_slot), now_ms + r.lease_ms)
+    fl_put_u32(lease_slot(value, free_slot) + 8, generation)
+    out.allowed = 1
+    out.remaining = r.limit - busy - 1
+    out.retry_after_ms = 0
+    out.reset_after_ms = (<int64_t>generation << 16) | free_slot   # the lease id
+    latest = now_ms + r.lease_ms if now_ms + r.lease_ms > latest else latest
+    return store_value(t, &p, key, keylen, latest, value, n)
+
+
+cdef int concurrency_release(Table* t, const char* key, size_t keylen, const RuleSpec* r,
+                             int64_t lease_id, int64_t now_ms) noexcept nogil:
+    cdef Probe p
+    cdef int64_t slot = lease_id & 0xFFFF
+    cdef char* v
+    cdef char* s
+    if lease_id < 0 or slot >= r.limit:
+        return 0
+    table_lookup(t, key, keylen, &p)
+    if not record_live(t, &p, now_ms):
+        return 0
+    v = probe_value(t, &p)
+    s = lease_slot(v, slot)
+    if fl_get_u32(s + 8) != <uint32_t>(lease_id >> 16) or fl_get_i64(s) <= now_ms:
+        return 0
+    fl_put_i64(s, 0)
+    return 1
+
+
 # ---- rule specs ------------------------------------------------------------------
 
 cdef int64_t spec_int(dict spec, str field, int64_t low, int64_t high) except? -1:
@@ -221,8 +295,8 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     """Fills r from a rule's spec dict (see RuleEngine.define)."""
     cdef const char* err
     algorithm = spec.get("algorithm")
-    if algorithm not in ALGORITHMS[:4]:
-        raise ValueError(f"algorithm: must be one of {', '.join(ALGORITHMS[:4])}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm: must be one of {', '.join(ALGORITHMS)}")
     r.algorithm = ALGORITHMS.index(algorithm)
     r.shadow = bool(spec.get("shadow", False))
     scope = spec.get("scope", "client")
@@ -238,6 +312,9 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
         err = bucket_params_error(&r.bucket)
         if err != NULL:
             raise ValueError(err.decode())
+    elif r.algorithm == ALG_CONCURRENCY:
+        r.limit = spec_int(spec, "limit", 1, MAX_CONCURRENCY)
+        r.lease_ms = spec_int(spec, "lease_ms", 1, MAX_LEASE_MS)
     elif r.algorithm == ALG_GCRA:
         r.burst = spec_int(spec, "burst", 0, MAX_GCRA_BURST)
         r.count = spec_int(spec, "count", 1, MAX_GCRA_COUNT)
@@ -259,8 +336,9 @@ cdef class RuleEngine:
         if shards == 0 or shards & (shards - 1) or shards > 65536:
             raise ValueError("shards must be a power of two from 1 to 65536")
         seed = seed if seed is not None else os.urandom(16)
+        memcpy(self.seed, <const char*>seed, 16)
         self.clock = clock if clock is not None else Clock()
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             if table_init(&self.tables[i], shards, VALUE_SIZES[i],
                           <const uint8_t*><const char*>seed) != FL_OK:
                 raise MemoryError()
@@ -276,10 +354,12 @@ cdef class RuleEngine:
         self.recent_denials = collections.deque(maxlen=DENIAL_SAMPLE)
 
     def __dealloc__(self):
-        cdef int i
-        for i in range(N_ALGORITHMS):
+        cdef uint32_t i
+        for i in range(N_SHARED_TABLES):
             table_free(&self.tables[i])
         table_free(&self.throttle_table)
+        for i in range(self.nrules):
+            release_lease_table(&self.rules[i])
         free(self.rules)
         free(self.keybuf)
 
@@ -308,14 +388,40 @@ cdef class RuleEngine:
             compiled.allowed = self.rules[num].allowed
             compiled.denied = self.rules[num].denied
             compiled.shadow_denied = self.rules[num].shadow_denied
+        if compiled.algorithm == ALG_CONCURRENCY:
+            compiled.lease_generation = self.rules[num].lease_generation
+            self.attach_lease_table(num, &compiled)
+        else:
+            release_lease_table(&self.rules[num])
         compiled.in_use = True
         self.rules[num] = compiled
 
+    cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1:
+        """A concurrency rule's records hold `limit` slots, so the rule has
+        a table of its own; it is kept while the limit stays the same (a
+        new limit starts its leases afresh)."""
+        cdef RuleSpec* old = &self.rules[num]
+        if old.leases != NULL and old.algorithm == ALG_CONCURRENCY and old.limit == compiled.limit:
+            compiled.leases = old.leases
+            old.leases = NULL
+            return 0
+        release_lease_table(old)
+        compiled.leases = <Table*>malloc(sizeof(Table))
+        if compiled.leases == NULL or table_init(
+                compiled.leases, CONCURRENCY_SHARDS, compiled.limit * LEASE_SLOT,
+                self.seed) != FL_OK:
+            free(compiled.leases)
+            compiled.leases = NULL
+            raise MemoryError()
+        return 0
+
     def forget(self, uint32_t num):
         """Retires rule `num`: its buckets can never be read again (numbers
-        are not reused) and the sweep reclaims them as they expire."""
+        are not reused) and the sweep reclaims them as they expire; a
+        concurrency rule's own table goes at once."""
         if num < self.nrules:
             self.rules[num].in_use = False
+            release_lease_table(&self.rules[num])
 
     def set_matcher(self, matcher):
         """matcher(resource: bytes, tier: bytes | None) -> [(num, client
@@ -352,6 +458,8 @@ cdef class RuleEngine:
         for num, glob in entry:
             if not self.rules[<uint32_t>num].in_use:
                 continue
+            if self.rules[<uint32_t>num].algorithm == ALG_CONCURRENCY:
+                continue    # leases are taken and given back explicitly (CL.ACQUIRE)
             if glob is not None and not fnmatch.fnmatchcase(
                     PyBytes_FromStringAndSize(client, clen), glob):
                 continue
@@ -381,6 +489,8 @@ cdef class RuleEngine:
         for num in nums:
             if num >= self.nrules or not self.rules[<uint32_t>num].in_use:
                 raise KeyError(num)
+            if self.rules[<uint32_t>num].algorithm == ALG_CONCURRENCY:
+                raise ValueError("a concurrency rule is used with CL.ACQUIRE and CL.RELEASE")
             if n == MAX_RULES_PER_CHECK:
                 raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules")
             self.order[n] = num
@@ -392,23 +502,11 @@ cdef class RuleEngine:
                         int64_t now_ms, bint commit, CheckResult* out) except? -100:
         """One rule's step on its bucket for this client (and resource)."""
         cdef RuleSpec* r = &self.rules[num]
-        cdef size_t keylen = 4 + clen + (1 + rlen if r.per_resource else 0)
-        cdef char* grown
+        cdef size_t keylen = self.compose_key(num, client, clen, resource, rlen)
         cdef int rc
         cdef BucketParams bp
         if keylen > FL_MAX_KEY_LEN:
             return FL_EKEYLEN
-        if keylen > self.keycap:
-            grown = <char*>realloc(self.keybuf, keylen)
-            if grown == NULL:
-                raise MemoryError()
-            self.keybuf = grown
-            self.keycap = keylen
-        fl_put_u32(self.keybuf, num)
-        memcpy(self.keybuf + 4, client, clen)
-        if r.per_resource:
-            self.keybuf[4 + clen] = 0
-            memcpy(self.keybuf + 5 + clen, resource, rlen)
         if r.algorithm == ALG_TOKEN_BUCKET:
             bp = r.bucket
             bp.cost = cost
@@ -426,6 +524,25 @@ cdef class RuleEngine:
             rc = gcra_check(&self.tables[r.algorithm], self.keybuf, keylen, r, cost, now_ms,
                             commit, out)
         return rc
+
+    cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
+                            const char* resource, size_t rlen) except? 0:
+        """Writes the rule's bucket key for the request into self.keybuf:
+        <u32 rule number><client>[\0<resource>]; returns its length."""
+        cdef size_t keylen = 4 + clen + (1 + rlen if self.rules[num].per_resource else 0)
+        cdef char* grown
+        if keylen > self.keycap:
+            grown = <char*>realloc(self.keybuf, keylen)
+            if grown == NULL:
+                raise MemoryError()
+            self.keybuf = grown
+            self.keycap = keylen
+        fl_put_u32(self.keybuf, num)
+        memcpy(self.keybuf + 4, client, clen)
+        if self.rules[num].per_resource:
+            self.keybuf[4 + clen] = 0
+            memcpy(self.keybuf + 5 + clen, resource, rlen)
+        return keylen
 
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
                       size_t rlen, int n, int64_t cost, int64_t now_ms,
@@ -526,6 +643,44 @@ cdef class RuleEngine:
                  self.results[i].retry_after_ms, self.results[i].reset_after_ms)
                 for i in range(n)]
 
+    # ---- concurrency ------------------------------------------------------------
+
+    def acquire(self, uint32_t num, bytes client, bytes resource=b"", now_ms=None):
+        """Takes a lease of concurrency rule `num`: (allowed, limit,
+        remaining, retry_after_ms, lease_id), lease_id -1 when denied."""
+        cdef CheckResult out
+        cdef RuleSpec* r = self.concurrency_rule(num)
+        cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
+        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        if keylen > FL_MAX_KEY_LEN:
+            raise ValueError("key longer than the 65535 bytes a bucket key may have")
+        if concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out) != FL_OK:
+            raise MemoryError()
+        if out.allowed:
+            r.allowed += 1
+        else:
+            r.denied += 1
+            self.note_denial(now, num, client, len(client), 1)
+        return (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
+
+    def release(self, uint32_t num, bytes client, int64_t lease_id, bytes resource=b"",
+                now_ms=None):
+        """Gives a lease back; True when it was held (not released before,
+        not run out)."""
+        cdef RuleSpec* r = self.concurrency_rule(num)
+        cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
+        if keylen > FL_MAX_KEY_LEN:
+            return False
+        return concurrency_release(r.leases, self.keybuf, keylen, r, lease_id,
+                                   self.clock.now_ms() if now_ms is None else now_ms) == 1
+
+    cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL:
+        if num >= self.nrules or not self.rules[num].in_use:
+            raise KeyError(num)
+        if self.rules[num].algorithm != ALG_CONCURRENCY:
+            raise ValueError("not a concurrency rule")
+        return &self.rules[num]
+
     # ---- CL.THROTTLE -------------------------------------------------------------
 
     cdef int throttle_c(self, const char* key, size_t keylen, int64_t burst,
@@ -564,40 +719,63 @@ cdef class RuleEngine:
         cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
         cdef uint32_t now_s = expire_second(now - 999)
         cdef int i
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             removed += table_sweep(&self.tables[i], now_s, deadline, &scanned)
             total_scanned += scanned
         removed += table_sweep(&self.throttle_table, now_s, deadline, &scanned)
-        return removed, total_scanned + scanned
+        total_scanned += scanned
+        for t in self.lease_tables():
+            removed += table_sweep(<Table*><size_t>t, now_s, deadline, &scanned)
+            total_scanned += scanned
+        return removed, total_scanned
+
+    cdef list lease_tables(self):
+        """Addresses of the concurrency rules' own tables."""
+        cdef uint32_t i
+        return [<size_t>self.rules[i].leases for i in range(self.nrules)
+                if self.rules[i].leases != NULL]
 
     def clear(self):
         cdef int i
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             table_clear(&self.tables[i])
         table_clear(&self.throttle_table)
+        for t in self.lease_tables():
+            table_clear(<Table*><size_t>t)
 
     def __len__(self):
         cdef uint64_t n = table_count(&self.throttle_table)
         cdef int i
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             n += table_count(&self.tables[i])
+        for t in self.lease_tables():
+            n += table_count(<Table*><size_t>t)
         return n
 
     @property
     def memory_bytes(self):
         cdef size_t n = table_memory(&self.throttle_table)
         cdef int i
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             n += table_memory(&self.tables[i])
+        for t in self.lease_tables():
+            n += table_memory(<Table*><size_t>t)
         return n
 
     @property
     def expired_total(self):
         cdef uint64_t n = self.throttle_table.expired
         cdef int i
-        for i in range(N_ALGORITHMS):
+        for i in range(N_SHARED_TABLES):
             n += self.tables[i].expired
         return n
+
+
+cdef void release_lease_table(RuleSpec* r) noexcept:
+    if r.leases != NULL:
+        table_free(r.leases)
+        free(r.leases)
+        r.leases = NULL
 
 
 cdef inline bint binds_tighter(const CheckResult* a, const CheckResult* b, bint passed) noexcept:
