@@ -21,6 +21,13 @@ import time
 import pytest
 import redis
 
+# tests/wire.py (RESP encoding and reply framing by hand) is shared by the
+# tests here and in tests/server/, which are not packages: put tests/ on
+# sys.path so ``import wire`` works whatever pytest's import mode is.
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
 PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
 READY = re.compile(r"ready to accept connections on .* port (\d+)")
 START_TIMEOUT = 20.0

@@ -25,6 +25,7 @@ import time
 import pytest
 
 from fastlimit._resp import parse
+from wire import command
 
 PE = "ERR Protocol error: "
 INVALID_MBULK = PE + "invalid multibulk length"
@@ -40,14 +41,6 @@ INLINE_MAX = 64 * 1024          # Redis's PROTO_INLINE_MAX_SIZE
 MAX_BULK_DEFAULT = 512 * 1024 * 1024
 
 
-def mb(*args: bytes) -> bytes:
-    """One command as a RESP multibulk frame."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
 def expected_dollar(c: str) -> str:
     return PE + f"expected '$', got '{c}'"
 
@@ -55,17 +48,17 @@ def expected_dollar(c: str) -> str:
 # ---- valid input --------------------------------------------------------------
 
 VALID = [
-    ("ping", mb(b"PING"), [[b"PING"]]),
-    ("cl.check", mb(b"CL.CHECK", b"k", b"5", b"2"), [[b"CL.CHECK", b"k", b"5", b"2"]]),
-    ("lowercase", mb(b"ping", b"hello"), [[b"ping", b"hello"]]),
-    ("empty bulk", mb(b"ECHO", b""), [[b"ECHO", b""]]),
+    ("ping", command(b"PING"), [[b"PING"]]),
+    ("cl.check", command(b"CL.CHECK", b"k", b"5", b"2"), [[b"CL.CHECK", b"k", b"5", b"2"]]),
+    ("lowercase", command(b"ping", b"hello"), [[b"ping", b"hello"]]),
+    ("empty bulk", command(b"ECHO", b""), [[b"ECHO", b""]]),
     ("binary bulk with CRLF and markers inside",
-     mb(b"ECHO", b"a\r\n*1\r\n$4\r\n\x00\xff"), [[b"ECHO", b"a\r\n*1\r\n$4\r\n\x00\xff"]]),
-    ("bulk of only CRLF", mb(b"ECHO", b"\r\n"), [[b"ECHO", b"\r\n"]]),
+     command(b"ECHO", b"a\r\n*1\r\n$4\r\n\x00\xff"), [[b"ECHO", b"a\r\n*1\r\n$4\r\n\x00\xff"]]),
+    ("bulk of only CRLF", command(b"ECHO", b"\r\n"), [[b"ECHO", b"\r\n"]]),
     ("many args (argv grows past its first size)",
-     mb(b"ECHO", *[b"%d" % i for i in range(300)]),
+     command(b"ECHO", *[b"%d" % i for i in range(300)]),
      [[b"ECHO", *[b"%d" % i for i in range(300)]]]),
-    ("100 kB bulk", mb(b"ECHO", b"z" * 100_000), [[b"ECHO", b"z" * 100_000]]),
+    ("100 kB bulk", command(b"ECHO", b"z" * 100_000), [[b"ECHO", b"z" * 100_000]]),
     ("*0 ignored", b"*0\r\n", []),
     ("*-1 ignored", b"*-1\r\n", []),
     ("*-5 ignored", b"*-5\r\n", []),
@@ -83,8 +76,8 @@ def test_valid_multibulk(data, commands):
 
 
 def test_pipelined_mixed_frames():
-    data = (mb(b"PING") + b"PING\r\n" + mb(b"ECHO", b"a") + b"\r\n" + b"*0\r\n"
-            + b"ECHO b\n" + mb(b"CL.CHECK", b"k", b"5", b"2") + b"*-1\r\n"
+    data = (command(b"PING") + b"PING\r\n" + command(b"ECHO", b"a") + b"\r\n" + b"*0\r\n"
+            + b"ECHO b\n" + command(b"CL.CHECK", b"k", b"5", b"2") + b"*-1\r\n"
             + b'ECHO "c d"\r\n')
     assert parse(data) == ([[b"PING"], [b"PING"], [b"ECHO", b"a"], [b"ECHO", b"b"],
                             [b"CL.CHECK", b"k", b"5", b"2"], [b"ECHO", b"c d"]],
@@ -92,15 +85,15 @@ def test_pipelined_mixed_frames():
 
 
 def test_pipeline_of_a_thousand():
-    frame = mb(b"CL.CHECK", b"key", b"5", b"2")
+    frame = command(b"CL.CHECK", b"key", b"5", b"2")
     assert parse(frame * 1000) == ([[b"CL.CHECK", b"key", b"5", b"2"]] * 1000,
                                    len(frame) * 1000, None)
 
 
 def test_huge_command_then_small_ones():
     # argv grows to 5000 entries and is trimmed again for the next command
-    big = mb(b"ECHO", *[b"a"] * 4999)
-    data = big + mb(b"PING") + b"PING x\r\n" + big + mb(b"PING")
+    big = command(b"ECHO", *[b"a"] * 4999)
+    data = big + command(b"PING") + b"PING x\r\n" + big + command(b"PING")
     commands, used, err = parse(data)
     assert (used, err) == (len(data), None)
     assert [len(c) for c in commands] == [5000, 1, 2, 5000, 1]
@@ -214,7 +207,7 @@ ERRORS = [
     ("bulk data too long", b"*1\r\n$3\r\nPINGxx", BAD_BULK_END, {}),
     ("bulk end LF CR", b"*1\r\n$4\r\nPING\n\r", BAD_BULK_END, {}),
     ("bulk end CR X", b"*1\r\n$4\r\nPING\rX", BAD_BULK_END, {}),
-    ("second bulk bad end", mb(b"ECHO", b"a")[:-2] + b"xx", BAD_BULK_END, {}),
+    ("second bulk bad end", command(b"ECHO", b"a")[:-2] + b"xx", BAD_BULK_END, {}),
     # inline
     ("too big inline", b"x" * (INLINE_MAX + 1), TOO_BIG_INLINE, {}),
     ("unbalanced double", b'ECHO "abc\r\n', UNBALANCED, {}),
@@ -246,8 +239,8 @@ def test_protocol_error(data, error, kwargs):
     (b"*1\r\nx\r\n", expected_dollar("x")),
 ])
 def test_error_after_good_commands_keeps_them(bad, error):
-    good = mb(b"PING") + b"PING\r\n\r\n" + mb(b"ECHO", b"a")
-    assert parse(good + bad + mb(b"PING")) == (
+    good = command(b"PING") + b"PING\r\n\r\n" + command(b"ECHO", b"a")
+    assert parse(good + bad + command(b"PING")) == (
         [[b"PING"], [b"PING"], [b"ECHO", b"a"]], len(good), error)
 
 
@@ -273,13 +266,13 @@ def test_at_the_limits_is_just_incomplete(data, kwargs):
 
 
 def test_limits_apply_per_kwarg():
-    frame = mb(b"ECHO", b"a" * 1024)
+    frame = command(b"ECHO", b"a" * 1024)
     assert parse(frame, max_bulk_len=1024) == ([[b"ECHO", b"a" * 1024]], len(frame), None)
     assert parse(frame, max_bulk_len=1023) == ([], 0, INVALID_BULK)
-    args = mb(*[b"a"] * 10)
+    args = command(*[b"a"] * 10)
     assert parse(args, unauthenticated=True) == ([[b"a"] * 10], len(args), None)
     assert parse(args, max_multibulk_len=9) == ([], 0, INVALID_MBULK)
-    big = mb(b"AUTH", b"p" * 16384)
+    big = command(b"AUTH", b"p" * 16384)
     assert parse(big, unauthenticated=True) == ([[b"AUTH", b"p" * 16384]], len(big), None)
 
 
@@ -297,7 +290,7 @@ def test_incomplete_returns_nothing_yet(data):
 
 
 def test_incomplete_tail_after_commands():
-    head = mb(b"PING") + b"PING\r\n"
+    head = command(b"PING") + b"PING\r\n"
     for tail in INCOMPLETE:
         assert parse(head + tail) == ([[b"PING"], [b"PING"]], len(head), None), tail
 
@@ -305,12 +298,12 @@ def test_incomplete_tail_after_commands():
 # ---- fuzzing --------------------------------------------------------------------
 
 VALID_FRAMES = [
-    mb(b"PING"),
-    mb(b"CL.CHECK", b"user:42", b"5", b"2", b"COST", b"3"),
-    mb(b"ECHO", b""),
-    mb(b"ECHO", b"a\r\nb\r\n*2\r\n$1\r\n"),
-    mb(b"ECHO", bytes(range(256))),
-    mb(*[b"x" * i for i in range(1, 20)]),
+    command(b"PING"),
+    command(b"CL.CHECK", b"user:42", b"5", b"2", b"COST", b"3"),
+    command(b"ECHO", b""),
+    command(b"ECHO", b"a\r\nb\r\n*2\r\n$1\r\n"),
+    command(b"ECHO", bytes(range(256))),
+    command(*[b"x" * i for i in range(1, 20)]),
     b"*0\r\n",
     b"*-1\r\n",
     b"\r\n",
@@ -394,7 +387,7 @@ def test_pipeline_fed_one_byte_at_a_time():
 
 def test_pipeline_fed_in_random_chunks():
     rng = random.Random(1234)
-    data = b"".join(VALID_FRAMES) * 4 + mb(b"ECHO", b"q" * 5000)
+    data = b"".join(VALID_FRAMES) * 4 + command(b"ECHO", b"q" * 5000)
     everything = parse(data)[0]
     for _ in range(200):
         sizes = [rng.choice((1, 2, 3, 7, 16, 100, 1000)) for _ in range(len(data))]

@@ -6,30 +6,14 @@ from __future__ import annotations
 import pytest
 import redis
 
-
-def resp(*args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
+from wire import Wire, command
 
 
-def read_line(sock) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\r\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise ConnectionError(f"connection closed after {buf!r}")
-        buf += chunk
-    return buf
-
-
-def read_reply(sock):
+def read_reply(w: Wire):
     """One RESP2 reply: bytes for errors/status lines, lists of ints."""
-    line = read_line(sock)
+    line = w.read_line()
     if line[:1] == b"*":
-        return [read_reply(sock) for _ in range(int(line[1:-2]))]
+        return [read_reply(w) for _ in range(int(line[1:-2]))]
     if line[:1] == b":":
         return int(line[1:-2])
     return line[:-2]
@@ -133,21 +117,18 @@ ERRORS = [
 
 @pytest.mark.parametrize("args,message", ERRORS, ids=[" ".join(a) or "no-args" for a, _ in ERRORS])
 def test_argument_errors(server, r, args, message):
-    sock = server.connect()
-    try:
-        sock.sendall(resp("CL.CHECK", *args))
-        line = read_reply(sock)
+    with Wire.to(server.port) as w:
+        w.send(command("CL.CHECK", *args))
+        line = read_reply(w)
         if isinstance(message, str):
             assert line == b"-" + message.encode()
         else:
             assert line.startswith(b"-ERR ") and all(m.encode() in line for m in message), line
         # The connection goes on, and nothing was stored.
-        sock.sendall(resp("PING") + resp("CL.CHECK", "k", 5, 1) + resp("DBSIZE"))
-        assert read_reply(sock) == b"+PONG"
-        assert read_reply(sock) == [1, 5, 4, 0, 1000]
-        assert read_reply(sock) == 1
-    finally:
-        sock.close()
+        w.send(command("PING") + command("CL.CHECK", "k", 5, 1) + command("DBSIZE"))
+        assert read_reply(w) == b"+PONG"
+        assert read_reply(w) == [1, 5, 4, 0, 1000]
+        assert read_reply(w) == 1
 
 
 def test_argument_errors_through_redis_py(r):

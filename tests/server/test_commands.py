@@ -15,6 +15,8 @@ import redis.asyncio as aredis
 from redis._parsers import CommandsParser
 from redis._parsers.commands import AsyncCommandsParser
 
+from wire import Wire, command
+
 
 # ---- a raw RESP2/RESP3 client --------------------------------------------------------
 
@@ -34,79 +36,11 @@ class Verbatim(bytes):
     """=verbatim string (RESP3)"""
 
 
-def encode(*args) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
-class Raw:
-    """A socket speaking RESP by hand: send frames, read whole replies."""
-
-    def __init__(self, port: int, timeout: float = 10):
-        import socket
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def send(self, data: bytes):
-        self.sock.sendall(data)
-
-    def _more(self):
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise EOFError(f"connection closed; unparsed: {self.buf!r}")
-        self.buf += chunk
-
-    def _end(self, pos: int) -> int:
-        while (eol := self.buf.find(b"\r\n", pos)) < 0:
-            self._more()
-        kind, head, nxt = self.buf[pos:pos + 1], self.buf[pos + 1:eol], eol + 2
-        if kind in b"$=!":
-            n = int(head)
-            if n >= 0:
-                nxt += n + 2
-                while len(self.buf) < nxt:
-                    self._more()
-        elif kind in b"*~>%|":
-            n = int(head) * (2 if kind in b"%|" else 1)
-            for _ in range(max(n, 0)):
-                nxt = self._end(nxt)
-        elif kind not in b"+-:_#,(":
-            raise AssertionError(f"not a RESP reply: {self.buf[pos:]!r}")
-        return nxt
-
-    def reply(self) -> bytes:
-        end = self._end(0)
-        out, self.buf = self.buf[:end], self.buf[end:]
-        return out
-
-    def call(self, *args) -> bytes:
-        self.send(encode(*args))
-        return self.reply()
+class Raw(Wire):
+    """A raw connection that can also decode a reply into Python values."""
 
     def value(self, *args):
         return decode(self.call(*args))
-
-    def closed_by_peer(self, timeout: float = 5) -> bool:
-        """True when the server closes the connection with nothing more to say."""
-        self.sock.settimeout(timeout)
-        try:
-            return self.buf == b"" and self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return self.buf == b""
-        except TimeoutError:
-            return False
 
 
 def decode(data: bytes):
@@ -191,7 +125,7 @@ def well_formed(data: bytes):
 @pytest.fixture
 def raw(server, r):
     """A raw connection to the flushed manual-clock server (clock 0)."""
-    with Raw(server.port) as conn:
+    with Raw.to(server.port) as conn:
         yield conn
 
 
@@ -199,11 +133,11 @@ def run_sequence(port: int, commands) -> list[bytes]:
     """Each command's raw reply on one fresh connection; b'<closed>' once
     the server hangs up."""
     out = []
-    with Raw(port) as conn:
+    with Raw.to(port) as conn:
         for cmd in commands:
             try:
-                conn.send(cmd if isinstance(cmd, bytes) else encode(*cmd))
-                out.append(conn.reply())
+                conn.send(cmd if isinstance(cmd, bytes) else command(*cmd))
+                out.append(conn.read_reply())
             except (EOFError, ConnectionResetError, BrokenPipeError):
                 out.append(b"<closed>")
                 break
@@ -463,13 +397,13 @@ def test_hello_setname_and_auth(raw):
 
 def test_hello_with_password(make_server):
     s = make_server("--requirepass", "sekret")
-    with Raw(s.port) as conn:
+    with Raw.to(s.port) as conn:
         assert conn.call("CL.CHECK", "k", "5", "2") == b"-NOAUTH Authentication required.\r\n"
         assert conn.call("HELLO", "3", "AUTH", "default", "nope") == (
             b"-WRONGPASS invalid username-password pair or user is disabled.\r\n")
         assert conn.call("HELLO", "3", "AUTH", "default", "sekret")[:1] == b"%"
         assert conn.call("CL.CHECK", "k", "5", "2") == b"*5\r\n:1\r\n:5\r\n:4\r\n:0\r\n:500\r\n"
-    with Raw(s.port) as conn:
+    with Raw.to(s.port) as conn:
         assert conn.call("AUTH", "nope") == (
             b"-WRONGPASS invalid username-password pair or user is disabled.\r\n")
         assert conn.call("AUTH", "sekret") == b"+OK\r\n"
@@ -485,7 +419,7 @@ def _fields(line: bytes) -> dict:
 
 
 def test_client_id_list_info(server, r):
-    with Raw(server.port) as a, Raw(server.port) as b:
+    with Raw.to(server.port) as a, Raw.to(server.port) as b:
         id_a, id_b = a.value("CLIENT", "ID"), b.value("CLIENT", "ID")
         assert isinstance(id_a, int) and id_b > id_a
         assert a.call("CLIENT", "SETNAME", "alpha") == b"+OK\r\n"
@@ -516,18 +450,18 @@ def test_client_id_list_info(server, r):
 def test_client_info_names_the_subcommand_like_redis(server, redis_server):
     # Redis 7 reports cmd=client|info (the full subcommand name).
     def cmd_field(port):
-        with Raw(port) as conn:
+        with Raw.to(port) as conn:
             return _fields(decode(conn.call("CLIENT", "INFO")))["cmd"]
     assert cmd_field(redis_server.port) == "client|info"
     assert cmd_field(server.port) == "client|info"
 
 
 def test_client_kill_id(server, r):
-    with Raw(server.port) as killer, Raw(server.port) as victim:
+    with Raw.to(server.port) as killer, Raw.to(server.port) as victim:
         victim_id = victim.value("CLIENT", "ID")
         killer_id = killer.value("CLIENT", "ID")
         assert killer.call("CLIENT", "KILL", "ID", victim_id) == b":1\r\n"
-        assert victim.closed_by_peer()
+        assert victim.read_until_closed(5) == b""
         assert killer.call("CLIENT", "KILL", "ID", victim_id) == b":0\r\n"
         # SKIPME yes (the default) spares the caller
         assert killer.call("CLIENT", "KILL", "ID", killer_id) == b":0\r\n"
@@ -692,7 +626,7 @@ def test_info_section(raw, server, section):
 
 def test_info_section_headers_like_redis(server, redis_server):
     def headers(port):
-        with Raw(port) as conn:
+        with Raw.to(port) as conn:
             return [decode(conn.call("INFO", s)).split(b"\r\n")[0] for s in SECTIONS]
     assert headers(server.port) == headers(redis_server.port)
 
@@ -738,7 +672,7 @@ def test_info_stats_count(raw):
 def test_config_get_and_set(make_server):
     s = make_server("--manual-clock")
     maxclients = b"*2\r\n$10\r\nmaxclients\r\n"
-    with Raw(s.port) as conn:
+    with Raw.to(s.port) as conn:
         assert conn.call("CONFIG", "GET", "maxclients") == maxclients + b"$5\r\n10000\r\n"
         assert conn.call("CONFIG", "SET", "maxclients", "50") == b"+OK\r\n"
         assert conn.call("CONFIG", "GET", "maxclients") == maxclients + b"$2\r\n50\r\n"
@@ -763,7 +697,7 @@ def test_config_get_and_set(make_server):
 
 def test_debug_clock_refused_without_manual_clock(make_server):
     s = make_server()
-    with Raw(s.port) as conn:
+    with Raw.to(s.port) as conn:
         refused = b"-ERR DEBUG CLOCK SET/ADVANCE need the server started with --manual-clock\r\n"
         assert conn.call("DEBUG", "CLOCK", "SET", "5") == refused
         assert conn.call("DEBUG", "CLOCK", "ADVANCE", "5") == refused
@@ -775,18 +709,18 @@ def test_debug_clock_refused_without_manual_clock(make_server):
 
 def test_shutdown(make_server):
     s = make_server("--manual-clock")
-    with Raw(s.port) as other, Raw(s.port) as conn:
+    with Raw.to(s.port) as other, Raw.to(s.port) as conn:
         assert other.call("PING") == b"+PONG\r\n"
-        conn.send(encode("SHUTDOWN"))
-        assert conn.closed_by_peer(timeout=10)   # as Redis: no reply, the connection closes
-        assert other.closed_by_peer(timeout=10)
+        conn.send(command("SHUTDOWN"))
+        assert conn.read_until_closed() == b""   # as Redis: no reply, the connection closes
+        assert other.read_until_closed() == b""
     assert s.proc.wait(10) == 0
     assert "Traceback" not in s.log()
 
 
 def test_shutdown_bad_option_keeps_running(make_server):
     s = make_server()
-    with Raw(s.port) as conn:
+    with Raw.to(s.port) as conn:
         assert conn.call("SHUTDOWN", "FOO") == b"-ERR syntax error\r\n"
         assert conn.call("SHUTDOWN", "ABORT") == b"-ERR No shutdown in progress.\r\n"
         assert conn.call("PING") == b"+PONG\r\n"
@@ -794,7 +728,7 @@ def test_shutdown_bad_option_keeps_running(make_server):
 
 
 def test_quit_closes_only_that_connection(raw, server):
-    with Raw(server.port) as conn:
+    with Raw.to(server.port) as conn:
         assert conn.call("QUIT") == b"+OK\r\n"
-        assert conn.closed_by_peer()
+        assert conn.read_until_closed(5) == b""
     assert raw.call("PING") == b"+PONG\r\n"

@@ -27,6 +27,8 @@ from redis._parsers import (_AsyncHiredisParser, _AsyncRESP2Parser, _AsyncRESP3P
                             _HiredisParser, _RESP2Parser, _RESP3Parser)
 from redis.utils import HIREDIS_AVAILABLE
 
+from wire import Wire
+
 PARSERS = {
     ("sync", 2, "hiredis"): _HiredisParser,
     ("sync", 3, "hiredis"): _HiredisParser,
@@ -420,54 +422,16 @@ def test_quit_like_redis(h, server, r, redis_server):
 
 
 def test_resp3_null_and_replies_on_the_wire(server, r):
-    s = server.connect()
-    try:
-        rd = RawReader(s)
-        s.sendall(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n")
-        hello = rd.reply()
+    with Wire.to(server.port) as w:
+        w.send(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n")
+        hello = w.read_reply()
         assert hello.startswith(b"%8\r\n$6\r\nserver\r\n")
         assert b"$5\r\nproto\r\n:3\r\n" in hello
-        s.sendall(b"CLIENT GETNAME\r\n")
-        assert rd.reply() == b"_\r\n"
-        s.sendall(b"*4\r\n$8\r\nCL.CHECK\r\n$2\r\nkk\r\n$1\r\n5\r\n$1\r\n2\r\n*1\r\n$4\r\nPING\r\n")
-        assert rd.reply() == b"*5\r\n:1\r\n:5\r\n:4\r\n:0\r\n:500\r\n"
-        assert rd.reply() == b"+PONG\r\n"
-        s.sendall(b"HELLO 2\r\nCLIENT GETNAME\r\n")
-        assert rd.reply().startswith(b"*16\r\n$6\r\nserver\r\n")
-        assert rd.reply() == b"$-1\r\n"
-    finally:
-        s.close()
-
-
-class RawReader:
-    """Splits a socket's byte stream into whole RESP2/RESP3 replies."""
-
-    def __init__(self, sock):
-        self.sock, self.buf = sock, b""
-
-    def _more(self):
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise EOFError(f"connection closed; unparsed: {self.buf!r}")
-        self.buf += chunk
-
-    def _end(self, pos: int) -> int:
-        while (eol := self.buf.find(b"\r\n", pos)) < 0:
-            self._more()
-        kind, head, nxt = self.buf[pos:pos + 1], self.buf[pos + 1:eol], eol + 2
-        if kind in b"$=!":
-            n = int(head)
-            if n >= 0:
-                nxt += n + 2
-                while len(self.buf) < nxt:
-                    self._more()
-        elif kind in b"*~>%|":
-            n = int(head) * (2 if kind in b"%|" else 1)
-            for _ in range(max(n, 0)):
-                nxt = self._end(nxt)
-        return nxt
-
-    def reply(self) -> bytes:
-        end = self._end(0)
-        out, self.buf = self.buf[:end], self.buf[end:]
-        return out
+        w.send(b"CLIENT GETNAME\r\n")
+        assert w.read_reply() == b"_\r\n"
+        w.send(b"*4\r\n$8\r\nCL.CHECK\r\n$2\r\nkk\r\n$1\r\n5\r\n$1\r\n2\r\n*1\r\n$4\r\nPING\r\n")
+        assert w.read_reply() == b"*5\r\n:1\r\n:5\r\n:4\r\n:0\r\n:500\r\n"
+        assert w.read_reply() == b"+PONG\r\n"
+        w.send(b"HELLO 2\r\nCLIENT GETNAME\r\n")
+        assert w.read_reply().startswith(b"*16\r\n$6\r\nserver\r\n")
+        assert w.read_reply() == b"$-1\r\n"

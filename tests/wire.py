@@ -1,0 +1,172 @@
+"""RESP by hand, for tests that check the exact bytes on the wire.
+
+``command(*args)`` encodes one command as a RESP multibulk frame.
+``Wire`` is a raw client connection that splits what the server sends
+into whole RESP2/RESP3 replies, returned as the raw bytes (decoding them
+is up to the test).  Every read has a deadline.
+
+tests/conftest.py puts tests/ on sys.path, so tests in tests/ and
+tests/server/ can ``from wire import command, Wire``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+TIMEOUT = 10.0       # default deadline, in seconds, for a read and for connecting
+
+# Reply types by their first byte.
+_BLOB = b"$=!"       # <length>\r\n<bytes>\r\n; a length of -1 is the RESP2 null
+_ARRAY = b"*~>"      # <count>\r\n then count replies
+_PAIRS = b"%|"       # <count>\r\n then 2 * count replies
+_LINE = b"+-:_#,("   # the first line is the whole reply
+
+
+def command(*args) -> bytes:
+    """One command as a RESP multibulk frame; args that are not bytes are
+    sent as their str()."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Wire:
+    """A raw connection with a read buffer and RESP framing for replies.
+
+    A read that cannot complete raises EOFError if the server closed (or
+    reset) the connection first and TimeoutError if its deadline passed
+    first; whatever did arrive stays in ``buf``.  ``eof`` and ``reset``
+    say how the server ended the connection.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = b""
+        self.eof = False
+        self.reset = False
+
+    @classmethod
+    def to(cls, port: int) -> "Wire":
+        """A new connection to a server on 127.0.0.1."""
+        s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(s)
+
+    def __enter__(self) -> "Wire":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def fill(self, deadline: float) -> bool:
+        """Reads once into buf; False on EOF, reset or deadline."""
+        if self.eof:
+            return False
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self.sock.settimeout(left)
+        try:
+            chunk = self.sock.recv(65536)
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            self.eof = self.reset = True
+            return False
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        return True
+
+    def _more(self, deadline: float, wanted: str) -> None:
+        if not self.fill(deadline):
+            got = f"got {self.buf!r} (eof={self.eof}, reset={self.reset})"
+            if self.eof:
+                raise EOFError(f"connection closed before {wanted}; {got}")
+            raise TimeoutError(f"deadline passed before {wanted}; {got}")
+
+    @staticmethod
+    def _deadline(deadline: float | None) -> float:
+        return deadline or time.monotonic() + TIMEOUT
+
+    def read_exact(self, n: int, deadline: float | None = None) -> bytes:
+        deadline = self._deadline(deadline)
+        while len(self.buf) < n:
+            self._more(deadline, f"{n} bytes")
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def read_line(self, deadline: float | None = None) -> bytes:
+        """One line, CRLF included."""
+        deadline = self._deadline(deadline)
+        while (eol := self.buf.find(b"\r\n")) < 0:
+            self._more(deadline, "a whole line")
+        out, self.buf = self.buf[:eol + 2], self.buf[eol + 2:]
+        return out
+
+    def _reply_end(self, pos: int, deadline: float) -> int:
+        """Where the reply starting at buf[pos] ends, reading until it has."""
+        while (eol := self.buf.find(b"\r\n", pos)) < 0:
+            self._more(deadline, "a whole reply")
+        kind, head, end = self.buf[pos:pos + 1], self.buf[pos + 1:eol], eol + 2
+        if kind in _BLOB:
+            n = int(head)
+            if n >= 0:
+                end += n + 2
+                while len(self.buf) < end:
+                    self._more(deadline, "a whole reply")
+                assert self.buf[end - 2:end] == b"\r\n", f"no CRLF after a blob: {self.buf!r}"
+        elif kind in _ARRAY or kind in _PAIRS:
+            n = int(head) * (2 if kind in _PAIRS else 1)
+            for _ in range(max(n, 0)):
+                end = self._reply_end(end, deadline)
+        elif kind not in _LINE:
+            raise AssertionError(f"not a RESP reply: {self.buf[pos:]!r}")
+        return end
+
+    def read_reply(self, deadline: float | None = None) -> bytes:
+        """The raw bytes of one complete RESP2/RESP3 reply."""
+        end = self._reply_end(0, self._deadline(deadline))
+        out, self.buf = self.buf[:end], self.buf[end:]
+        return out
+
+    def call(self, *args) -> bytes:
+        """Sends one command and returns its raw reply."""
+        return self.call_raw(command(*args))
+
+    def call_raw(self, data: bytes) -> bytes:
+        """Sends data as it is (inline, malformed, several frames) and
+        returns the first reply."""
+        self.send(data)
+        return self.read_reply()
+
+    def read_until_closed(self, timeout: float = TIMEOUT) -> bytes:
+        """Everything the server sends until it closes; fails if it does
+        not close within the timeout."""
+        deadline = time.monotonic() + timeout
+        while self.fill(deadline):
+            pass
+        assert self.eof, f"connection still open after {timeout} s; got {self.buf!r}"
+        out, self.buf = self.buf, b""
+        return out
+
+    def is_open(self, wait: float = 0.2) -> bool:
+        """True when nothing arrives and no close is seen within wait."""
+        self.fill(time.monotonic() + wait)
+        return not self.eof
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def rst(self) -> None:
+        """Closes with a TCP RST instead of a FIN."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
