@@ -93,7 +93,7 @@ cdef class RuleEngine:
                             const char* resource, size_t rlen) except? 0
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
-    cdef list lease_tables(self)
+    cdef list all_tables(self)
     cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
                              const char* tier, size_t tlen)
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,

@@ -718,57 +718,35 @@ cdef class RuleEngine:
         cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
         cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
         cdef uint32_t now_s = expire_second(now - 999)
-        cdef int i
-        for i in range(N_SHARED_TABLES):
-            removed += table_sweep(&self.tables[i], now_s, deadline, &scanned)
-            total_scanned += scanned
-        removed += table_sweep(&self.throttle_table, now_s, deadline, &scanned)
-        total_scanned += scanned
-        for t in self.lease_tables():
+        for t in self.all_tables():
             removed += table_sweep(<Table*><size_t>t, now_s, deadline, &scanned)
             total_scanned += scanned
         return removed, total_scanned
 
-    cdef list lease_tables(self):
-        """Addresses of the concurrency rules' own tables."""
+    cdef list all_tables(self):
+        """Addresses of every table: one per shared algorithm, CL.THROTTLE's,
+        and each concurrency rule's own."""
         cdef uint32_t i
-        return [<size_t>self.rules[i].leases for i in range(self.nrules)
-                if self.rules[i].leases != NULL]
+        tables = [<size_t>&self.tables[i] for i in range(N_SHARED_TABLES)]
+        tables.append(<size_t>&self.throttle_table)
+        tables.extend(<size_t>self.rules[i].leases for i in range(self.nrules)
+                      if self.rules[i].leases != NULL)
+        return tables
 
     def clear(self):
-        cdef int i
-        for i in range(N_SHARED_TABLES):
-            table_clear(&self.tables[i])
-        table_clear(&self.throttle_table)
-        for t in self.lease_tables():
+        for t in self.all_tables():
             table_clear(<Table*><size_t>t)
 
     def __len__(self):
-        cdef uint64_t n = table_count(&self.throttle_table)
-        cdef int i
-        for i in range(N_SHARED_TABLES):
-            n += table_count(&self.tables[i])
-        for t in self.lease_tables():
-            n += table_count(<Table*><size_t>t)
-        return n
+        return sum(table_count(<Table*><size_t>t) for t in self.all_tables())
 
     @property
     def memory_bytes(self):
-        cdef size_t n = table_memory(&self.throttle_table)
-        cdef int i
-        for i in range(N_SHARED_TABLES):
-            n += table_memory(&self.tables[i])
-        for t in self.lease_tables():
-            n += table_memory(<Table*><size_t>t)
-        return n
+        return sum(table_memory(<Table*><size_t>t) for t in self.all_tables())
 
     @property
     def expired_total(self):
-        cdef uint64_t n = self.throttle_table.expired
-        cdef int i
-        for i in range(N_SHARED_TABLES):
-            n += self.tables[i].expired
-        return n
+        return sum((<Table*><size_t>t).expired for t in self.all_tables())
 
 
 cdef void release_lease_table(RuleSpec* r) noexcept:
