@@ -44,8 +44,11 @@ class ServerProcess:
 
     def start(self) -> "ServerProcess":
         self._log = open(self.log_path, "wb")
+        # Rules in memory unless a test asks for a database: servers started
+        # side by side must not share (or lock) one rules file.
+        durability = [] if "--rules-db" in self.args else ["--rules-db", ""]
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "fastlimit.server", "--port", "0", *self.args],
+            [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:

@@ -14,6 +14,8 @@ import time
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
+from fastlimit.rules.registry import RuleRegistry
+from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
 from fastlimit.server.commands import build_table
 
@@ -31,7 +33,12 @@ class Server:
         self.clock = Clock(manual=settings.manual_clock)
         self.store = BucketStore(shards=settings.shards, clock=self.clock)
         self.rule_engine = RuleEngine(clock=self.clock, shards=settings.shards)
-        self.rules = None   # the rule registry, once rules are configured
+        # Loads the rules database, then the rules file; raises RuleError
+        # (the server refuses to start) if either cannot be used.
+        self.rules = RuleRegistry(
+            self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
+            settings.rules_file)
+        self.rules.start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
         self._apply_limits()
         self.run_id = os.urandom(20).hex()
@@ -111,6 +118,7 @@ class Server:
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
+        loop.add_signal_handler(signal.SIGHUP, self.rules.reload_from_signal)
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
@@ -133,6 +141,7 @@ class Server:
             conn.close()
         for server in self._servers:
             await server.wait_closed()
+        self.rules.close()
         log.info("fastlimit is now ready to exit, bye bye")
 
     # ---- periodic work ----------------------------------------------------------

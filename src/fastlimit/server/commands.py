@@ -19,6 +19,7 @@ from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
 from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.info import render_info
+from fastlimit.server.rule_commands import build_rule_command
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
 (FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET,
@@ -616,6 +617,7 @@ def build_table() -> dict[bytes, Command]:
             sub("command", "getkeys", -3, cmd_command_getkeys, "Extracts the key names from a command."),
         ], {"summary": "Returns detailed information about all commands.", "group": "server"},
             default=cmd_command),
+        build_rule_command(),
         container("config", -2, (), [
             sub("config", "get", -3, cmd_config_get, "Returns the effective values of settings.",
                 arguments=[("parameter", "string")]),

@@ -86,6 +86,8 @@ class Settings:
     sweep_budget_ms: float = 1.0
     loglevel: str = "notice"
     config_file: str | None = None
+    rules_db: str | None = "fastlimit-rules.db"
+    rules_file: str | None = None
 
     def validate(self) -> "Settings":
         if not 0 <= self.port <= 65535:
@@ -129,6 +131,8 @@ _FIELDS = {
     "hz": (lambda v: parse_int(v, 1, 500, "hz"), str),
     "sweep-budget-ms": (float, str),
     "loglevel": (lambda v: str(v).lower(), str),
+    "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
+    "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
 }
 
 # Settings that CONFIG SET may change while the server runs.
@@ -203,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hz", type=int, help="background task frequency (default 10)")
     p.add_argument("--sweep-budget-ms", type=float, help="time per tick for dropping idle buckets")
     p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
+    p.add_argument("--rules-db", metavar="PATH",
+                   help="SQLite file the named rules are kept in (default "
+                        "fastlimit-rules.db; '' keeps them in memory only)")
+    p.add_argument("--rules-file", metavar="PATH",
+                   help="TOML or JSON rules file, loaded at start and reloaded on "
+                        "SIGHUP and CL.RULE RELOAD")
     return p
 
 

@@ -11,7 +11,7 @@ import time
 from fastlimit import __version__
 
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
-                    "replication", "cpu", "keyspace", "fastlimit"]
+                    "replication", "cpu", "keyspace", "fastlimit", "rules"]
 ALL_SECTIONS = DEFAULT_SECTIONS + ["commandstats", "errorstats"]
 
 
@@ -107,6 +107,10 @@ def _fastlimit(core, app) -> dict:
             "buckets_expired": core.store.expired_total + core.rules.expired_total}
 
 
+def _rules(core, app) -> dict:
+    return app.rules.info() if app.rules is not None else {}
+
+
 def _commandstats(core, app) -> dict:
     out = {}
     for cmd in core.commands.values():
@@ -125,7 +129,7 @@ def _errorstats(core, app) -> dict:
 
 SECTIONS = {"server": _server, "clients": _clients, "memory": _memory,
             "persistence": _persistence, "stats": _stats, "replication": _replication,
-            "cpu": _cpu, "keyspace": _keyspace, "fastlimit": _fastlimit,
+            "cpu": _cpu, "keyspace": _keyspace, "fastlimit": _fastlimit, "rules": _rules,
             "commandstats": _commandstats, "errorstats": _errorstats}
 
 

@@ -1,0 +1,288 @@
+"""A named rule: one JSON document, the same shape wherever rules are
+written (CL.RULE SET, the rules file, the rules database), validated here
+and only here, so every way in gives the same errors.
+
+    {"match": {"resource": "POST /orders", "tier": "free", "client": "ip:10.*"},
+     "algorithm": "token_bucket", "capacity": 20, "refill_per_second": 10,
+     "mode": "enforce", "on_failure": "open", "key": "client"}
+
+Every error names the rule, the field and why:
+``invalid rule 'orders': capacity: must be an integer from 1 to 10^15``.
+The numeric bounds are the engine's (``fastlimit._rules``), checked here
+first so that a rule the engine would refuse is never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
+MAX_PERIOD_MS = 4294967295          # the engine keeps refill remainders in a u32
+MAX_LEASE_MS = 86_400_000           # a day: a crashed caller's lease must end
+MAX_CONCURRENCY = 1024              # the engine keeps a slot per lease in each record
+MAX_REFILL_TIME_MS = E15            # refilling a whole bucket must be representable
+MAX_GCRA_TOLERANCE = E18            # period_ms * (burst + 1)
+MAX_PATTERN_LEN = 1024
+MAX_DOCUMENT_BYTES = 65536
+
+RULE_ID = re.compile(r"[A-Za-z0-9_.:/-]{1,128}")
+
+ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window", "gcra", "concurrency")
+MODES = ("enforce", "shadow")
+ON_FAILURE = ("open", "closed")
+SCOPES = ("client", "client+resource")
+MATCH_FIELDS = ("resource", "tier", "client")
+COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key")
+
+# Per algorithm, its numeric fields in canonical order with their bounds
+# and the bound as the error message says it.
+_Bound = tuple[int, int, str]
+_ANY_LIMIT: _Bound = (1, E15, "from 1 to 10^15")
+_PERIOD: _Bound = (1, MAX_PERIOD_MS, f"from 1 to {MAX_PERIOD_MS}")
+NUMBER_FIELDS: dict[str, dict[str, _Bound]] = {
+    "token_bucket": {"capacity": _ANY_LIMIT, "refill_per_second": _ANY_LIMIT,
+                     "refill": _ANY_LIMIT, "period_ms": _PERIOD},
+    "fixed_window": {"limit": _ANY_LIMIT, "window_ms": _PERIOD},
+    "sliding_window": {"limit": _ANY_LIMIT, "window_ms": _PERIOD},
+    "gcra": {"burst": (0, E9, "from 0 to 10^9"), "count": (1, E6, "from 1 to 10^6"),
+             "period_ms": _PERIOD},
+    "concurrency": {"limit": (1, MAX_CONCURRENCY, f"from 1 to {MAX_CONCURRENCY}"),
+                    "lease_ms": (1, MAX_LEASE_MS, f"from 1 to {MAX_LEASE_MS}")},
+}
+ALL_NUMBER_FIELDS = {name for fields in NUMBER_FIELDS.values() for name in fields}
+
+
+class RuleError(ValueError):
+    """A rule, rule id or rules file that cannot be used; the message is
+    one line, ready to follow "ERR " in a reply."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which requests a rule applies to; None matches anything.  resource
+    and client are fnmatch-style globs (case-sensitive), tier is exact."""
+    resource: str | None = None
+    tier: str | None = None
+    client: str | None = None
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in MATCH_FIELDS
+                if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    match: Match
+    algorithm: str
+    # (field, value) pairs in NUMBER_FIELDS order: a tuple keeps Rule immutable.
+    numbers: tuple[tuple[str, int], ...]
+    mode: str = "enforce"
+    on_failure: str = "open"
+    scope: str = "client"          # the document's "key" field
+
+    @property
+    def params(self) -> dict[str, int]:
+        return dict(self.numbers)
+
+    @property
+    def shadow(self) -> bool:
+        return self.mode == "shadow"
+
+    def to_dict(self) -> dict:
+        """The canonical document: every field, defaults written out, in a
+        fixed order, so equal rules have equal documents."""
+        return {"match": self.match.to_dict(), "algorithm": self.algorithm,
+                **self.params, "mode": self.mode, "on_failure": self.on_failure,
+                "key": self.scope}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    def engine_spec(self) -> dict:
+        """The spec dict of fastlimit._rules.RuleEngine.define()."""
+        spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
+        params = self.params
+        if "refill_per_second" in params:
+            params["refill"] = params.pop("refill_per_second")
+            params["period_ms"] = 1000
+        spec.update(params)
+        return spec
+
+
+# ---- parsing -----------------------------------------------------------------------
+
+def show(text: str, limit: int = 64) -> str:
+    """A user-supplied string made safe for a one-line error message:
+    cut short, control and non-ASCII characters escaped."""
+    cut = text[:limit] + ("..." if len(text) > limit else "")
+    return cut.encode("unicode_escape").decode("ascii")
+
+
+def check_rule_id(rule_id) -> str:
+    if not isinstance(rule_id, str) or not RULE_ID.fullmatch(rule_id):
+        shown = show(rule_id) if isinstance(rule_id, str) else repr(rule_id)
+        raise RuleError(f"invalid rule id '{shown}': must be 1 to 128 characters "
+                        "of A-Z a-z 0-9 _ . : / -")
+    return rule_id
+
+
+def parse_rule(rule_id: str, doc: dict | str | bytes) -> Rule:
+    """Validates a rule document (a dict, or JSON text) into a Rule;
+    raises RuleError naming the field and why."""
+    check_rule_id(rule_id)
+    if isinstance(doc, (bytes, bytearray, str)):
+        doc = _load_json(rule_id, doc)
+    if not isinstance(doc, dict):
+        raise _invalid(rule_id, None, "must be an object")
+    return _RuleParser(rule_id, doc).parse()
+
+
+def _invalid(rule_id: str, field: str | None, reason: str) -> RuleError:
+    where = f"{field}: " if field else ""
+    return RuleError(f"invalid rule '{rule_id}': {where}{reason}")
+
+
+def no_duplicate_keys(pairs):
+    """json object_pairs_hook: JSON allows duplicate keys and keeps the
+    last; a rule with two capacities is a mistake, not a choice."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key '{show(key)}'")
+        out[key] = value
+    return out
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def load_json(text: str):
+    """json.loads, strict: no duplicate keys, no NaN/Infinity."""
+    return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
+
+
+def _load_json(rule_id: str, text: str | bytes):
+    # len() first, so a huge str is refused without encoding it.
+    if len(text) > MAX_DOCUMENT_BYTES or (
+            isinstance(text, str) and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES):
+        raise _invalid(rule_id, None, f"document longer than {MAX_DOCUMENT_BYTES} bytes")
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _invalid(rule_id, None, "not valid UTF-8") from None
+    try:
+        return load_json(text)
+    except ValueError as e:   # JSONDecodeError, duplicates, NaN, 4300+ digit ints
+        raise _invalid(rule_id, None, f"not valid JSON: {show(str(e), 200)}") from None
+
+
+# What "required" means where a field has an alternative or a partner.
+_MISSING = {("token_bucket", "refill_per_second"): "required (or refill with period_ms)",
+            ("token_bucket", "period_ms"): "required with refill"}
+
+
+class _RuleParser:
+    """Reads one document field by field; the first problem found wins,
+    in a fixed order (algorithm, unknown fields, match, numbers, mode,
+    on_failure, key) so the same document always gives the same error."""
+
+    def __init__(self, rule_id: str, doc: dict):
+        self.rule_id = rule_id
+        self.doc = doc
+
+    def fail(self, field: str | None, reason: str) -> RuleError:
+        return _invalid(self.rule_id, field, reason)
+
+    def parse(self) -> Rule:
+        algorithm = self.choice("algorithm", ALGORITHMS, default="token_bucket",
+                                message="must be one of " + ", ".join(ALGORITHMS))
+        self.reject_unknown(algorithm)
+        return Rule(id=self.rule_id, match=self.match(), algorithm=algorithm,
+                    numbers=self.numbers(algorithm),
+                    mode=self.choice("mode", MODES, default="enforce"),
+                    on_failure=self.choice("on_failure", ON_FAILURE, default="open"),
+                    scope=self.choice("key", SCOPES, default="client"))
+
+    def choice(self, field: str, allowed: tuple, default: str, message: str = "") -> str:
+        value = self.doc.get(field, default)
+        if not isinstance(value, str) or value not in allowed:
+            quoted = " or ".join(f"'{a}'" for a in allowed)
+            raise self.fail(field, message or f"must be {quoted}")
+        return value
+
+    def reject_unknown(self, algorithm: str) -> None:
+        own = NUMBER_FIELDS[algorithm]
+        for field in self.doc:
+            if field in COMMON_FIELDS or field in own:
+                continue
+            hint = ""
+            if field in ALL_NUMBER_FIELDS:
+                hint = f" for {algorithm} (it takes {', '.join(own)})"
+            raise self.fail(show(str(field)), f"unknown field{hint}")
+
+    def match(self) -> Match:
+        match = self.doc.get("match", {})
+        if not isinstance(match, dict):
+            raise self.fail("match", "must be an object")
+        for field in match:
+            if field not in MATCH_FIELDS:
+                raise self.fail(f"match.{show(str(field))}",
+                                "unknown field (match takes resource, tier, client)")
+        values = {}
+        for field in MATCH_FIELDS:
+            if field not in match:
+                continue
+            value = match[field]
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_PATTERN_LEN:
+                raise self.fail(f"match.{field}",
+                                f"must be a string of 1 to {MAX_PATTERN_LEN} characters")
+            values[field] = value
+        return Match(**values)
+
+    def numbers(self, algorithm: str) -> tuple[tuple[str, int], ...]:
+        required = self.required_numbers(algorithm)
+        values = {}
+        for field, (low, high, text) in NUMBER_FIELDS[algorithm].items():
+            if field not in self.doc:
+                if field in required:
+                    raise self.fail(field, _MISSING.get((algorithm, field), "required"))
+                continue
+            value = self.doc[field]
+            # bool is an int in Python, but true is not a capacity.
+            if type(value) is not int or not low <= value <= high:
+                raise self.fail(field, f"must be an integer {text}")
+            values[field] = value
+        self.check_combination(algorithm, values)
+        return tuple(values.items())
+
+    def required_numbers(self, algorithm: str) -> tuple[str, ...]:
+        if algorithm != "token_bucket":
+            return tuple(NUMBER_FIELDS[algorithm])
+        doc = self.doc
+        if "refill_per_second" in doc and "refill" in doc:
+            raise self.fail("refill", "give either refill_per_second, or refill with "
+                                      "period_ms, not both")
+        if "period_ms" in doc and "refill" not in doc:
+            raise self.fail("period_ms", "goes with refill (refill_per_second is per "
+                                         "1000 ms)")
+        if "refill" in doc:
+            return ("capacity", "refill", "period_ms")
+        return ("capacity", "refill_per_second")
+
+    def check_combination(self, algorithm: str, v: dict) -> None:
+        """The engine's bounds that involve two fields."""
+        if algorithm == "token_bucket":
+            refill_field = "refill" if "refill" in v else "refill_per_second"
+            period = v.get("period_ms", 1000)
+            if v["capacity"] * period > MAX_REFILL_TIME_MS * v[refill_field]:
+                raise self.fail(refill_field, "too slow for the capacity: refilling "
+                                              "the whole bucket would take more than "
+                                              "10^15 ms")
+        elif algorithm == "gcra":
+            if v["period_ms"] * (v["burst"] + 1) > MAX_GCRA_TOLERANCE:
+                raise self.fail("period_ms", "period_ms * (burst + 1) must be at most 10^18")

@@ -1,0 +1,366 @@
+"""The rules in force: one place that keeps the engine, the rules
+database and the rules file in step.
+
+Every change (CL.RULE SET or DEL, a reload, the load at start) is a batch
+that happens all or nothing, in this order:
+
+1. validate every rule (model.parse_rule);
+2. stage it in the engine (``define``), undone if the engine refuses one;
+3. persist the batch in one database transaction, undoing the engine
+   stage if that fails, so what is acknowledged is durable and what is
+   in force is what is stored;
+4. publish: swap the match table and clear the engine's match cache, so
+   the next check sees the new rules; only then retire dropped rules'
+   numbers.
+
+All of it runs on the event loop's thread between two checks, so no
+check ever sees half a batch, and none runs while a stage is undone.
+
+Rule numbers: each rule gets a small integer for the engine, which keys
+its buckets by it.  A number is never given to another rule, so buckets of
+different rules never collide, and a deleted rule's buckets are
+unreachable.  A rule keeps its number (and buckets) when its numbers,
+match or mode change, and gets a new one when its algorithm or key scope
+changes, because its old buckets would mean something else.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from fastlimit.rules.files import load_rules_file
+from fastlimit.rules.model import Rule, RuleError, parse_rule
+from fastlimit.rules.store import RuleStore, StoredRule, StoreError, wall_ms
+
+SOURCE_COMMAND = "command"
+SOURCE_FILE = "file"
+STAT_FIELDS = ("allowed", "denied", "shadow_denied")
+
+log = logging.getLogger("fastlimit.rules")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A rule in force."""
+    rule: Rule
+    num: int
+    source: str
+    updated_ms: int
+
+
+@dataclass(frozen=True)
+class Change:
+    rule_id: str
+    old: Entry | None      # None: a new rule
+    new: Entry | None      # None: deleted
+
+    @property
+    def new_number(self) -> bool:
+        return self.new is not None and (self.old is None or self.old.num != self.new.num)
+
+    @property
+    def retired(self) -> int | None:
+        """The number this change stops using, if any."""
+        if self.old is not None and (self.new is None or self.new.num != self.old.num):
+            return self.old.num
+        return None
+
+
+@dataclass(frozen=True)
+class _MatchRow:
+    """One rule as the matcher sees it, compiled once per change."""
+    num: int
+    resource: object            # compiled bytes-glob .match, or None for any
+    tier: bytes | None
+    client: bytes | None        # glob the engine matches per call, or None for any
+
+
+def compile_glob(glob: str):
+    """fnmatch.fnmatchcase on bytes, compiled once: the pattern is read
+    byte for byte (as ISO-8859-1), exactly as fnmatch does for bytes."""
+    pattern = fnmatch.translate(glob.encode("utf-8").decode("iso-8859-1"))
+    return re.compile(pattern.encode("iso-8859-1")).match
+
+
+def _glob_or_any(glob: str | None) -> str | None:
+    # "*" matches every string: say "any" so nothing is matched per call.
+    return None if glob is None or glob == "*" else glob
+
+
+class RuleRegistry:
+    def __init__(self, engine, store: RuleStore | None = None,
+                 rules_file: str | None = None, *, now_ms=wall_ms):
+        self.engine = engine
+        self.store = store
+        self.rules_file = rules_file
+        self.now_ms = now_ms
+        self.version = 0
+        self.last_change_ms = 0
+        self._entries: dict[str, Entry] = {}
+        self._table: tuple[_MatchRow, ...] = ()
+        self._next_num = 1
+        # Every number ever given, so a denial sampled before a rule was
+        # deleted or replaced still names it.
+        self._id_by_num: dict[int, str] = {}
+        # Counts of a rule's retired numbers, so its counters survive a
+        # change of algorithm.
+        self._stats_base: dict[str, Counter] = {}
+
+    # ---- start and reload -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Loads the database, then the rules file (which wins for the ids
+        it declares).  Raises RuleError (StoreError for the database) if
+        either cannot be used: the server should refuse to start rather
+        than run without rules it was given."""
+        self.engine.set_matcher(self.matcher)
+        stored = self.store.load() if self.store is not None else []
+        try:
+            self._commit([self._change(s.rule, s.source, None, s.updated_ms) for s in stored],
+                         persist=False)
+        except RuleError as e:
+            raise StoreError(f"rules database {self.store.path}: {e}") from None
+        log.info("rules: %d loaded from the database", len(stored))
+        if self.rules_file:
+            summary = self.reload()
+            log.info("rules: rules file %s: %s", self.rules_file, _summary_text(summary))
+
+    def reload(self) -> dict:
+        """Re-reads the rules file, all or nothing: its rules replace those
+        of the same ids; rules that came from it and are gone from it are
+        deleted; rules set by CL.RULE SET and not in it stay.  A file that
+        fails to parse or validate changes nothing and raises RuleError.
+        Returns counts: added, updated, deleted, unchanged."""
+        if not self.rules_file:
+            raise RuleError("no rules file is configured (rules-file)")
+        wanted = load_rules_file(self.rules_file)
+        changes, summary = [], Counter(added=0, updated=0, deleted=0, unchanged=0)
+        for rule_id, rule in wanted.items():
+            old = self._entries.get(rule_id)
+            if old is not None and old.rule == rule and old.source == SOURCE_FILE:
+                summary["unchanged"] += 1
+                continue
+            summary["updated" if old else "added"] += 1
+            changes.append(self._change(rule, SOURCE_FILE, old))
+        for rule_id, old in self._entries.items():
+            if old.source == SOURCE_FILE and rule_id not in wanted:
+                summary["deleted"] += 1
+                changes.append(Change(rule_id, old, None))
+        self._commit(changes)
+        return dict(summary)
+
+    def reload_from_signal(self) -> bool:
+        """SIGHUP: reload and log the outcome; a failure is logged and the
+        rules in force stay.  Returns whether the reload succeeded."""
+        if not self.rules_file:
+            log.warning("SIGHUP: no rules file is configured; rules unchanged")
+            return False
+        try:
+            summary = self.reload()
+        except RuleError as e:
+            log.warning("rules reload failed, the rules in force are unchanged: %s", e)
+            return False
+        log.warning("rules file %s reloaded: %s (rules version %d)",
+                    self.rules_file, _summary_text(summary), self.version)
+        return True
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    # ---- one rule -----------------------------------------------------------------
+
+    def set(self, rule_id: str, doc, source: str = SOURCE_COMMAND) -> Rule:
+        """Validates, persists and applies one rule; an invalid rule (or a
+        failed write) raises RuleError and changes nothing."""
+        rule = parse_rule(rule_id, doc)
+        old = self._entries.get(rule_id)
+        if old is None or old.rule != rule or old.source != source:
+            self._commit([self._change(rule, source, old)])
+        return rule
+
+    def get(self, rule_id: str) -> Rule | None:
+        entry = self._entries.get(rule_id)
+        return entry.rule if entry else None
+
+    def entry(self, rule_id: str) -> Entry | None:
+        return self._entries.get(rule_id)
+
+    def delete(self, rule_id: str) -> bool:
+        old = self._entries.get(rule_id)
+        if old is None:
+            return False
+        self._commit([Change(rule_id, old, None)])
+        return True
+
+    def list(self) -> list[Rule]:
+        return [self._entries[rule_id].rule for rule_id in sorted(self._entries)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def num_by_id(self) -> dict[str, int]:
+        return {rule_id: e.num for rule_id, e in self._entries.items()}
+
+    @property
+    def rule_by_num(self) -> dict[int, Rule]:
+        return {e.num: e.rule for e in self._entries.values()}
+
+    def num_for(self, rule_id: str) -> int | None:
+        """The engine number of a rule in force (for checks by rule id)."""
+        entry = self._entries.get(rule_id)
+        return entry.num if entry is not None else None
+
+    def rule_id(self, num: int) -> str:
+        """The id of the rule that has or had this number (CL.LIMIT DETAIL,
+        denial samples); the number itself if it was never given."""
+        return self._id_by_num.get(num, str(num))
+
+    # ---- the batch --------------------------------------------------------------------
+
+    def _change(self, rule: Rule, source: str, old: Entry | None,
+                updated_ms: int | None = None) -> Change:
+        keeps_buckets = (old is not None and old.rule.algorithm == rule.algorithm
+                         and old.rule.scope == rule.scope)
+        num = old.num if keeps_buckets else self._take_number()
+        stamp = self.now_ms() if updated_ms is None else updated_ms
+        return Change(rule.id, old, Entry(rule, num, source, stamp))
+
+    def _take_number(self) -> int:
+        num = self._next_num
+        self._next_num += 1
+        return num
+
+    def _commit(self, changes: list[Change], persist: bool = True) -> None:
+        if not changes:
+            return
+        self._stage(changes)
+        if persist and self.store is not None:
+            try:
+                self.store.write(
+                    puts=[StoredRule(c.new.rule, c.new.source, c.new.updated_ms)
+                          for c in changes if c.new is not None],
+                    deletes=[c.rule_id for c in changes if c.new is None])
+            except StoreError:
+                self._unstage(changes)
+                raise
+        self._publish(changes)
+
+    def _stage(self, changes: list[Change]) -> None:
+        """Defines every new or changed rule in the engine.  New numbers are
+        not reachable until published; a kept number takes its new spec
+        now, and is put back if a later rule of the batch is refused."""
+        staged = []
+        for change in changes:
+            if change.new is None:
+                continue
+            try:
+                self.engine.define(change.new.num, change.new.rule.engine_spec())
+            except ValueError as e:
+                self._unstage(staged)
+                raise RuleError(f"invalid rule '{change.rule_id}': {e}") from None
+            staged.append(change)
+
+    def _unstage(self, changes: list[Change]) -> None:
+        # Lossless, as no check runs in between: buckets are capped to a
+        # capacity lazily, at the next check.  The one exception is a
+        # concurrency rule whose limit changed: the engine starts its
+        # leases afresh on a new limit, and putting the old one back does too.
+        for change in reversed(changes):
+            if change.new is None:
+                continue
+            if change.new_number:
+                self.engine.forget(change.new.num)
+            else:
+                self.engine.define(change.old.num, change.old.rule.engine_spec())
+
+    def _publish(self, changes: list[Change]) -> None:
+        for change in changes:
+            if change.new is None:
+                del self._entries[change.rule_id]
+                self._stats_base.pop(change.rule_id, None)
+            else:
+                self._entries[change.rule_id] = change.new
+                self._id_by_num[change.new.num] = change.rule_id
+                if change.retired is not None:
+                    self._carry_stats(change.rule_id, change.retired)
+        self._table = self._build_table()
+        self.engine.invalidate()
+        for change in changes:
+            if change.retired is not None:
+                self.engine.forget(change.retired)
+        self.version += 1
+        self.last_change_ms = self.now_ms()
+
+    def _carry_stats(self, rule_id: str, retired: int) -> None:
+        base = self._stats_base.setdefault(rule_id, Counter())
+        base.update(self.engine.stats(retired))
+
+    # ---- matching -----------------------------------------------------------------------
+
+    def _build_table(self) -> tuple[_MatchRow, ...]:
+        rows = []
+        for rule_id in sorted(self._entries):
+            entry = self._entries[rule_id]
+            match = entry.rule.match
+            resource = _glob_or_any(match.resource)
+            client = _glob_or_any(match.client)
+            rows.append(_MatchRow(
+                num=entry.num,
+                resource=compile_glob(resource) if resource is not None else None,
+                tier=match.tier.encode("utf-8") if match.tier is not None else None,
+                client=client.encode("utf-8") if client is not None else None))
+        return tuple(rows)
+
+    def matcher(self, resource: bytes, tier: bytes | None) -> list[tuple[int, bytes | None]]:
+        """The engine's matcher: (number, client glob) of every rule whose
+        resource glob and tier match, in rule id order.  A rule without a
+        tier matches any tier and none; a rule with one only that tier."""
+        return [(row.num, row.client) for row in self._table
+                if (row.tier is None or row.tier == tier)
+                and (row.resource is None or row.resource(resource) is not None)]
+
+    # ---- observing ------------------------------------------------------------------------
+
+    def stats(self, rule_id: str) -> dict[str, int] | None:
+        entry = self._entries.get(rule_id)
+        if entry is None:
+            return None
+        counts = Counter(self._stats_base.get(rule_id, {}))
+        counts.update(self.engine.stats(entry.num))
+        return {name: counts[name] for name in STAT_FIELDS}
+
+    def denials(self, count: int | None = None) -> list[tuple[int, str, bytes, int]]:
+        """Recent denials, newest first: (time_ms, rule id, key, cost)."""
+        sample = sorted(self.engine.denials(), key=lambda d: d[0], reverse=True)
+        if count is not None:
+            sample = sample[:count]
+        return [(time_ms, self.rule_id(num), key, cost)
+                for time_ms, num, key, cost in sample]
+
+    def info(self) -> dict:
+        """The INFO "rules" section.  One rule<i> line per rule, as Redis
+        does for replicas (slave0:...), because rule ids may hold ':'
+        and an INFO field name may not."""
+        out = {"rules": len(self._entries), "rules_version": self.version,
+               "rules_last_change_ms": self.last_change_ms,
+               "rules_file": self.rules_file or "",
+               "rules_db": self.store.path if self.store is not None else ""}
+        for i, rule in enumerate(self.list()):
+            stats = self.stats(rule.id)
+            out[f"rule{i}"] = (f"id={rule.id},algorithm={rule.algorithm},mode={rule.mode},"
+                               f"source={self._entries[rule.id].source},"
+                               + ",".join(f"{k}={stats[k]}" for k in STAT_FIELDS))
+        return out
+
+
+def _summary_text(summary: dict) -> str:
+    return ", ".join(f"{n} {what}" for what, n in summary.items())
+
+
+__all__ = ["RuleRegistry", "Entry", "SOURCE_COMMAND", "SOURCE_FILE"]
