@@ -118,7 +118,7 @@ cdef class Connection:
     cdef void run_python(self, Command cmd, list args)
     cdef void cl_check(self)
     cdef void cl_limit(self)
-    cdef void write_check(self, const CheckResult* r)
+    cdef void write_check(self, const CheckResult* r, int extra=*)
     cdef void ping(self)
     cdef void multi(self)
     cdef void exec_queued(self)

@@ -454,8 +454,10 @@ cdef class Connection:
             return
         self.write_check(&r)
 
-    cdef void write_check(self, const CheckResult* r):
-        write_raw(&OUT, b"*5\r\n", 4)
+    cdef void write_check(self, const CheckResult* r, int extra=0):
+        """[allowed, limit, remaining, retry_after_ms, reset_after_ms], with
+        room for `extra` more elements the caller writes after them."""
+        write_prefixed_int(&OUT, c'*', 5 + extra)
         write_prefixed_int(&OUT, c':', r.allowed)
         write_prefixed_int(&OUT, c':', r.limit)
         write_prefixed_int(&OUT, c':', r.remaining)
@@ -507,8 +509,7 @@ cdef class Connection:
         if not detail:
             self.write_check(&r)
             return
-        write_raw(&OUT, b"*6\r\n", 4)
-        self.write_check(&r)
+        self.write_check(&r, 1)
         encode_reply(&OUT, self.core.app.rules_detail(rules.last_detail(n)), self.proto)
 
     cdef void ping(self):

@@ -21,7 +21,7 @@ cdef enum Algorithm:
 cdef enum:
     FIXED_WINDOW_VALUE = 16      # i64 count, i64 window start ms
     SLIDING_WINDOW_VALUE = 24    # i64 previous count, i64 current count, i64 window start
-    GCRA_VALUE = 8               # i64 theoretical arrival time, in ticks of 1/count ms
+    GCRA_VALUE = 16              # i64 theoretical arrival time in ticks of 1/count ms, i64 count
     LEASE_SLOT = 12              # concurrency: i64 lease expiry ms (0 = free), u32 generation
     MAX_CONCURRENCY = 1024       # slots per key, so a record stays small
     MAX_RULES_PER_CHECK = 64
@@ -91,6 +91,8 @@ cdef class RuleEngine:
     cdef int select_ids(self, list nums) except -1
     cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
                             const char* resource, size_t rlen) except? 0
+    cdef bint selected(self, uint32_t num, int n) noexcept
+    cdef int64_t checked_now(self, now_ms) except? -1
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)

@@ -1,12 +1,12 @@
 """Named rules in the engine; see _rules.pxd for the contract."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
 from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL_OK,
-                              fl_get_u32,
+                              fl_get_u32, fl_put_u16,
                               FL_ENOMEM, FL_EKEYLEN, FL_MAX_KEY_LEN, table_init,
                               table_free, table_clear, table_lookup, table_insert,
                               table_delete, table_count, table_memory, table_sweep,
@@ -80,7 +80,7 @@ cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const Rule
         v = probe_value(t, &p)
         stored_start = fl_get_i64(v + 8)
         if stored_start >= start:       # this window, or a later one the clock left
-            count = fl_get_i64(v)
+            count = min(fl_get_i64(v), L)   # a lowered limit caps what was counted
             start = stored_start
     out.limit = L
     if cost > L:
@@ -185,9 +185,14 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     cdef fl_i128 dvt = T * (r.burst + 1), inc = T * cost
     cdef fl_i128 tat = now_t, new_tat, diff, ttl, nxt
     cdef char value[GCRA_VALUE]
+    cdef int64_t stored_count
     table_lookup(t, key, keylen, &p)
     if record_live(t, &p, now_ms):
         tat = fl_get_i64(probe_value(t, &p))
+        stored_count = fl_get_i64(probe_value(t, &p) + 8)
+        if stored_count != r.count:
+            # the same instant in the new ticks, rounded up: never earlier
+            tat = (tat * r.count + stored_count - 1) // stored_count
     new_tat = (tat if tat > now_t else now_t) + inc
     diff = now_t - (new_tat - dvt)
     out.limit = r.burst + 1
@@ -210,6 +215,7 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     if ttl <= 0:
         return drop_record(t, &p)
     fl_put_i64(value, <int64_t>tat)
+    fl_put_i64(value + 8, r.count)
     return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
 
 
@@ -463,6 +469,8 @@ cdef class RuleEngine:
             if glob is not None and not fnmatch.fnmatchcase(
                     PyBytes_FromStringAndSize(client, clen), glob):
                 continue
+            if self.selected(num, n):
+                continue
             if n == MAX_RULES_PER_CHECK:
                 raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules match the request")
             self.order[n] = num
@@ -491,6 +499,8 @@ cdef class RuleEngine:
                 raise KeyError(num)
             if self.rules[<uint32_t>num].algorithm == ALG_CONCURRENCY:
                 raise ValueError("a concurrency rule is used with CL.ACQUIRE and CL.RELEASE")
+            if self.selected(num, n):
+                continue    # a rule named twice is checked, and spent, once
             if n == MAX_RULES_PER_CHECK:
                 raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules")
             self.order[n] = num
@@ -525,23 +535,38 @@ cdef class RuleEngine:
                             commit, out)
         return rc
 
+    cdef bint selected(self, uint32_t num, int n) noexcept:
+        cdef int i
+        for i in range(n):
+            if self.order[i] == num:
+                return True
+        return False
+
     cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
                             const char* resource, size_t rlen) except? 0:
         """Writes the rule's bucket key for the request into self.keybuf:
-        <u32 rule number><client>[\0<resource>]; returns its length."""
-        cdef size_t keylen = 4 + clen + (1 + rlen if self.rules[num].per_resource else 0)
+        <u32 rule number><client>, or <u32 rule number><u16 client
+        length><client><resource> for a per-resource rule (the length keeps
+        client "a" + resource "bc" apart from client "ab" + resource "c");
+        returns its length."""
+        cdef bint per_resource = self.rules[num].per_resource
+        cdef size_t keylen = 4 + clen + (2 + rlen if per_resource else 0)
         cdef char* grown
-        if keylen > self.keycap:
+        if keylen > self.keycap and keylen <= FL_MAX_KEY_LEN:
             grown = <char*>realloc(self.keybuf, keylen)
             if grown == NULL:
                 raise MemoryError()
             self.keybuf = grown
             self.keycap = keylen
+        if keylen > FL_MAX_KEY_LEN:
+            return keylen     # the caller refuses it; clen may not fit a u16
         fl_put_u32(self.keybuf, num)
-        memcpy(self.keybuf + 4, client, clen)
-        if self.rules[num].per_resource:
-            self.keybuf[4 + clen] = 0
-            memcpy(self.keybuf + 5 + clen, resource, rlen)
+        if per_resource:
+            fl_put_u16(self.keybuf + 4, <uint16_t>clen)
+            memcpy(self.keybuf + 6, client, clen)
+            memcpy(self.keybuf + 6 + clen, resource, rlen)
+        else:
+            memcpy(self.keybuf + 4, client, clen)
         return keylen
 
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
@@ -620,12 +645,10 @@ cdef class RuleEngine:
     cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,
                     bint detail):
         cdef CheckResult out
-        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        cdef int64_t now = self.checked_now(now_ms)
         cdef int rc, i
         if cost < 0:
             raise ValueError("cost must not be negative")
-        if not 0 <= now <= MAX_NOW_MS:
-            raise ValueError("now_ms out of range: 0 to 4*10^12")
         rc = self.evaluate(client, len(client), resource, len(resource), n, cost, now, &out)
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
@@ -651,7 +674,7 @@ cdef class RuleEngine:
         cdef CheckResult out
         cdef RuleSpec* r = self.concurrency_rule(num)
         cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
-        cdef int64_t now = self.clock.now_ms() if now_ms is None else now_ms
+        cdef int64_t now = self.checked_now(now_ms)
         if keylen > FL_MAX_KEY_LEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
         if concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out) != FL_OK:
@@ -672,7 +695,16 @@ cdef class RuleEngine:
         if keylen > FL_MAX_KEY_LEN:
             return False
         return concurrency_release(r.leases, self.keybuf, keylen, r, lease_id,
-                                   self.clock.now_ms() if now_ms is None else now_ms) == 1
+                                   self.checked_now(now_ms)) == 1
+
+    cdef int64_t checked_now(self, now_ms) except? -1:
+        """The time a Python-level call runs at: the clock's, or an explicit
+        time within the clock's range."""
+        if now_ms is None:
+            return self.clock.now_ms()
+        if not 0 <= now_ms <= MAX_NOW_MS:
+            raise ValueError("now_ms out of range: 0 to 4*10^12")
+        return now_ms
 
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL:
         if num >= self.nrules or not self.rules[num].in_use:
@@ -704,7 +736,7 @@ cdef class RuleEngine:
         if err is not None:
             raise ValueError(err)
         rc = self.throttle_c(key, len(key), burst, count, period_s * 1000, quantity,
-                             self.clock.now_ms() if now_ms is None else now_ms, &out)
+                             self.checked_now(now_ms), &out)
         if rc != FL_OK:
             raise ValueError("key longer than 65535 bytes") if rc == FL_EKEYLEN else MemoryError()
         return throttle_reply(&out)

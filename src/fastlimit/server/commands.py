@@ -19,7 +19,7 @@ from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
 from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.info import render_info
-from fastlimit.server.rule_commands import build_rule_command
+from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
 (FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET,
@@ -517,6 +517,13 @@ def sub(parent: str, name: str, arity: int, handler, summary: str, flags=(), arg
 
 # ---- the table --------------------------------------------------------------------
 
+def ratelimit_command(name: str, arity: int, handler, summary: str, arguments) -> Command:
+    """A write command of the ratelimit group whose key is its second argument."""
+    return _cmd(name, arity, ("write", "denyoom", "fast"), handler, keys=(2, 2, 1),
+                acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.2.0",
+                summary=summary, arguments=arguments)
+
+
 def _cmd(name, arity, flags, handler=None, *, fast=0, keys=(0, 0, 0), acl=(), **doc):
     return Command(name, arity, flags, handler, first_key=keys[0], last_key=keys[1],
                    key_step=keys[2], fast=fast, doc=doc, acl_categories=acl)
@@ -618,6 +625,7 @@ def build_table() -> dict[bytes, Command]:
         ], {"summary": "Returns detailed information about all commands.", "group": "server"},
             default=cmd_command),
         build_rule_command(),
+        *rule_check_commands(),
         container("config", -2, (), [
             sub("config", "get", -3, cmd_config_get, "Returns the effective values of settings.",
                 arguments=[("parameter", "string")]),

@@ -10,6 +10,17 @@
     CL.RULE DENIALS [<count>]    recent denials, newest first:
                                  [time_ms, rule_id, key, cost] each
 
+Checks by rule id (the {rule_id, key, cost} form of other limiters) and
+the concurrency limiter's leases:
+
+    CL.APPLY <id>[,<id>...] <client_key> [RESOURCE r] [COST n] [DETAIL]
+                                 like CL.LIMIT, for the named rules
+    CL.ACQUIRE <id> <client_key> [RESOURCE r]
+                                 [allowed, limit, remaining, retry_after_ms,
+                                 lease_id], lease_id -1 when denied
+    CL.RELEASE <id> <client_key> <lease_id> [RESOURCE r]
+                                 1 if the lease was held, else 0
+
 The registry is ``conn.core.app.rules`` (fastlimit.rules.RuleRegistry).
 ``build_rule_command()`` gives the container command for the table; it
 imports the table helpers when called, so that commands.py may import
@@ -95,6 +106,92 @@ def cmd_rule_denials(conn, args):
     count = _count(args[2]) if len(args) == 3 else None
     return [[time_ms, rule_id.encode(), key, cost]
             for time_ms, rule_id, key, cost in _rules(conn).denials(count)]
+
+
+def _options(args, start: int, allowed: set[str]) -> dict:
+    """Trailing KEYWORD value options (and the flag DETAIL)."""
+    options, i = {}, start
+    while i < len(args):
+        name = args[i].decode("utf-8", "replace").lower()
+        if name == "detail" and "detail" in allowed:
+            options["detail"], i = True, i + 1
+            continue
+        if name not in allowed or i + 1 >= len(args):
+            raise ReplyError(f"ERR syntax error at '{args[i].decode('utf-8', 'replace')}'")
+        options[name], i = args[i + 1], i + 2
+    return options
+
+
+def _number(conn, rule_id: str) -> int:
+    num = _rules(conn).num_for(rule_id)
+    if num is None:
+        raise ReplyError(f"ERR no such rule '{rule_id}'")
+    return num
+
+
+def _cost(options: dict) -> int:
+    raw = options.get("cost", b"1")
+    if not raw.isdigit() or len(raw) > 16 or int(raw) > 10**15:
+        raise ReplyError("ERR COST must be an integer from 0 to 10^15")
+    return int(raw)
+
+
+def cmd_apply(conn, args):
+    options = _options(args, 3, {"resource", "cost", "detail"})
+    ids = [_rule_id(part) for part in args[1].split(b",")]
+    nums = [_number(conn, rule_id) for rule_id in ids]
+    try:
+        result = conn.core.rules.apply(nums, args[2], _cost(options),
+                                       options.get("resource", b""),
+                                       detail=options.get("detail", False))
+    except ValueError as e:
+        raise ReplyError(f"ERR {e}") from None
+    if not options.get("detail"):
+        return list(result)
+    five, steps = result
+    return [*five, conn.core.app.rules_detail(steps)]
+
+
+def _lease_rule(conn, arg: bytes) -> int:
+    num = _number(conn, _rule_id(arg))
+    if _rules(conn).rule_by_num[num].algorithm != "concurrency":
+        raise ReplyError(f"ERR rule '{_rule_id(arg)}' is not a concurrency rule")
+    return num
+
+
+def cmd_acquire(conn, args):
+    options = _options(args, 3, {"resource"})
+    num = _lease_rule(conn, args[1])
+    return list(conn.core.rules.acquire(num, args[2], options.get("resource", b"")))
+
+
+def cmd_release(conn, args):
+    options = _options(args, 4, {"resource"})
+    num = _lease_rule(conn, args[1])
+    try:
+        lease_id = int(args[3])
+    except ValueError:
+        raise ReplyError("ERR lease id is not an integer") from None
+    return int(conn.core.rules.release(num, args[2], lease_id, options.get("resource", b"")))
+
+
+def rule_check_commands() -> list:
+    """CL.APPLY, CL.ACQUIRE and CL.RELEASE for the command table."""
+    from fastlimit.server.commands import ratelimit_command
+
+    return [
+        ratelimit_command("cl.apply", -3, cmd_apply,
+                          "Checks the named rules all or nothing; replies like CL.LIMIT.",
+                          [("rule_ids", "string"), ("client_key", "key")]),
+        ratelimit_command("cl.acquire", -3, cmd_acquire,
+                          "Takes a lease of a concurrency rule: [allowed, limit, remaining, "
+                          "retry_after_ms, lease_id].",
+                          [("rule_id", "string"), ("client_key", "key")]),
+        ratelimit_command("cl.release", -4, cmd_release,
+                          "Gives a concurrency lease back. Replies 1 if it was held.",
+                          [("rule_id", "string"), ("client_key", "key"),
+                           ("lease_id", "integer")]),
+    ]
 
 
 def rule_subcommands() -> list:
