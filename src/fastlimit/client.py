@@ -1,0 +1,708 @@
+"""Python clients for fastlimit servers: ``Client`` (sync) and
+``AsyncClient`` (asyncio), on redis-py with hiredis.
+
+Both answer every call with a ``Decision`` and never raise for a failing
+server: with short timeouts (5 ms by default) a failed round trip becomes a
+decision by policy, and a circuit breaker per server stops later calls from
+paying the timeout at all while the server is down:
+
+- a ``LocalFallback``, when configured, enforces a stricter limit in this
+  process (source ``"local_fallback"``);
+- otherwise ``on_failure="open"`` allows (source ``"failed_open"``, for
+  product limits) and ``on_failure="closed"`` denies (``"failed_closed"``,
+  for security limits: login, password reset, SMS).
+
+Every such decision is counted in ``client.stats`` and logged at ERROR on
+the ``fastlimit.client`` logger, at most once per second with the counts
+since the previous line, so an outage cannot flood the log.
+
+With several servers, keys are spread by consistent hashing: one key (the
+client key, for ``limit``) always goes to the same server, and adding a
+server moves about 1/N of the keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import Callable, Iterable, Union
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+from hiredis import pack_command
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+from fastlimit.breaker import CircuitBreaker
+from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER, Decision
+from fastlimit.embedded import Key, LocalFallback, check_on_failure, key_bytes
+from fastlimit.ring import DEFAULT_VNODES, HashRing
+
+__all__ = ["AsyncClient", "CircuitBreaker", "Client", "Decision", "LocalFallback", "Stats"]
+
+log = logging.getLogger("fastlimit.client")
+
+DEFAULT_SERVER = "127.0.0.1:6380"
+DEFAULT_TIMEOUT_MS = 5
+# A template: each server gets its own copy (CircuitBreaker.copy).
+DEFAULT_BREAKER = CircuitBreaker(failures=5, window_s=1.0, probe_every_s=5.0)
+# What a failed-closed decision tells the caller to wait (Retry-After: 1).
+FAILED_RETRY_MS = 1000
+# limit (and remaining) of a failed limit() call: the rules, and so the
+# numbers, are on the server.  The server's CL.LIMIT says -1 too when no rule
+# matches.
+UNKNOWN_LIMIT = -1
+FAILURE_LOG_INTERVAL_S = 1.0
+
+Servers = Union[str, Iterable[str]]
+
+
+@dataclass
+class Stats:
+    """Counters of one client, safe to read at any time."""
+
+    server: int = 0          # decisions from a server (pre-fetched ones included)
+    prefetched: int = 0      # ... of which were spent from a pre-fetched batch
+    local_fallback: int = 0  # decisions by the LocalFallback while a server failed
+    failed_open: int = 0     # allowed without an answer
+    failed_closed: int = 0   # denied without an answer
+    round_trips: int = 0     # network attempts: a sync call, or one async pipeline
+    commands_sent: int = 0   # commands in those round trips
+    errors: int = 0          # failed round trips (refused, timed out, dropped)
+    error_replies: int = 0   # error replies from a live server (unknown command, bad argument)
+    breaker_skips: int = 0   # calls that skipped the network: the server's breaker was open
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def incr(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
+
+
+class _FailureLog:
+    """One loud line per interval with the counts since the previous one."""
+
+    def __init__(self, interval_s: float = FAILURE_LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self._counts: Counter[str] = Counter()
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, source: str, server: str, error: BaseException | str) -> None:
+        with self._lock:
+            self._counts[source] += 1
+            now = self.clock()
+            if now < self._next:
+                return
+            counts = self._counts
+            self._counts, self._next = Counter(), now + self.interval_s
+        summary = ", ".join(f"{n} {source}" for source, n in sorted(counts.items()))
+        log.error("fastlimit server %s is failing (%s): %s decision(s) since the last report",
+                  server, _describe(error), summary)
+
+
+def _describe(error: BaseException | str) -> str:
+    return error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+
+
+class _Held:
+    """Pre-fetched tokens of one bucket, and the server's answer with them."""
+
+    __slots__ = ("tokens", "expires", "limit", "remaining", "reset_after_ms", "refused")
+
+    def __init__(self, tokens: int, expires: float, answer: Decision):
+        self.tokens = tokens
+        self.expires = expires
+        self.limit = answer.limit
+        self.remaining = answer.remaining
+        self.reset_after_ms = answer.reset_after_ms
+        self.refused = not answer.allowed       # the server refused a batch
+
+
+class _Prefetch:
+    """Local pre-aggregation: tokens taken from the server in batches
+    (one ``COST batch`` check) and spent here without a round trip.
+
+    Tokens held here were counted by the server when they were taken, so a
+    bucket can admit, within any window, up to ``instances × batch`` more
+    than its limit (each instance spending a batch taken earlier), and
+    tokens one instance holds are unavailable to the others until spent or
+    expired (``ttl_s``).  Only for coarse limits; off by default.  Once the
+    server refuses a batch, the bucket is near its limit: until the ttl
+    passes, calls ask for their own cost only (one round trip, exact).
+    """
+
+    PRUNE_EVERY = 1024
+
+    def __init__(self, batch: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        if batch < 1:
+            raise ValueError("preaggregate must be >= 1 (or 0 for off)")
+        self.batch = batch
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._held: dict[tuple, _Held] = {}
+        self._stored = 0
+        self._lock = threading.Lock()
+
+    def spend(self, bucket: tuple, cost: int) -> Decision | None:
+        with self._lock:
+            held = self._held.get(bucket)
+            if held is None or held.tokens < cost or held.expires <= self.clock():
+                return None
+            held.tokens -= cost
+            return Decision(True, held.limit, held.remaining + held.tokens, 0,
+                            held.reset_after_ms, SERVER)
+
+    def near_limit(self, bucket: tuple) -> bool:
+        """A batch was refused lately: not worth asking for another."""
+        held = self._held.get(bucket)
+        return held is not None and held.refused and held.expires > self.clock()
+
+    def keep(self, bucket: tuple, tokens: int, granted: Decision) -> Decision:
+        """Holds the rest of a granted batch; the answer counts it as remaining."""
+        self._store(bucket, _Held(tokens, self.clock() + self.ttl_s, granted))
+        return Decision(True, granted.limit, granted.remaining + tokens, 0,
+                        granted.reset_after_ms, SERVER)
+
+    def refused(self, bucket: tuple, denied: Decision) -> None:
+        self._store(bucket, _Held(0, self.clock() + self.ttl_s, denied))
+
+    def _store(self, bucket: tuple, held: _Held) -> None:
+        with self._lock:
+            self._held[bucket] = held
+            self._stored += 1
+            if self._stored % self.PRUNE_EVERY == 0:
+                now = self.clock()
+                self._held = {b: h for b, h in self._held.items() if h.expires > now}
+
+
+class _Request:
+    """One call: the command for the server, the key that picks the server,
+    and what to answer if the server cannot."""
+
+    __slots__ = ("route_key", "command", "limit", "on_failure", "local")
+
+    def __init__(self, route_key: bytes, command: tuple, limit: int, on_failure: str,
+                 local: Callable[[], Decision | None] | None):
+        self.route_key = route_key
+        self.command = command
+        self.limit = limit            # for failed_* decisions; UNKNOWN_LIMIT for limit()
+        self.on_failure = on_failure
+        self.local = local            # the LocalFallback's answer, if there is one
+
+    def with_command(self, command: tuple) -> "_Request":
+        """Another command for the same call (a pre-fetch batch): the
+        fallback still charges the caller's own cost."""
+        return _Request(self.route_key, command, self.limit, self.on_failure, self.local)
+
+
+class _Node:
+    """One server: its redis-py client, breaker and (async) pipeliner."""
+
+    __slots__ = ("name", "redis", "breaker", "pipeliner")
+
+    def __init__(self, name: str, client, breaker: CircuitBreaker | None):
+        self.name = name
+        self.redis = client
+        self.breaker = breaker
+        self.pipeliner: _Pipeliner | None = None
+
+
+def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
+                  period_ms: int) -> tuple:
+    """CL.CHECK's arguments; the defaults are left off the wire."""
+    command = ("CL.CHECK", key, capacity, refill_per_sec)
+    if cost != 1:
+        command += ("COST", cost)
+    if period_ms != 1000:
+        command += ("PERIOD", period_ms)
+    return command
+
+
+def parse_server(server: str) -> tuple[str, int]:
+    """"host:port" (IPv6 as "[::1]:6380") -> (host, port)."""
+    host, sep, port = server.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"a server is 'host:port', not {server!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _server_list(servers: Servers) -> list[str]:
+    names = [servers] if isinstance(servers, str) else list(servers)
+    if not names:
+        raise ValueError("at least one server is needed")
+    for name in names:
+        parse_server(name)
+    return names
+
+
+class _ClientBase:
+    """What Client and AsyncClient share: routing, requests, policy."""
+
+    def __init__(self, servers: Servers, password: str | None, timeout_ms: float,
+                 breaker: CircuitBreaker | None, fallback: LocalFallback | None,
+                 connect_timeout_ms: float | None, preaggregate: int,
+                 preaggregate_ttl_ms: int, vnodes: int, redis_kwargs: dict):
+        names = _server_list(servers)
+        self.stats = Stats()
+        self.fallback = fallback
+        self.timeout_ms = timeout_ms
+        self._ring = HashRing(names, vnodes) if len(names) > 1 else None
+        self._only = names[0] if len(names) == 1 else None
+        self.connect_timeout_ms = connect_timeout_ms or timeout_ms
+        options = dict(password=password, retry=self._no_retry(),
+                       socket_timeout=self._socket_timeout_ms() / 1000,
+                       socket_connect_timeout=self.connect_timeout_ms / 1000)
+        # No retries: a failed round trip goes straight to the policy; the
+        # breaker, not a retry loop, decides when to try again.
+        options.update(redis_kwargs)
+        self._nodes = {name: _Node(name, self._redis_client(*parse_server(name), options),
+                                   breaker.copy() if breaker is not None else None)
+                       for name in names}
+        self._prefetch = (_Prefetch(preaggregate, preaggregate_ttl_ms / 1000)
+                          if preaggregate else None)
+        self._failure_log = _FailureLog()
+
+    def _redis_client(self, host: str, port: int, options: dict):
+        raise NotImplementedError
+
+    def _no_retry(self):
+        raise NotImplementedError
+
+    def _socket_timeout_ms(self) -> float:
+        """redis-py's read timeout."""
+        return self.timeout_ms
+
+    # ---- routing ------------------------------------------------------
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._nodes)
+
+    @property
+    def breakers(self) -> dict[str, CircuitBreaker | None]:
+        """Each server's own breaker."""
+        return {name: node.breaker for name, node in self._nodes.items()}
+
+    def server_for(self, key: Key) -> str:
+        """The server that owns ``key`` (the client key, for ``limit``)."""
+        return self._only or self._ring.node_for(key_bytes(key))
+
+    def _node_for(self, route_key: bytes) -> _Node:
+        return self._nodes[self._only or self._ring.node_for(route_key)]
+
+    # ---- requests -----------------------------------------------------
+
+    def _check_request(self, key: bytes, capacity: int, refill_per_sec: int, cost: int,
+                       period_ms: int, on_failure: str) -> _Request:
+        check_on_failure(on_failure)
+        fallback = self.fallback
+        local = None if fallback is None else (
+            lambda: fallback.check(key, capacity, refill_per_sec, cost, period_ms))
+        return _Request(key, check_command(key, capacity, refill_per_sec, cost, period_ms),
+                        capacity, on_failure, local)
+
+    def _limit_request(self, client_key: Key, resource: str, tier: str | None,
+                       cost: int, on_failure: str) -> _Request:
+        check_on_failure(on_failure)
+        client_key = key_bytes(client_key)
+        command = ("CL.LIMIT", client_key, resource)
+        if tier is not None:
+            command += ("TIER", tier)
+        if cost != 1:
+            command += ("COST", cost)
+        fallback = self.fallback
+        local = None if fallback is None else (
+            lambda: fallback.limit(client_key, resource, tier, cost))
+        return _Request(client_key, command, UNKNOWN_LIMIT, on_failure, local)
+
+    # ---- pre-aggregation (check only) ------------------------------------
+
+    def _prefetchable(self, cost: int) -> bool:
+        return self._prefetch is not None and 0 < cost <= self._prefetch.batch
+
+    def _spend_prefetched(self, bucket: tuple, cost: int) -> Decision | None:
+        decision = self._prefetch.spend(bucket, cost)
+        if decision is not None:
+            self.stats.incr("prefetched")
+            self.stats.incr("server")
+        return decision
+
+    def _batch_request(self, request: _Request, bucket: tuple) -> _Request | None:
+        """The request for a whole batch, or None near the limit (ask for
+        the call's own cost instead)."""
+        if self._prefetch.near_limit(bucket):
+            return None
+        key, capacity, refill_per_sec, period_ms = bucket
+        return request.with_command(check_command(key, capacity, refill_per_sec,
+                                                  self._prefetch.batch, period_ms))
+
+    def _batch_answered(self, bucket: tuple, cost: int, granted: Decision) -> Decision | None:
+        """The call's decision from a batch's answer, or None: the batch did
+        not fit, ask for the call's own cost."""
+        if granted.source != SERVER:
+            return granted                  # the failure policy has answered
+        if granted.allowed:
+            return self._prefetch.keep(bucket, self._prefetch.batch - cost, granted)
+        self._prefetch.refused(bucket, granted)
+        return None
+
+    # ---- outcomes -----------------------------------------------------
+
+    def _round_trip_ok(self, node: _Node, commands: int) -> None:
+        self.stats.incr("round_trips")
+        self.stats.incr("commands_sent", commands)
+        if node.breaker is not None and node.breaker.record_success():
+            log.warning("fastlimit server %s answers again: circuit breaker closed", node.name)
+
+    def _round_trip_failed(self, node: _Node, commands: int, error: BaseException) -> None:
+        self.stats.incr("round_trips")
+        self.stats.incr("commands_sent", commands)
+        self.stats.incr("errors")
+        if node.breaker is not None and node.breaker.record_failure():
+            b = node.breaker
+            log.error("fastlimit server %s failed %d times within %.1fs (%s): circuit "
+                      "breaker open, calls skip it and probe every %.1fs",
+                      node.name, b.failures, b.window_s, _describe(error), b.probe_every_s)
+
+    def _answered(self, node: _Node, request: _Request, reply) -> Decision:
+        """A reply from a live server: a decision, or an error reply."""
+        if not isinstance(reply, Exception):
+            try:
+                decision = Decision.from_reply(reply)
+            except (TypeError, ValueError) as e:
+                reply = ResponseError(f"unexpected reply {reply!r} ({e})")
+            else:
+                self.stats.incr("server")
+                return decision
+        # The server is up (the breaker is fine) but could not decide:
+        # an older server without CL.LIMIT, or arguments out of bounds.
+        self.stats.incr("error_replies")
+        return self._degraded(node, request, reply)
+
+    def _skipped(self, node: _Node, request: _Request) -> Decision:
+        self.stats.incr("breaker_skips")
+        return self._degraded(node, request, "circuit breaker open")
+
+    def _degraded(self, node: _Node, request: _Request, error: BaseException | str) -> Decision:
+        """The decision without the server: fallback, else the policy."""
+        decision = request.local() if request.local is not None else None
+        if decision is None:
+            if request.on_failure == "closed":
+                decision = Decision(False, request.limit, 0, FAILED_RETRY_MS,
+                                    FAILED_RETRY_MS, FAILED_CLOSED)
+            else:   # nothing known to be spent: remaining is the limit (-1 if unknown)
+                decision = Decision(True, request.limit, request.limit, 0, 0, FAILED_OPEN)
+        self.stats.incr(decision.source)
+        self._failure_log.record(decision.source, node.name, error)
+        return decision
+
+
+class Client(_ClientBase):
+    """Synchronous client, safe to share between threads (one connection
+    pool per server).
+
+    ``servers``: "host:port" or a list of them (consistent hashing).
+    ``timeout_ms``: connect and read timeout of every round trip
+    (``connect_timeout_ms`` sets the connect part alone).
+    ``breaker``: settings for each server's circuit breaker (each gets a
+    copy); None disables it.  ``fallback``: a LocalFallback to enforce while
+    a server fails; None means the call's ``on_failure`` policy.
+    ``preaggregate``: 0 (off), or a batch of tokens to take from the server
+    at once and spend locally in ``check``: fewer round trips for coarse
+    limits, at the price of overshoot up to instances × batch per window
+    (tokens taken earlier are spent later) and of tokens parked unused in
+    one instance for up to ``preaggregate_ttl_ms``.
+    Other keyword arguments go to ``redis.Redis``.
+    """
+
+    def __init__(self, servers: Servers = DEFAULT_SERVER, password: str | None = None,
+                 timeout_ms: float = DEFAULT_TIMEOUT_MS,
+                 breaker: CircuitBreaker | None = DEFAULT_BREAKER,
+                 fallback: LocalFallback | None = None, *,
+                 connect_timeout_ms: float | None = None, preaggregate: int = 0,
+                 preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
+                 **redis_kwargs):
+        super().__init__(servers, password, timeout_ms, breaker, fallback,
+                         connect_timeout_ms, preaggregate, preaggregate_ttl_ms,
+                         vnodes, redis_kwargs)
+
+    def _redis_client(self, host: str, port: int, options: dict) -> redis.Redis:
+        return redis.Redis(host=host, port=port, **options)
+
+    def _no_retry(self) -> Retry:
+        return Retry(NoBackoff(), 0)
+
+    def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
+              period_ms: int = 1000, on_failure: str = "open") -> Decision:
+        """``CL.CHECK``: spend ``cost`` tokens of ``key``'s bucket, which holds
+        ``capacity`` and gains ``refill_per_sec`` every ``period_ms``."""
+        key = key_bytes(key)
+        request = self._check_request(key, capacity, refill_per_sec, cost, period_ms,
+                                      on_failure)
+        if not self._prefetchable(cost):
+            return self._execute(request)
+        bucket = (key, capacity, refill_per_sec, period_ms)
+        decision = self._spend_prefetched(bucket, cost)
+        if decision is None:
+            batch = self._batch_request(request, bucket)
+            if batch is not None:
+                decision = self._batch_answered(bucket, cost, self._execute(batch))
+        return decision if decision is not None else self._execute(request)
+
+    def limit(self, client_key: Key, resource: str, tier: str | None = None,
+              cost: int = 1, on_failure: str = "open") -> Decision:
+        """``CL.LIMIT``: check ``client_key`` against the server's rules for
+        ``resource`` (and ``tier``); all matching rules or none."""
+        return self._execute(self._limit_request(client_key, resource, tier, cost,
+                                                 on_failure))
+
+    def _execute(self, request: _Request) -> Decision:
+        node = self._node_for(request.route_key)
+        if node.breaker is not None and not node.breaker.allow():
+            return self._skipped(node, request)
+        try:
+            reply = node.redis.execute_command(*request.command)
+        except ResponseError as e:
+            reply = e
+        except Exception as e:  # noqa: BLE001 - a limiter failure must not fail the caller
+            self._round_trip_failed(node, 1, e)
+            return self._degraded(node, request, e)
+        self._round_trip_ok(node, 1)
+        return self._answered(node, request, reply)
+
+    def close(self) -> None:
+        for node in self._nodes.values():
+            node.redis.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _LoopTimeBudget:
+    """Expires an ``asyncio.timeout`` after ``budget_s`` of event-loop time
+    that was available to notice a reply.
+
+    A plain timer also counts the time the loop spent running other
+    callbacks, and a busy asyncio process routinely stalls for a few
+    milliseconds: with a 5 ms timeout, healthy servers would time out and
+    open the breaker exactly when the service is under load.  So the budget
+    is spent in ticks: a tick that fires late (the loop was busy) is charged
+    one tick, not the whole delay.  An idle loop still expires on time.
+    """
+
+    TICKS = 4
+
+    def __init__(self, timeout: asyncio.Timeout, budget_s: float):
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._tick = budget_s / self.TICKS
+        self._left = budget_s
+        self._last = self._loop.time()
+        self._handle = self._loop.call_at(self._last + self._tick, self._on_tick)
+
+    def _on_tick(self) -> None:
+        now = self._loop.time()
+        self._left -= min(now - self._last, self._tick)
+        self._last = now
+        if self._left <= 1e-9:
+            self._timeout.reschedule(now)      # expire: the task gets TimeoutError
+        else:
+            self._handle = self._loop.call_at(now + min(self._tick, self._left),
+                                              self._on_tick)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class _Pipeliner:
+    """Automatic pipelining for one server: every command submitted in one
+    event-loop iteration goes out in one pipeline (one write on one pooled
+    connection, no MULTI/EXEC), and each reply goes back to its caller.
+
+    The pipeline is written and read here rather than with redis-py's
+    ``pipeline()``, whose per-command Python packing and per-reply timers
+    cost about 3x the throughput; redis-py still owns the connections
+    (connect, HELLO, AUTH, pooling) and hiredis parses the replies.
+    """
+
+    def __init__(self, client: "AsyncClient", node: _Node):
+        self._client = client
+        self._node = node
+        self._queue: list[tuple[tuple, asyncio.Future]] = []
+        self._flush_scheduled = False
+        self._in_flight: set[asyncio.Task] = set()
+
+    def submit(self, command: tuple) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.append((command, future))
+        if not self._flush_scheduled:
+            # call_soon runs after every callback already queued for this
+            # iteration, i.e. after all the tasks that are ready now have
+            # had their turn to submit.
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        batch, self._queue, self._flush_scheduled = self._queue, [], False
+        task = asyncio.ensure_future(self._send(batch))
+        self._in_flight.add(task)          # the loop keeps only weak references
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send(self, batch: list[tuple[tuple, asyncio.Future]]) -> None:
+        try:
+            replies = await self._round_trip([command for command, _ in batch])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as e:  # noqa: BLE001 - becomes each caller's degraded decision
+            self._client._round_trip_failed(self._node, len(batch), e)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        self._client._round_trip_ok(self._node, len(batch))
+        for (_, future), reply in zip(batch, replies):
+            if not future.done():          # its caller may have been cancelled
+                future.set_result(reply)
+
+    async def _round_trip(self, commands: list[tuple]) -> list:
+        """One write of every command, then their replies in order.
+
+        Getting a connection (and connecting) is bounded by redis-py's own
+        connect and socket timeouts; the exchange by the loop-time budget.
+        """
+        pool = self._node.redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            async with asyncio.timeout(None) as timeout:
+                budget = _LoopTimeBudget(timeout, self._client.timeout_ms / 1000)
+                try:
+                    return await self._exchange(conn, commands)
+                finally:
+                    budget.cancel()
+        except BaseException:
+            # Replies may still be on their way: this connection must never
+            # serve another request.
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+
+    @staticmethod
+    async def _exchange(conn, commands: list[tuple]) -> list:
+        await conn.send_packed_command(b"".join(map(pack_command, commands)),
+                                       check_health=False)
+        replies = []
+        for _ in commands:
+            try:
+                # math.inf: no per-reply timer, the budget bounds the batch
+                replies.append(await conn.read_response(timeout=math.inf))
+            except ResponseError as e:
+                replies.append(e)
+        return replies
+
+    async def drain(self) -> None:
+        while self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+
+class AsyncClient(_ClientBase):
+    """asyncio client with automatic pipelining: the checks that many tasks
+    issue in the same event-loop iteration are sent to each server as one
+    pipeline (no MULTI/EXEC) in one write, and each reply goes back to its
+    caller, so a busy process needs few round trips.  ``stats.round_trips``
+    counts the pipelines, ``stats.commands_sent`` the checks in them.
+
+    ``timeout_ms`` bounds each pipeline's exchange in event-loop time that
+    was free to notice the reply (see ``_LoopTimeBudget``), so a loop that
+    is merely busy does not time out a healthy server; connecting and the
+    handshake are bounded by ``connect_timeout_ms`` (default: timeout_ms).
+
+    Same constructor, policy and results as ``Client``; use it from one
+    event loop, and ``await client.aclose()`` (or ``async with``) at the end.
+    """
+
+    def __init__(self, servers: Servers = DEFAULT_SERVER, password: str | None = None,
+                 timeout_ms: float = DEFAULT_TIMEOUT_MS,
+                 breaker: CircuitBreaker | None = DEFAULT_BREAKER,
+                 fallback: LocalFallback | None = None, *,
+                 connect_timeout_ms: float | None = None, preaggregate: int = 0,
+                 preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
+                 **redis_kwargs):
+        super().__init__(servers, password, timeout_ms, breaker, fallback,
+                         connect_timeout_ms, preaggregate, preaggregate_ttl_ms,
+                         vnodes, redis_kwargs)
+        for node in self._nodes.values():
+            node.pipeliner = _Pipeliner(self, node)
+
+    def _redis_client(self, host: str, port: int, options: dict) -> redis.asyncio.Redis:
+        return redis.asyncio.Redis(host=host, port=port, **options)
+
+    def _no_retry(self) -> redis.asyncio.retry.Retry:
+        return redis.asyncio.retry.Retry(NoBackoff(), 0)
+
+    def _socket_timeout_ms(self) -> float:
+        # redis-py's read timeout only bounds the connection handshake here
+        # (HELLO, AUTH): exchanges are bounded by the loop-time budget.
+        return self.connect_timeout_ms
+
+    async def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
+                    period_ms: int = 1000, on_failure: str = "open") -> Decision:
+        """See ``Client.check``."""
+        key = key_bytes(key)
+        request = self._check_request(key, capacity, refill_per_sec, cost, period_ms,
+                                      on_failure)
+        if not self._prefetchable(cost):
+            return await self._execute(request)
+        bucket = (key, capacity, refill_per_sec, period_ms)
+        decision = self._spend_prefetched(bucket, cost)
+        if decision is None:
+            batch = self._batch_request(request, bucket)
+            if batch is not None:
+                decision = self._batch_answered(bucket, cost, await self._execute(batch))
+        return decision if decision is not None else await self._execute(request)
+
+    async def limit(self, client_key: Key, resource: str, tier: str | None = None,
+                    cost: int = 1, on_failure: str = "open") -> Decision:
+        """See ``Client.limit``."""
+        return await self._execute(self._limit_request(client_key, resource, tier, cost,
+                                                       on_failure))
+
+    async def _execute(self, request: _Request) -> Decision:
+        node = self._node_for(request.route_key)
+        if node.breaker is not None and not node.breaker.allow():
+            return self._skipped(node, request)
+        try:
+            reply = await node.pipeliner.submit(request.command)
+        except Exception as e:  # noqa: BLE001 - counted by the pipeliner
+            return self._degraded(node, request, e)
+        return self._answered(node, request, reply)
+
+    async def aclose(self) -> None:
+        for node in self._nodes.values():
+            await node.pipeliner.drain()
+            await node.redis.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
