@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import platform
 import re
@@ -425,6 +426,8 @@ def build_report(args, rows: list[Row], mem: dict, meta: dict) -> str:
                            ratio(rps(chk, 16, "fl"), rps(ping, 16, "rd")), 0.5))
     out.append(target_line("P=1: CL.CHECK ≥ 1.0× the Lua script's rate",
                            ratio(rps(chk, 1, "fl"), rps(chk, 1, "rd")), 1.0))
+    out.append(target_line("P=16: CL.LIMIT with two matching rules ≥ 0.5× CL.CHECK",
+                           ratio(rps(LIMIT_ROW, 16, "fl"), rps(chk, 16, "fl")), 0.5))
     if mem.get("fastlimit"):
         m = mem["fastlimit"]
         out.append(target_line(
@@ -464,7 +467,10 @@ def build_report(args, rows: list[Row], mem: dict, meta: dict) -> str:
         out.append("")
     out.append("Commands: fastlimit `CL.CHECK key:__rand_int__ 100 10`; redis "
                "`EVALSHA <sha of bench/token_bucket.lua> 1 key:__rand_int__ 100 10 1`; "
-               "`PING` on both. Ratio = fastlimit req/s ÷ redis req/s on the same row.")
+               "`PING` on both. Ratio = fastlimit req/s ÷ redis req/s on the same row. "
+               f"CL.LIMIT row: `CL.LIMIT user:__rand_int__ \"{LIMIT_RESOURCE}\"` with the "
+               "rules " + ", ".join(f"`{k}` {json.dumps(v)}" for k, v in LIMIT_RULES.items()) +
+               "; its target compares it with CL.CHECK P=16 above.")
     return "\n".join(out) + "\n"
 
 
@@ -497,12 +503,24 @@ def parse_args(argv=None):
     return args
 
 
+# CL.LIMIT with two rules matching one resource, against CL.CHECK on the
+# same server: the cost of named rules (matching, two buckets, all or nothing).
+LIMIT_ROW = "CL.LIMIT, 2 matching rules (fastlimit only)"
+LIMIT_RESOURCE = "POST /orders"
+LIMIT_RULES = {
+    "orders-burst": {"match": {"resource": "POST /orders"}, "capacity": 100,
+                     "refill_per_second": 10},
+    "writes-hourly": {"match": {"resource": "POST *"}, "algorithm": "sliding_window",
+                      "limit": 1000, "window_ms": 3600000},
+}
+
+
 def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
     check, ping = "CL.CHECK vs EVALSHA token_bucket.lua", "PING"
-    rows = [Row(check, 1), Row(check, 16), Row(ping, 1), Row(ping, 16)]
+    rows = [Row(check, 1), Row(check, 16), Row(ping, 1), Row(ping, 16), Row(LIMIT_ROW, 16)]
     fl = rd = None
     try:
-        fl = Fastlimit(workdir)
+        fl = Fastlimit(workdir, ["--rules-db", ""])
         rd = RedisServer(workdir, args.redis_server)
         fl.wait_ready()
         rd.wait_ready()
@@ -512,6 +530,11 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
         reply = c.execute_command("CL.CHECK", "bench:probe", 100, 10)
         if len(reply) != 5:
             raise RuntimeError(f"fastlimit CL.CHECK replied {reply!r}")
+        for rule_id, rule in LIMIT_RULES.items():
+            c.execute_command("CL.RULE", "SET", rule_id, json.dumps(rule))
+        reply = c.execute_command("CL.LIMIT", "bench:probe", LIMIT_RESOURCE, "DETAIL")
+        if len(reply[5]) != len(LIMIT_RULES):
+            raise RuntimeError(f"fastlimit CL.LIMIT matched {reply!r}")
         c.close()
         r = rd.client()
         sha = r.script_load(lua)
@@ -527,6 +550,7 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
             check: (["CL.CHECK", "key:__rand_int__", "100", "10"],
                     ["EVALSHA", sha, "1", "key:__rand_int__", "100", "10", "1"], 1_000_000),
             ping: (["PING"], ["PING"], None),
+            LIMIT_ROW: (["CL.LIMIT", "user:__rand_int__", LIMIT_RESOURCE], None, 1_000_000),
         }
         # warm-up (not measured): connections, allocator, tables, caches
         warm = max(10_000, args.n16 // 20)
@@ -544,6 +568,8 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
                 if rep % 2:
                     order.reverse()      # neither side always goes first
                 for who, srv, cmd, results, errors in order:
+                    if cmd is None:
+                        continue     # a fastlimit-only row
                     t0 = time.monotonic()
                     try:
                         res = run_benchmark(args.redis_benchmark, srv.port, args.clients, n,
