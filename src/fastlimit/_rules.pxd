@@ -77,6 +77,7 @@ cdef class RuleEngine:
     cdef dict match_cache         # (resource, tier) key -> (packed nums, globs)
     cdef object matcher
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
+    cdef readonly uint64_t denials_total  # denials and shadow denials, ever
     cdef uint32_t order[MAX_RULES_PER_CHECK]
     cdef CheckResult results[MAX_RULES_PER_CHECK]
 

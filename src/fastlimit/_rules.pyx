@@ -622,6 +622,7 @@ cdef class RuleEngine:
 
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost):
+        self.denials_total += 1
         self.recent_denials.append(
             (now_ms, num, PyBytes_FromStringAndSize(client, clen if clen < 256 else 256), cost))
 

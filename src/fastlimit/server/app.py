@@ -25,6 +25,8 @@ log = logging.getLogger("fastlimit")
 # the next tick gets the larger budget (as Redis's active expiry does).
 BUSY_SWEEP_SHARE = 0.10
 BUSY_SWEEP_FACTOR = 25
+# Denials by rules are logged as one summary line at most this often.
+DENIAL_LOG_SECONDS = 10.0
 
 
 class Server:
@@ -54,6 +56,7 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self._tick_handle = None
         self._last_ops = (time.monotonic(), 0)
+        self._last_denials = (time.monotonic(), 0)
 
     # ---- settings -------------------------------------------------------------
 
@@ -167,6 +170,20 @@ class Server:
             self._last_ops = (now, total)
             for conn in list(self.core.clients.values()):
                 conn.cron()
+            self._log_denials(now)
+
+    def _log_denials(self, now: float) -> None:
+        """One line per DENIAL_LOG_SECONDS when rules denied anything: loud
+        enough to notice, never a line per request."""
+        then, seen = self._last_denials
+        total = self.rule_engine.denials_total
+        if now - then < DENIAL_LOG_SECONDS or total == seen:
+            return
+        self._last_denials = (now, total)
+        time_ms, num, key, cost = self.rule_engine.recent_denials[-1]
+        log.warning("%d requests denied (or shadow-denied) by rules in the last %.0f s; "
+                    "latest: rule %s, key %r, cost %d", total - seen, now - then,
+                    self.rule_id(num), key, cost)
 
 
 def _version() -> str:
