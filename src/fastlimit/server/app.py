@@ -25,8 +25,6 @@ log = logging.getLogger("fastlimit")
 # the next tick gets the larger budget (as Redis's active expiry does).
 BUSY_SWEEP_SHARE = 0.10
 BUSY_SWEEP_FACTOR = 25
-# Denials by rules are logged as one summary line at most this often.
-DENIAL_LOG_SECONDS = 10.0
 
 
 class Server:
@@ -173,11 +171,11 @@ class Server:
             self._log_denials(now)
 
     def _log_denials(self, now: float) -> None:
-        """One line per DENIAL_LOG_SECONDS when rules denied anything: loud
+        """One line per denial-log-seconds when rules denied anything: loud
         enough to notice, never a line per request."""
         then, seen = self._last_denials
         total = self.rule_engine.denials_total
-        if now - then < DENIAL_LOG_SECONDS or total == seen:
+        if now - then < self.settings.denial_log_seconds or total == seen:
             return
         self._last_denials = (now, total)
         time_ms, num, key, cost = self.rule_engine.recent_denials[-1]

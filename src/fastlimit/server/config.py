@@ -84,6 +84,7 @@ class Settings:
     client_output_buffer_limit: tuple[int, int, int] = (32 * 1024**2, 8 * 1024**2, 60)
     hz: int = 10
     sweep_budget_ms: float = 1.0
+    denial_log_seconds: float = 10.0
     loglevel: str = "notice"
     config_file: str | None = None
     rules_db: str | None = "fastlimit-rules.db"
@@ -108,6 +109,8 @@ class Settings:
             raise ConfigError(f"loglevel must be one of {', '.join(LOGLEVELS)}")
         if not 0 < self.sweep_budget_ms <= 100:
             raise ConfigError("sweep-budget-ms must be above 0 and at most 100")
+        if not 0 < self.denial_log_seconds <= 86400:
+            raise ConfigError("denial-log-seconds must be above 0 and at most 86400")
         if self.requirepass == "":
             self.requirepass = None
         return self
@@ -130,13 +133,14 @@ _FIELDS = {
         parse_output_limit, lambda v: "normal {} {} {}".format(*v)),
     "hz": (lambda v: parse_int(v, 1, 500, "hz"), str),
     "sweep-budget-ms": (float, str),
+    "denial-log-seconds": (float, str),
     "loglevel": (lambda v: str(v).lower(), str),
     "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
 }
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"maxclients", "proto-max-bulk-len", "max-multibulk-len",
+RUNTIME_SETTABLE = {"denial-log-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass"}
 
@@ -206,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-output-buffer-limit", nargs=3, metavar=("HARD", "SOFT", "SECONDS"))
     p.add_argument("--hz", type=int, help="background task frequency (default 10)")
     p.add_argument("--sweep-budget-ms", type=float, help="time per tick for dropping idle buckets")
+    p.add_argument("--denial-log-seconds", type=float,
+                   help="denials by rules are logged as one line at most this often (default 10)")
     p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
     p.add_argument("--rules-db", metavar="PATH",
                    help="SQLite file the named rules are kept in (default "
