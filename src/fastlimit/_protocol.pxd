@@ -14,17 +14,17 @@ from fastlimit._core cimport CheckResult
 
 cdef enum FastPath:
     # Commands whose whole execution lives in C; the rest call a Python
-    # handler.  MULTI/EXEC/DISCARD/QUIT/RESET are here because they
-    # change how the dispatcher itself behaves.
+    # handler.  From FAST_MULTI on are the commands that control the
+    # dispatcher itself, which run at once even inside MULTI.
     FAST_NONE = 0
     FAST_CL_CHECK = 1
-    FAST_PING = 2
-    FAST_MULTI = 3
-    FAST_EXEC = 4
-    FAST_DISCARD = 5
-    FAST_QUIT = 6
-    FAST_RESET = 7
-    FAST_CL_LIMIT = 8
+    FAST_CL_LIMIT = 2
+    FAST_PING = 3
+    FAST_MULTI = 4
+    FAST_EXEC = 5
+    FAST_DISCARD = 6
+    FAST_QUIT = 7
+    FAST_RESET = 8
 
 
 cdef class Command:

@@ -6,7 +6,7 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memmove
 
 from fastlimit._rules cimport RuleEngine
-from fastlimit._core cimport (BucketParams, CheckResult, bucket_check,
+from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parse_command,
@@ -485,7 +485,8 @@ cdef class Connection:
             if eq_nocase(&a[i], b"tier", 4):
                 tier, tlen = a[i + 1].ptr, a[i + 1].len
             elif eq_nocase(&a[i], b"cost", 4):
-                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &cost) or cost < 0:
+                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &cost) or cost < 0 \
+                        or cost > MAX_CAPACITY:
                     self.reply_error("ERR COST must be an integer from 0 to 10^15")
                     return
             else:

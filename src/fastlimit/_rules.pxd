@@ -74,7 +74,7 @@ cdef class RuleEngine:
     cdef readonly Clock clock
     cdef char* keybuf
     cdef size_t keycap
-    cdef dict match_cache         # (resource, tier) key -> (packed nums, globs)
+    cdef dict match_cache         # (resource, tier or None) -> ((num, client glob), ...)
     cdef object matcher
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
@@ -97,8 +97,7 @@ cdef class RuleEngine:
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)
-    cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
-                             const char* tier, size_t tlen)
+    cdef tuple compile_match(self, tuple cache_key)
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost)
     cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,

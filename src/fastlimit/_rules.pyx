@@ -454,13 +454,12 @@ cdef class RuleEngine:
                           size_t rlen, const char* tier, size_t tlen) except -1:
         """Puts the numbers of the rules matching the request in
         self.order; returns how many."""
-        cdef bytes cache_key = (PyBytes_FromStringAndSize(resource, rlen) + b"\0" +
-                                (b"T" + PyBytes_FromStringAndSize(tier, tlen)
-                                 if tier != NULL else b"N"))
+        cdef tuple cache_key = (PyBytes_FromStringAndSize(resource, rlen),
+                                PyBytes_FromStringAndSize(tier, tlen) if tier != NULL else None)
         cdef tuple entry = self.match_cache.get(cache_key)
         cdef int n = 0
         if entry is None:
-            entry = self.compile_match(cache_key, resource, rlen, tier, tlen)
+            entry = self.compile_match(cache_key)
         for num, glob in entry:
             if not self.rules[<uint32_t>num].in_use:
                 continue
@@ -477,13 +476,11 @@ cdef class RuleEngine:
             n += 1
         return n
 
-    cdef tuple compile_match(self, bytes cache_key, const char* resource, size_t rlen,
-                             const char* tier, size_t tlen):
+    cdef tuple compile_match(self, tuple cache_key):
+        """Asks the matcher about (resource, tier) and caches the answer."""
         cdef list found = []
         if self.matcher is not None:
-            for num, glob in self.matcher(
-                    PyBytes_FromStringAndSize(resource, rlen),
-                    PyBytes_FromStringAndSize(tier, tlen) if tier != NULL else None):
+            for num, glob in self.matcher(*cache_key):
                 if num < self.nrules and self.rules[<uint32_t>num].in_use:
                     found.append((num, glob))
         if len(self.match_cache) > 65536:   # many distinct resources: start over

@@ -337,7 +337,9 @@ class RuleRegistry:
 
     def denials(self, count: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Recent denials, newest first: (time_ms, rule id, key, cost)."""
-        sample = sorted(self.engine.denials(), key=lambda d: d[0], reverse=True)
+        # The sample is in arrival order; reversing before the stable sort
+        # keeps the newest first among denials of the same millisecond.
+        sample = sorted(reversed(self.engine.denials()), key=lambda d: d[0], reverse=True)
         if count is not None:
             sample = sample[:count]
         return [(time_ms, self.rule_id(num), key, cost)

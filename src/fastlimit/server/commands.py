@@ -22,8 +22,8 @@ from fastlimit.server.info import render_info
 from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
-(FAST_CL_CHECK, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT, FAST_RESET,
- FAST_CL_LIMIT) = range(1, 9)
+(FAST_CL_CHECK, FAST_CL_LIMIT, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT,
+ FAST_RESET) = range(1, 9)
 
 REDIS_COMPAT_VERSION = "7.0.0"
 OK = SimpleString("OK")
@@ -267,6 +267,8 @@ def cmd_flushall(conn, args):
 
 def cmd_cl_throttle(conn, args):
     """redis-cell's CL.THROTTLE <key> <max_burst> <count> <period> [<quantity>]"""
+    if len(args) > 6:
+        raise ReplyError("ERR wrong number of arguments for 'cl.throttle' command")
     numbers = [_int(a, name) for a, name in zip(
         args[2:], ("max_burst", "count per period", "period", "quantity"))]
     burst, count, period = numbers[:3]

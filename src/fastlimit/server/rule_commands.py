@@ -172,6 +172,8 @@ def cmd_release(conn, args):
         lease_id = int(args[3])
     except ValueError:
         raise ReplyError("ERR lease id is not an integer") from None
+    if not -2**63 <= lease_id < 2**63:
+        return 0    # no lease has such an id
     return int(conn.core.rules.release(num, args[2], lease_id, options.get("resource", b"")))
 
 
