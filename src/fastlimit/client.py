@@ -250,10 +250,13 @@ def _server_list(servers: Servers) -> list[str]:
 class _ClientBase:
     """What Client and AsyncClient share: routing, requests, policy."""
 
-    def __init__(self, servers: Servers, password: str | None, timeout_ms: float,
-                 breaker: CircuitBreaker | None, fallback: LocalFallback | None,
-                 connect_timeout_ms: float | None, preaggregate: int,
-                 preaggregate_ttl_ms: int, vnodes: int, redis_kwargs: dict):
+    def __init__(self, servers: Servers = DEFAULT_SERVER, password: str | None = None,
+                 timeout_ms: float = DEFAULT_TIMEOUT_MS,
+                 breaker: CircuitBreaker | None = DEFAULT_BREAKER,
+                 fallback: LocalFallback | None = None, *,
+                 connect_timeout_ms: float | None = None, preaggregate: int = 0,
+                 preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
+                 **redis_kwargs):
         names = _server_list(servers)
         self.stats = Stats()
         self.fallback = fallback
@@ -426,17 +429,6 @@ class Client(_ClientBase):
     one instance for up to ``preaggregate_ttl_ms``.
     Other keyword arguments go to ``redis.Redis``.
     """
-
-    def __init__(self, servers: Servers = DEFAULT_SERVER, password: str | None = None,
-                 timeout_ms: float = DEFAULT_TIMEOUT_MS,
-                 breaker: CircuitBreaker | None = DEFAULT_BREAKER,
-                 fallback: LocalFallback | None = None, *,
-                 connect_timeout_ms: float | None = None, preaggregate: int = 0,
-                 preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
-                 **redis_kwargs):
-        super().__init__(servers, password, timeout_ms, breaker, fallback,
-                         connect_timeout_ms, preaggregate, preaggregate_ttl_ms,
-                         vnodes, redis_kwargs)
 
     def _redis_client(self, host: str, port: int, options: dict) -> redis.Redis:
         return redis.Redis(host=host, port=port, **options)
@@ -640,16 +632,8 @@ class AsyncClient(_ClientBase):
     event loop, and ``await client.aclose()`` (or ``async with``) at the end.
     """
 
-    def __init__(self, servers: Servers = DEFAULT_SERVER, password: str | None = None,
-                 timeout_ms: float = DEFAULT_TIMEOUT_MS,
-                 breaker: CircuitBreaker | None = DEFAULT_BREAKER,
-                 fallback: LocalFallback | None = None, *,
-                 connect_timeout_ms: float | None = None, preaggregate: int = 0,
-                 preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
-                 **redis_kwargs):
-        super().__init__(servers, password, timeout_ms, breaker, fallback,
-                         connect_timeout_ms, preaggregate, preaggregate_ttl_ms,
-                         vnodes, redis_kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         for node in self._nodes.values():
             node.pipeliner = _Pipeliner(self, node)
 

@@ -91,3 +91,25 @@ class WsgiServer:
         self.server.shutdown()
         self.thread.join(10)
         self.server.server_close()
+
+
+# ---- the headers and bodies the middleware must send ----------------------
+
+def quota(limit, remaining, reset, window):
+    """The quota headers of an answer, in the order the middleware sends them."""
+    return [
+        ("x-ratelimit-limit", str(limit)),
+        ("x-ratelimit-remaining", str(remaining)),
+        ("x-ratelimit-reset", str(reset)),
+        ("ratelimit-policy", f'"burst";q={limit};w={window}'),
+        ("ratelimit", f'"burst";r={remaining};t={reset}'),
+    ]
+
+
+def denied(retry, limit, remaining, reset, window):
+    """The headers and body of a 429."""
+    body = json.dumps({"error": "rate_limited", "retry_after_seconds": retry}).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    if retry is not None:
+        headers.append(("retry-after", str(retry)))
+    return headers + quota(limit, remaining, reset, window), body

@@ -12,31 +12,13 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from httpkit import request
+from httpkit import denied, quota, request
 from fastlimit.client import AsyncClient
 from fastlimit.embedded import Limiter
 from fastlimit.middleware import (Limit, RateLimitMiddleware, Rules, client_ip, first_of,
                                   header_key)
 
 TEXT = [("content-length", "5"), ("content-type", "text/plain; charset=utf-8")]
-
-
-def quota(limit, remaining, reset, window):
-    return [
-        ("x-ratelimit-limit", str(limit)),
-        ("x-ratelimit-remaining", str(remaining)),
-        ("x-ratelimit-reset", str(reset)),
-        ("ratelimit-policy", f'"burst";q={limit};w={window}'),
-        ("ratelimit", f'"burst";r={remaining};t={reset}'),
-    ]
-
-
-def denied(retry, limit, remaining, reset, window):
-    body = json.dumps({"error": "rate_limited", "retry_after_seconds": retry}).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-    if retry is not None:
-        headers.append(("retry-after", str(retry)))
-    return headers + quota(limit, remaining, reset, window), body
 
 
 def starlette_app(limiter, limit, **policy):

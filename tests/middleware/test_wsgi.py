@@ -4,7 +4,6 @@ over HTTP."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
@@ -13,27 +12,9 @@ from flask import Flask
 from fastlimit.client import AsyncClient, Client
 from fastlimit.embedded import Limiter
 from fastlimit.middleware import Limit, WSGIRateLimitMiddleware, client_ip, first_of, header_key
-from httpkit import request
+from httpkit import denied, quota, request
 
 TEXT = [("content-type", "text/html; charset=utf-8"), ("content-length", "5")]
-
-
-def quota(limit, remaining, reset, window):
-    return [
-        ("x-ratelimit-limit", str(limit)),
-        ("x-ratelimit-remaining", str(remaining)),
-        ("x-ratelimit-reset", str(reset)),
-        ("ratelimit-policy", f'"burst";q={limit};w={window}'),
-        ("ratelimit", f'"burst";r={remaining};t={reset}'),
-    ]
-
-
-def denied(retry, limit, remaining, reset, window):
-    body = json.dumps({"error": "rate_limited", "retry_after_seconds": retry}).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
-    if retry is not None:
-        headers.append(("retry-after", str(retry)))
-    return headers + quota(limit, remaining, reset, window), body
 
 
 def flask_app(limiter, limit, **policy):
