@@ -154,7 +154,9 @@ class Fastlimit(Server):
             self.source = "src/ tree"
             env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-        self._spawn([sys.executable, "-m", "fastlimit.server", "--port", "0", *extra], env)
+        # Nothing on disk: rules in memory, no snapshot at exit.
+        self._spawn([sys.executable, "-m", "fastlimit.server", "--port", "0",
+                     "--rules-db", "", "--snapshot-file", "", *extra], env)
 
     def _ready(self) -> bool:
         m = READY.search(self.logpath.read_text(errors="replace"))
@@ -520,7 +522,7 @@ def throughput(args, workdir: Path, lua: bytes, meta: dict) -> list[Row]:
     rows = [Row(check, 1), Row(check, 16), Row(ping, 1), Row(ping, 16), Row(LIMIT_ROW, 16)]
     fl = rd = None
     try:
-        fl = Fastlimit(workdir, ["--rules-db", ""])
+        fl = Fastlimit(workdir)
         rd = RedisServer(workdir, args.redis_server)
         fl.wait_ready()
         rd.wait_ready()

@@ -47,6 +47,8 @@ class ServerProcess:
         # Rules in memory unless a test asks for a database: servers started
         # side by side must not share (or lock) one rules file.
         durability = [] if "--rules-db" in self.args else ["--rules-db", ""]
+        if "--snapshot-file" not in self.args:
+            durability += ["--snapshot-file", ""]
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

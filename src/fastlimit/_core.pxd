@@ -14,7 +14,6 @@ cdef extern from "fl_native.h":
     # __int128 in C; Cython only needs to know it is an integer
     ctypedef long long fl_i128
     uint64_t fl_siphash13(const void* data, size_t length, const uint8_t* key16) nogil
-    void* fl_big_alloc(size_t size) nogil
     void* fl_big_realloc(void* p, size_t old_size, size_t new_size) nogil
     void fl_big_free(void* p, size_t size) nogil
     void* fl_mem_alloc(size_t size) nogil
@@ -28,6 +27,7 @@ cdef extern from "fl_native.h":
     void fl_put_u32(char* p, uint32_t v) nogil
     uint16_t fl_get_u16(const char* p) nogil
     void fl_put_u16(char* p, uint16_t v) nogil
+    uint32_t fl_crc32(uint32_t crc, const void* data, size_t n) nogil
 
 # ---- Tables -------------------------------------------------------------
 #
@@ -91,6 +91,17 @@ cdef size_t table_memory(const Table* t) noexcept nogil
 cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
                           uint64_t* scanned) noexcept nogil
 
+# Snapshots: a table's live records, packed as in the arena, written to a
+# file descriptor (chaining the CRC-32 of what is written), and read back.
+# A loader never trusts the bytes: every record is bounds-checked.
+cdef enum:
+    FL_EIO = -3        # write failed (errno says why)
+    FL_EFORMAT = -4    # records that do not fit their section
+cdef int table_dump(const Table* t, int fd, uint32_t* crc,
+                    uint64_t* records) noexcept nogil
+cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
+                    const uint32_t* renumber, uint32_t renumber_len) noexcept nogil
+
 # ---- Token bucket ---------------------------------------------------------
 #
 # Tokens are integer milli-tokens as in the reference algorithm.  A refill
@@ -136,6 +147,12 @@ cdef class Clock:
     cdef readonly bint manual
     cdef int64_t manual_ms
     cdef int64_t now_ms(self) noexcept
+
+
+cdef object dump_table(const Table* t, int fd, uint32_t crc)
+cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0
+cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
+                    list renumber) except -1
 
 
 cdef class BucketStore:

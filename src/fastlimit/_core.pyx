@@ -6,9 +6,13 @@ Layout and contracts are documented in _core.pxd.
 """
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, UINT32_MAX
+from libc.errno cimport errno, EINTR
+from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memcmp
+from posix.unistd cimport write
 
 import os
+import struct
 
 cdef enum:
     MIN_SLOTS = 8
@@ -353,6 +357,115 @@ cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
     return removed
 
 
+# ---- snapshots ---------------------------------------------------------------------
+
+cdef enum:
+    DUMP_BUFFER = 1 << 16
+
+
+cdef int write_all(int fd, const char* buf, size_t n, uint32_t* crc) noexcept nogil:
+    cdef ssize_t done
+    crc[0] = fl_crc32(crc[0], buf, n)
+    while n > 0:
+        done = write(fd, buf, n)
+        if done < 0:
+            if errno == EINTR:
+                continue
+            return FL_EIO
+        buf += done
+        n -= <size_t>done
+    return FL_OK
+
+
+cdef int table_dump(const Table* t, int fd, uint32_t* crc,
+                    uint64_t* records) noexcept nogil:
+    """Writes every record as it lies in its arena, expired or not (a
+    loader drops the expired ones as the sweep would)."""
+    cdef char* buf = <char*>malloc(DUMP_BUFFER)
+    cdef size_t used = 0, n
+    cdef uint32_t i, j
+    cdef const Shard* s
+    cdef const char* rec
+    records[0] = 0
+    if buf == NULL:
+        return FL_ENOMEM
+    for i in range(t.nshards):
+        s = &t.shards[i]
+        for j in range(s.nslots):
+            if s.slots[j].off == 0:
+                continue
+            rec = s.arena + s.slots[j].off
+            n = record_size(t, rec)
+            if used + n > DUMP_BUFFER:
+                if write_all(fd, buf, used, crc) != FL_OK:
+                    free(buf)
+                    return FL_EIO
+                used = 0
+            if n > DUMP_BUFFER:      # a record longer than the buffer
+                if write_all(fd, rec, n, crc) != FL_OK:
+                    free(buf)
+                    return FL_EIO
+            else:
+                memcpy(buf + used, rec, n)
+                used += n
+            records[0] += 1
+    n = write_all(fd, buf, used, crc) if used else FL_OK
+    free(buf)
+    return <int>n
+
+
+cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
+                    const uint32_t* renumber, uint32_t renumber_len) noexcept nogil:
+    """Inserts `records` packed records from buf[0:length].  With a
+    renumber map, each key's leading u32 (a rule number) is rewritten, and
+    records of numbers mapped to UINT32_MAX are skipped (their rule is
+    gone).  A record already present is replaced."""
+    cdef size_t pos = 0, n, keylen
+    cdef uint64_t k
+    cdef uint32_t num
+    cdef char* copy = NULL
+    cdef Probe p
+    cdef int rc = FL_OK
+    for k in range(records):
+        if length - pos < RECORD_HEADER:
+            return FL_EFORMAT
+        keylen = fl_get_u16(buf + pos + 4)
+        n = RECORD_HEADER + t.value_size + keylen
+        if n > length - pos:
+            return FL_EFORMAT
+        if renumber != NULL:
+            if keylen < 4:
+                return FL_EFORMAT
+            num = fl_get_u32(buf + pos + RECORD_HEADER + t.value_size)
+            if num >= renumber_len or renumber[num] == UINT32_MAX:
+                pos += n
+                continue
+            copy = <char*>realloc(copy, n)
+            if copy == NULL:
+                return FL_ENOMEM
+            memcpy(copy, buf + pos, n)
+            fl_put_u32(copy + RECORD_HEADER + t.value_size, renumber[num])
+            rc = load_record(t, copy, keylen)
+        else:
+            rc = load_record(t, buf + pos, keylen)
+        if rc != FL_OK:
+            break
+        pos += n
+    free(copy)
+    if rc == FL_OK and pos != length:
+        return FL_EFORMAT
+    return rc
+
+
+cdef int load_record(Table* t, const char* rec, size_t keylen) noexcept nogil:
+    cdef const char* key = rec + RECORD_HEADER + t.value_size
+    cdef Probe p
+    if table_lookup(t, key, keylen, &p):
+        table_delete(t, &p)
+        table_lookup(t, key, keylen, &p)
+    return table_insert(t, &p, key, keylen, fl_get_u32(rec), rec + RECORD_HEADER)
+
+
 # ---- token bucket ---------------------------------------------------------------
 
 cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil:
@@ -585,6 +698,15 @@ cdef class BucketStore:
                               fl_mono_ns() + <int64_t>(budget_ms * 1e6), &scanned)
         return removed, scanned
 
+    def dump(self, int fd, uint32_t crc=0):
+        """Writes the buckets to fd as one snapshot section named "check";
+        returns the CRC-32 chained from crc."""
+        return dump_section(&self.table, fd, crc, b"check")
+
+    def load(self, const unsigned char[:] data, uint64_t records):
+        """Adds `records` buckets from a dump; ValueError if malformed."""
+        load_table(&self.table, data, records, None)
+
     def __len__(self):
         return table_count(&self.table)
 
@@ -599,3 +721,67 @@ cdef class BucketStore:
     @property
     def shards(self):
         return self.table.nshards
+
+
+cdef size_t table_live_bytes(const Table* t) noexcept nogil:
+    """Bytes of the live records, as table_dump writes them."""
+    cdef size_t n = 0
+    cdef uint32_t i
+    for i in range(t.nshards):
+        n += t.shards[i].arena_len - ARENA_START - t.shards[i].dead
+    return n
+
+
+cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0:
+    """A snapshot section: <u16 name length><name><u32 value size><u64
+    records><u64 bytes>, then the records.  Returns the chained CRC."""
+    cdef bytes header = (struct.pack("<H", len(name)) + name +
+                         struct.pack("<IQQ", t.value_size, table_count(t), table_live_bytes(t)))
+    if write_all(fd, header, len(header), &crc) != FL_OK:
+        raise OSError(errno, "writing the snapshot failed")
+    records, crc = dump_table(t, fd, crc)
+    invariant(records == table_count(t))
+    return crc
+
+
+cdef object dump_table(const Table* t, int fd, uint32_t crc):
+    """(records, crc) of table_dump, raising OSError on a failed write."""
+    cdef uint64_t records = 0
+    cdef int rc
+    with nogil:
+        rc = table_dump(t, fd, &crc, &records)
+    if rc == FL_EIO:
+        raise OSError(errno, "writing the snapshot failed")
+    if rc != FL_OK:
+        raise MemoryError()
+    return records, crc
+
+
+cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
+                    list renumber) except -1:
+    """table_load over a buffer, with an optional renumbering list."""
+    cdef uint32_t* table_map = NULL
+    cdef uint32_t map_len = 0, i
+    cdef int rc
+    cdef const char* buf = NULL
+    if data.shape[0] == 0:
+        if records:
+            raise ValueError("malformed bucket records")
+        return 0
+    buf = <const char*>&data[0]
+    if renumber is not None:
+        map_len = len(renumber)
+        table_map = <uint32_t*>malloc(max(map_len, 1) * sizeof(uint32_t))
+        if table_map == NULL:
+            raise MemoryError()
+        for i in range(map_len):
+            table_map[i] = UINT32_MAX if renumber[i] is None else renumber[i]
+    try:
+        rc = table_load(t, buf, data.shape[0], records, table_map, map_len)
+    finally:
+        free(table_map)
+    if rc == FL_EFORMAT:
+        raise ValueError("malformed bucket records")
+    if rc != FL_OK:
+        raise MemoryError()
+    return 0

@@ -97,6 +97,7 @@ cdef class RuleEngine:
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)
+    cdef list named_tables(self)
     cdef tuple compile_match(self, tuple cache_key)
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost)

@@ -13,7 +13,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               probe_value, probe_record, record_live, expire_second,
                               bucket_check, bucket_params_error, fl_get_i64,
                               fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
-                              BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant)
+                              BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
+                              load_table)
 
 import collections
 import fnmatch
@@ -741,6 +742,50 @@ cdef class RuleEngine:
 
     # ---- upkeep ------------------------------------------------------------------
 
+    # ---- snapshots ------------------------------------------------------------
+
+    cdef list named_tables(self):
+        """(section name, table address): the shared tables by algorithm,
+        CL.THROTTLE's, and each concurrency rule's as "leases:<num>"."""
+        cdef uint32_t i
+        named = [(ALGORITHMS[i].encode(), <size_t>&self.tables[i])
+                 for i in range(N_SHARED_TABLES)]
+        named.append((b"throttle", <size_t>&self.throttle_table))
+        named.extend((b"leases:%d" % i, <size_t>self.rules[i].leases)
+                     for i in range(self.nrules) if self.rules[i].leases != NULL)
+        return named
+
+    def dump(self, int fd, uint32_t crc=0):
+        """Writes every table as a snapshot section; returns (sections,
+        crc32 chained from crc)."""
+        named = self.named_tables()
+        for name, address in named:
+            crc = dump_section(<Table*><size_t>address, fd, crc, name)
+        return len(named), crc
+
+    def load_section(self, bytes name, uint32_t value_size, const unsigned char[:] data,
+                     uint64_t records, list renumber):
+        """Loads one dumped section.  Rule numbers in keys (and in a lease
+        section's name) are mapped through renumber (old number -> new, or
+        None for a rule that is gone).  Returns False when the section has
+        no table to go to (its rule is gone or changed shape)."""
+        cdef Table* t = NULL
+        cdef uint32_t old
+        if name.startswith(b"leases:"):
+            old = int(name[7:])
+            new = renumber[old] if old < len(renumber) else None
+            if new is None or new >= self.nrules or self.rules[<uint32_t>new].leases == NULL:
+                return False
+            t = self.rules[<uint32_t>new].leases
+        else:
+            for table_name, address in self.named_tables():
+                if table_name == name:
+                    t = <Table*><size_t>address
+        if t == NULL or t.value_size != value_size:
+            return False
+        load_table(t, data, records, None if name == b"throttle" else renumber)
+        return True
+
     def sweep(self, now_ms=None, double budget_ms=1.0):
         """Drops expired buckets of every table within budget_ms.
         Returns (removed, slots_scanned)."""
@@ -754,14 +799,8 @@ cdef class RuleEngine:
         return removed, total_scanned
 
     cdef list all_tables(self):
-        """Addresses of every table: one per shared algorithm, CL.THROTTLE's,
-        and each concurrency rule's own."""
-        cdef uint32_t i
-        tables = [<size_t>&self.tables[i] for i in range(N_SHARED_TABLES)]
-        tables.append(<size_t>&self.throttle_table)
-        tables.extend(<size_t>self.rules[i].leases for i in range(self.nrules)
-                      if self.rules[i].leases != NULL)
-        return tables
+        """Addresses of every table (see named_tables)."""
+        return [address for _, address in self.named_tables()]
 
     def clear(self):
         for t in self.all_tables():

@@ -153,9 +153,26 @@ static inline void fl_put_u16(char *p, uint16_t v) { memcpy(p, &v, 2); }
 
 typedef __int128 fl_i128;
 
-/* ceil(a / b) for a >= 0, b > 0 */
-static inline fl_i128 fl_ceil_div(fl_i128 a, fl_i128 b) {
-    return (a + b - 1) / b;
+/* ---- CRC-32 (zlib's: reflected 0xEDB88320), so that a snapshot's
+ * checksum can be chained between C and Python's zlib.crc32 ---- */
+
+static inline uint32_t fl_crc32(uint32_t crc, const void *data, size_t n) {
+    static uint32_t table[256];
+    static int ready = 0;
+    const uint8_t *p = (const uint8_t *)data;
+    if (!ready) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++)
+                c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        ready = 1;
+    }
+    crc = ~crc;
+    while (n--)
+        crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
 }
 
 /* ---- Input bounds for the token bucket (see _core.pxd) ---- */

@@ -18,6 +18,7 @@ from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
 from fastlimit.server.commands import build_table
+from fastlimit.server.snapshot import SnapshotError, Snapshots
 
 log = logging.getLogger("fastlimit")
 
@@ -39,6 +40,8 @@ class Server:
             self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
             settings.rules_file)
         self.rules.start()
+        self.snapshots = Snapshots(settings.snapshot_file, self, log)
+        self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
         self._apply_limits()
         self.run_id = os.urandom(20).hex()
@@ -124,9 +127,10 @@ class Server:
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
 
-    def request_shutdown(self) -> None:
+    def request_shutdown(self, save: bool = True) -> None:
         if self._stopping is not None and not self._stopping.is_set():
             log.warning("shutting down")
+            self._save_at_exit = save
             self._stopping.set()
 
     async def serve_until_stopped(self) -> None:
@@ -142,6 +146,12 @@ class Server:
             conn.close()
         for server in self._servers:
             await server.wait_closed()
+        if getattr(self, "_save_at_exit", True) and self.settings.snapshot_file:
+            try:
+                self.snapshots.save()
+                log.info("saved the snapshot %s before exiting", self.settings.snapshot_file)
+            except (OSError, SnapshotError) as e:
+                log.error("could not save the snapshot before exiting: %s", e)
         self.rules.close()
         log.info("fastlimit is now ready to exit, bye bye")
 
@@ -157,6 +167,9 @@ class Server:
         base = self.settings.sweep_budget_ms
         busy = scanned and removed / scanned >= BUSY_SWEEP_SHARE
         self.sweep_budget_ms = base * BUSY_SWEEP_FACTOR if busy else base
+        self.snapshots.poll()
+        if self.snapshots.due(self.settings.save_seconds):
+            self.snapshots.background_save()
         self._per_second()
 
     def _per_second(self) -> None:

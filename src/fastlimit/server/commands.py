@@ -20,6 +20,7 @@ from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.info import render_info
 from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
+from fastlimit.server.snapshot import SnapshotError
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
 (FAST_CL_CHECK, FAST_CL_LIMIT, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT,
@@ -265,6 +266,28 @@ def cmd_flushall(conn, args):
     return OK
 
 
+def cmd_save(conn, args):
+    try:
+        conn.core.app.snapshots.save()
+    except (OSError, SnapshotError) as e:
+        raise ReplyError(f"ERR {e}") from None
+    return OK
+
+
+def cmd_bgsave(conn, args):
+    try:
+        started = conn.core.app.snapshots.background_save()
+    except (OSError, SnapshotError) as e:
+        raise ReplyError(f"ERR {e}") from None
+    if not started:
+        raise ReplyError("ERR Background save already in progress")
+    return SimpleString("Background saving started")
+
+
+def cmd_lastsave(conn, args):
+    return conn.core.app.snapshots.last_save_time
+
+
 def cmd_cl_throttle(conn, args):
     """redis-cell's CL.THROTTLE <key> <max_burst> <count> <period> [<quantity>]"""
     if len(args) > 6:
@@ -300,7 +323,7 @@ def cmd_shutdown(conn, args):
     if "abort" in options:
         raise ReplyError("ERR No shutdown in progress.")
     conn.core.log.warning("user requested shutdown (client id=%d addr=%s)", conn.id, conn.addr)
-    conn.core.app.request_shutdown()
+    conn.core.app.request_shutdown(save="nosave" not in options)
     conn.close_after_reply = True
     return NO_REPLY   # as Redis: success is the connection closing
 
@@ -598,6 +621,15 @@ def build_table() -> dict[bytes, Command]:
         _cmd("info", -1, ("loading", "stale", "sentinel"), cmd_info, acl=("@slow", "@dangerous"),
              group="server", summary="Returns information and statistics about the server.",
              arguments=[("section", "string", {"optional": True})]),
+        _cmd("save", 1, ("admin", "noscript", "no-async-loading", "no-multi"), cmd_save,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Writes the snapshot now, blocking."),
+        _cmd("bgsave", -1, ("admin", "noscript", "no-async-loading"), cmd_bgsave,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Writes the snapshot from a forked child."),
+        _cmd("lastsave", 1, ("loading", "stale", "fast"), cmd_lastsave,
+             acl=("@fast", "@dangerous"), group="server",
+             summary="The Unix time of the last successful snapshot."),
         _cmd("shutdown", -1, ("admin", "noscript", "loading", "stale", "no-multi", "sentinel"),
              cmd_shutdown, acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="Stops the server."),

@@ -85,6 +85,8 @@ class Settings:
     hz: int = 10
     sweep_budget_ms: float = 1.0
     denial_log_seconds: float = 10.0
+    snapshot_file: str | None = "fastlimit.snap"
+    save_seconds: int = 0
     loglevel: str = "notice"
     config_file: str | None = None
     rules_db: str | None = "fastlimit-rules.db"
@@ -134,13 +136,15 @@ _FIELDS = {
     "hz": (lambda v: parse_int(v, 1, 500, "hz"), str),
     "sweep-budget-ms": (float, str),
     "denial-log-seconds": (float, str),
+    "snapshot-file": (lambda v: str(v) or None, lambda v: v or ""),
+    "save-seconds": (lambda v: parse_int(v, 0, 10**9, "save-seconds"), str),
     "loglevel": (lambda v: str(v).lower(), str),
     "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
 }
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"denial-log-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
+RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass"}
 
@@ -212,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-budget-ms", type=float, help="time per tick for dropping idle buckets")
     p.add_argument("--denial-log-seconds", type=float,
                    help="denials by rules are logged as one line at most this often (default 10)")
+    p.add_argument("--snapshot-file", metavar="PATH",
+                   help="buckets are saved here at shutdown, by SAVE/BGSAVE and every "
+                        "save-seconds, and loaded at start (default fastlimit.snap; '' for none)")
+    p.add_argument("--save-seconds", type=int,
+                   help="BGSAVE this often (default 0: only at shutdown and on request)")
     p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
     p.add_argument("--rules-db", metavar="PATH",
                    help="SQLite file the named rules are kept in (default "

@@ -70,8 +70,11 @@ def _memory(core, app) -> dict:
 
 
 def _persistence(core, app) -> dict:
-    return {"loading": 0, "rdb_changes_since_last_save": 0, "rdb_bgsave_in_progress": 0,
-            "rdb_last_save_time": int(app.started_wall), "aof_enabled": 0}
+    snap = app.snapshots
+    return {"loading": 0, "rdb_bgsave_in_progress": int(snap.child is not None),
+            "rdb_last_save_time": snap.last_save_time,
+            "rdb_last_bgsave_status": snap.last_status, "rdb_saves": snap.saves,
+            "snapshot_file": snap.path or "", "aof_enabled": 0}
 
 
 def _stats(core, app) -> dict:
