@@ -6,9 +6,10 @@ serve:          ## build everything, start the server on 127.0.0.1:6380
 test:           ## build everything (release and debug), run the whole test suite
 	scripts/test.sh
 
-bench:          ## fastlimit vs redis-server side by side (see bench/README.md)
+bench:          ## fastlimit vs redis-server, and the clients vs the limits library (bench/README.md)
 	scripts/bootstrap.sh
 	.venv/bin/python bench/run.py
+	.venv/bin/python bench/clients.py
 
 build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace
