@@ -1,27 +1,31 @@
-"""Decision (fastlimit.decision): a frozen value, however it was built."""
+"""Decision (fastlimit.decision): an immutable value, however it was built."""
 
 from __future__ import annotations
 
-import dataclasses
+import pickle
 
 import pytest
 
 from fastlimit import Decision, Limiter
-from fastlimit.decision import make_decision
 
 
-def test_built_fast_or_slow_it_is_the_same_value():
-    slow = Decision(True, 5, 4, 0, 500, "local")
-    assert make_decision(True, 5, 4, 0, 500, "local") == slow
-    assert Decision.from_reply([1, 5, 4, 0, 500], "local") == slow
-    assert hash(make_decision(True, 5, 4, 0, 500, "local")) == hash(slow)
+def test_built_in_c_or_in_python_it_is_the_same_value():
+    made = Decision(True, 5, 4, 0, 500, "local")
+    assert Limiter().check("k", 5, 2) == made
+    assert Decision.from_reply([1, 5, 4, 0, 500], "local") == made
+    assert hash(Limiter().check("k", 5, 2)) == hash(made)
+    assert made != Decision(True, 5, 4, 0, 500, "server")
+    assert repr(made) == ("Decision(allowed=True, limit=5, remaining=4, retry_after_ms=0, "
+                          "reset_after_ms=500, source='local')")
+    assert pickle.loads(pickle.dumps(made)) == made
 
 
-def test_it_is_frozen():
-    d = make_decision(True, 5, 4, 0, 500, "local")
-    with pytest.raises(dataclasses.FrozenInstanceError):
+def test_it_is_immutable():
+    d = Decision(True, 5, 4, 0, 500, "local")
+    with pytest.raises(AttributeError):
         d.allowed = False
-    assert dataclasses.replace(d, allowed=False).allowed is False
+    assert d.replace(allowed=False).allowed is False
+    assert d.allowed is True
 
 
 def test_allowed_is_a_bool():

@@ -155,6 +155,15 @@ cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
                     list renumber) except -1
 
 
+cdef class Decision:
+    cdef readonly bint allowed
+    cdef readonly int64_t limit
+    cdef readonly int64_t remaining
+    cdef readonly int64_t retry_after_ms
+    cdef readonly int64_t reset_after_ms
+    cdef readonly str source
+
+
 cdef class BucketStore:
     """The token-bucket tables, owned by one server or one embedded
     limiter.  Python-facing methods validate; cdef methods trust."""
@@ -163,3 +172,5 @@ cdef class BucketStore:
     cdef int check_c(self, const char* key, size_t keylen,
                      const BucketParams* bp, int64_t now_ms,
                      CheckResult* out) noexcept
+    cdef int checked(self, bytes key, int64_t capacity, int64_t refill_per_sec,
+                     int64_t cost, int64_t period_ms, now_ms, CheckResult* out) except -1

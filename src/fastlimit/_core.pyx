@@ -11,6 +11,8 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memcmp
 from posix.unistd cimport write
 
+cimport cython
+
 import os
 import struct
 
@@ -607,6 +609,76 @@ cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil:
 
 # ---- Python-facing objects -------------------------------------------------------
 
+@cython.freelist(256)
+cdef class Decision:
+    """One check's outcome, in the units of ``CL.CHECK``'s reply.
+
+    ``limit`` is the bucket's capacity; ``remaining`` the whole tokens left
+    after this call; ``retry_after_ms`` 0 when allowed, else how long until
+    the cost would pass (-1: it never can, the cost exceeds the capacity);
+    ``reset_after_ms`` how long until the bucket is full again; ``source``
+    who answered (see fastlimit.decision).  Immutable; built in C by the
+    embedded limiter, where a Python-level object would cost more than the
+    check itself.
+    """
+
+    def __init__(self, bint allowed, int64_t limit, int64_t remaining,
+                 int64_t retry_after_ms, int64_t reset_after_ms, str source="server"):
+        self.allowed = allowed
+        self.limit = limit
+        self.remaining = remaining
+        self.retry_after_ms = retry_after_ms
+        self.reset_after_ms = reset_after_ms
+        self.source = source
+
+    @classmethod
+    def from_reply(cls, reply, str source="server"):
+        """From the five integers of a CL.CHECK / CL.LIMIT reply; TypeError
+        or ValueError if it is not that."""
+        allowed, limit, remaining, retry_after_ms, reset_after_ms = reply
+        return cls(bool(allowed), int(limit), int(remaining), int(retry_after_ms),
+                   int(reset_after_ms), source)
+
+    def replace(self, **changes):
+        """A copy with some fields changed."""
+        fields = dict(zip(DECISION_FIELDS, self.as_tuple()))
+        fields.update(changes)
+        return Decision(**fields)
+
+    def as_tuple(self):
+        return (self.allowed, self.limit, self.remaining, self.retry_after_ms,
+                self.reset_after_ms, self.source)
+
+    def __eq__(self, other):
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return self.as_tuple() == (<Decision>other).as_tuple()
+
+    def __hash__(self):
+        return hash(self.as_tuple())
+
+    def __repr__(self):
+        return "Decision(" + ", ".join(
+            f"{name}={value!r}" for name, value in zip(DECISION_FIELDS, self.as_tuple())) + ")"
+
+    def __reduce__(self):
+        return Decision, self.as_tuple()
+
+
+DECISION_FIELDS = ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "source")
+
+
+cdef inline Decision new_decision(const CheckResult* r, str source):
+    cdef Decision d = Decision.__new__(Decision)
+    d.allowed = r.allowed == 1
+    d.limit = r.limit
+    d.remaining = r.remaining
+    d.retry_after_ms = r.retry_after_ms
+    d.reset_after_ms = r.reset_after_ms
+    d.source = source
+    return d
+
+
 cdef class Clock:
     def __init__(self, bint manual=False, int64_t start_ms=0):
         self.manual = manual
@@ -660,8 +732,21 @@ cdef class BucketStore:
     def check(self, bytes key, int64_t capacity, int64_t refill_per_sec,
               int64_t cost=1, int64_t period_ms=1000, now_ms=None):
         """Returns (allowed, limit, remaining, retry_after_ms, reset_after_ms)."""
-        cdef BucketParams bp
         cdef CheckResult r
+        self.checked(key, capacity, refill_per_sec, cost, period_ms, now_ms, &r)
+        return (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms)
+
+    def decide(self, bytes key, int64_t capacity, int64_t refill_per_sec,
+               int64_t cost=1, int64_t period_ms=1000, str source="local"):
+        """check(), answered as a Decision."""
+        cdef CheckResult r
+        self.checked(key, capacity, refill_per_sec, cost, period_ms, None, &r)
+        return new_decision(&r, source)
+
+    cdef int checked(self, bytes key, int64_t capacity, int64_t refill_per_sec,
+                     int64_t cost, int64_t period_ms, now_ms, CheckResult* out) except -1:
+        """Validates, then checks; raises ValueError or MemoryError."""
+        cdef BucketParams bp
         cdef const char* err
         cdef int rc
         bp.capacity = capacity
@@ -674,12 +759,12 @@ cdef class BucketStore:
         if now_ms is not None and not 0 <= now_ms <= MAX_NOW_MS:
             raise ValueError("now_ms out of range: 0 to 4*10^12")
         rc = self.check_c(key, len(key), &bp,
-                          self.clock.now_ms() if now_ms is None else now_ms, &r)
+                          self.clock.now_ms() if now_ms is None else now_ms, out)
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than 65535 bytes")
         if rc != FL_OK:
             raise MemoryError()
-        return (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms)
+        return 0
 
     def reset(self, bytes key):
         """Forgets a bucket; True if there was one."""

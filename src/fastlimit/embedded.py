@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Union
 
 from fastlimit._core import BucketStore, Clock
-from fastlimit.decision import LOCAL, LOCAL_FALLBACK, Decision, make_decision
+from fastlimit.decision import LOCAL, LOCAL_FALLBACK, Decision
 
 Key = Union[str, bytes]
 
@@ -66,15 +66,12 @@ class Limiter:
         """
         if on_failure != "open":
             check_on_failure(on_failure)
-        # check_raw inlined: a Python call more is a sixth of the time here.
-        allowed, limit, remaining, retry_after_ms, reset_after_ms = self._store.check(
-            key if type(key) is bytes else key_bytes(key),
-            capacity, refill_per_sec, cost, period_ms)
+        decision = self._store.decide(key if type(key) is bytes else key_bytes(key),
+                                      capacity, refill_per_sec, cost, period_ms, LOCAL)
         self._checks += 1
         if not self._checks % SWEEP_EVERY:
             self._store.sweep(budget_ms=SWEEP_BUDGET_MS)
-        return make_decision(allowed == 1, limit, remaining, retry_after_ms, reset_after_ms,
-                             LOCAL)
+        return decision
 
     def check_raw(self, key: bytes, capacity: int, refill_per_sec: int,
                   cost: int = 1, period_ms: int = 1000) -> tuple:
