@@ -29,6 +29,7 @@ import redis.connection
 from fastlimit import (AsyncClient, CircuitBreaker, Client, Clock, Decision,
                        LocalFallback)
 from fastlimit.client import _LoopTimeBudget
+from conftest import free_port
 
 # Correctness tests must not trip on a slow (debug-build, shared) machine:
 # a generous timeout.  Outage tests use a dead or paused server instead.
@@ -554,3 +555,28 @@ def test_async_preaggregation(server, r):
     decisions, stats = asyncio.run(scenario())
     assert sum(d.allowed for d in decisions) == 12
     assert stats.prefetched == 8
+
+
+def test_async_open_breaker_still_lets_other_tasks_run():
+    """With the breaker open, checks answer without the network; a task
+    that checks in a loop must still give other tasks their turn."""
+    async def main():
+        client = AsyncClient(f"127.0.0.1:{free_port()}", timeout_ms=5,
+                             breaker=CircuitBreaker(failures=1, window_s=60, probe_every_s=60))
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(ticker())
+        decisions = [await client.check("k", 5, 1) for _ in range(200)]
+        other.cancel()
+        await client.aclose()
+        return decisions, ticks
+
+    decisions, ticks = asyncio.run(main())
+    assert {d.source for d in decisions} == {"failed_open"}
+    assert ticks >= 150

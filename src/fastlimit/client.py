@@ -673,6 +673,10 @@ class AsyncClient(_ClientBase):
     async def _execute(self, request: _Request) -> Decision:
         node = self._node_for(request.route_key)
         if node.breaker is not None and not node.breaker.allow():
+            # Every answer, even one that skips the network, lets the loop
+            # run: a caller checking in a loop must not starve other tasks
+            # while the breaker is open.
+            await asyncio.sleep(0)
             return self._skipped(node, request)
         try:
             reply = await node.pipeliner.submit(request.command)
