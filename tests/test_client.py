@@ -29,7 +29,7 @@ import redis.connection
 from fastlimit import (AsyncClient, CircuitBreaker, Client, Clock, Decision,
                        LocalFallback)
 from fastlimit.client import _LoopTimeBudget
-from conftest import free_port
+from wire import free_port
 
 # Correctness tests must not trip on a slow (debug-build, shared) machine:
 # a generous timeout.  Outage tests use a dead or paused server instead.

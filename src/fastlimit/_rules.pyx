@@ -763,6 +763,18 @@ cdef class RuleEngine:
             crc = dump_section(<Table*><size_t>address, fd, crc, name)
         return len(named), crc
 
+    def lease_generations(self):
+        """{num: generation} of the concurrency rules: a snapshot keeps
+        them, so lease ids handed out before a restart are not reused."""
+        cdef uint32_t i
+        return {i: self.rules[i].lease_generation for i in range(self.nrules)
+                if self.rules[i].in_use and self.rules[i].algorithm == ALG_CONCURRENCY}
+
+    def advance_lease_generation(self, uint32_t num, uint32_t generation):
+        """Moves a concurrency rule's generation forward to `generation`."""
+        if num < self.nrules and self.rules[num].lease_generation < generation:
+            self.rules[num].lease_generation = generation
+
     def load_section(self, bytes name, uint32_t value_size, const unsigned char[:] data,
                      uint64_t records, list renumber):
         """Loads one dumped section.  Rule numbers in keys (and in a lease
@@ -772,7 +784,10 @@ cdef class RuleEngine:
         cdef Table* t = NULL
         cdef uint32_t old
         if name.startswith(b"leases:"):
-            old = int(name[7:])
+            digits = name[7:]
+            if not digits.isdigit() or len(digits) > 10:
+                raise ValueError(f"bad section name {name!r}")
+            old = int(digits)
             new = renumber[old] if old < len(renumber) else None
             if new is None or new >= self.nrules or self.rules[<uint32_t>new].leases == NULL:
                 return False

@@ -146,6 +146,7 @@ class Server:
             conn.close()
         for server in self._servers:
             await server.wait_closed()
+        self.snapshots.stop_background_save()
         if getattr(self, "_save_at_exit", True) and self.settings.snapshot_file:
             try:
                 self.snapshots.save()

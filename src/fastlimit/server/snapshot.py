@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import time
+import traceback
 import zlib
 from dataclasses import dataclass
 
@@ -47,6 +49,7 @@ class Section:
 class Snapshot:
     created_ms: int
     rules: dict[int, tuple[str, str, str]]     # number -> (id, algorithm, scope)
+    lease_generations: dict[int, int]          # concurrency rule number -> generation
     sections: list[Section]
 
 
@@ -55,7 +58,9 @@ def write(path: str, store, engine, rules: dict[int, tuple[str, str, str]],
     """Writes a snapshot of store and engine to path, atomically."""
     tmp = f"{path}.tmp-{os.getpid()}"
     meta = json.dumps({"created_ms": now_ms,
-                       "rules": {str(n): list(r) for n, r in rules.items()}}).encode()
+                       "rules": {str(n): list(r) for n, r in rules.items()},
+                       "lease_generations": {str(n): g for n, g in
+                                             engine.lease_generations().items()}}).encode()
     head = MAGIC + struct.pack("<I", len(meta)) + meta
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -111,9 +116,13 @@ def _parse(body: memoryview) -> Snapshot:
         raise SnapshotError("metadata runs past the end")
     try:
         meta = json.loads(bytes(body[pos:pos + meta_len]))
-        rules = {int(n): (str(r[0]), str(r[1]), str(r[2])) for n, r in meta["rules"].items()}
-        created = int(meta["created_ms"])
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+        rules = {_rule_number(n): _rule_row(r) for n, r in meta["rules"].items()}
+        generations = {_rule_number(n): _u32(g)
+                       for n, g in meta.get("lease_generations", {}).items()}
+        created = meta["created_ms"]
+        if type(created) is not int:
+            raise ValueError("created_ms is not an integer")
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise SnapshotError(f"unreadable metadata: {e}") from None
     pos += meta_len
     sections = []
@@ -131,7 +140,31 @@ def _parse(body: memoryview) -> Snapshot:
             raise SnapshotError(f"section {name!r} runs past the end")
         sections.append(Section(name, value_size, records, body[pos:pos + nbytes]))
         pos += nbytes
-    return Snapshot(created, rules, sections)
+    return Snapshot(created, rules, generations, sections)
+
+
+def _u32(value) -> int:
+    if type(value) is not int or not 0 <= value < 2**32:
+        raise ValueError(f"{value!r} is not a 32-bit unsigned integer")
+    return value
+
+
+# Rule numbers count up from 0 and are never reused in a process; a
+# snapshot naming one beyond this is not to be trusted (and restoring maps
+# every number below it).
+MAX_RULE_NUMBER = 1 << 22
+
+
+def _rule_number(text: str) -> int:
+    if not isinstance(text, str) or not text.isdigit() or int(text) > MAX_RULE_NUMBER:
+        raise ValueError(f"rule number {text!r}")
+    return int(text)
+
+
+def _rule_row(row) -> tuple[str, str, str]:
+    if not isinstance(row, list) or len(row) != 3 or not all(isinstance(x, str) for x in row):
+        raise ValueError(f"rule entry {row!r}")
+    return tuple(row)
 
 
 def rule_numbers(registry) -> dict[int, tuple[str, str, str]]:
@@ -160,8 +193,11 @@ def restore(snapshot: Snapshot, store, engine, registry) -> int:
                 store.load(s.data, s.records)
             else:
                 engine.load_section(s.name, s.value_size, s.data, s.records, renumber)
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:
         raise SnapshotError(str(e)) from None
+    for old, generation in snapshot.lease_generations.items():
+        if old < size and renumber[old] is not None:
+            engine.advance_lease_generation(renumber[old], generation)
     return len(store) + len(engine) - before
 
 
@@ -170,12 +206,17 @@ class Snapshots:
     foreground), BGSAVE (by a forked child, so the server keeps answering:
     the fork is the only pause, a copy-on-write page table) and at shutdown."""
 
+    # After a failed save, the next periodic attempt waits this long
+    # (Redis's CONFIG_BGSAVE_RETRY_DELAY): no fork on every tick.
+    RETRY_AFTER_FAILURE_S = 5.0
+
     def __init__(self, path: str | None, app, log):
         self.path = path
         self.app = app
         self.log = log
         self.child: int | None = None
         self.last_save_time = int(time.time())
+        self.last_attempt = time.time()
         self.last_status = "ok"
         self.saves = 0
 
@@ -187,7 +228,9 @@ class Snapshots:
         app = self.app
         try:
             loaded = restore(read(self.path), app.store, app.rule_engine, app.rules)
-        except (SnapshotError, OSError) as e:
+        except Exception as e:   # whatever is wrong with it, the server must start
+            if not isinstance(e, (SnapshotError, OSError)):
+                self.log.exception("restoring snapshot %s failed unexpectedly", self.path)
             app.flush_buckets()
             aside = f"{self.path}.corrupt-{int(time.time() * 1000)}"
             os.replace(self.path, aside)
@@ -201,7 +244,13 @@ class Snapshots:
         if not self.path:
             raise SnapshotError("no snapshot file is configured (snapshot-file)")
         app = self.app
-        write(self.path, app.store, app.rule_engine, rule_numbers(app.rules), app.clock.now())
+        self.last_attempt = time.time()
+        try:
+            write(self.path, app.store, app.rule_engine, rule_numbers(app.rules),
+                  app.clock.now())
+        except BaseException:
+            self._saved("err")
+            raise
         self._saved("ok")
 
     def background_save(self) -> bool:
@@ -212,12 +261,22 @@ class Snapshots:
             return False
         app = self.app
         numbers, now = rule_numbers(app.rules), app.clock.now()
+        self.last_attempt = time.time()
+        # Signals wait until the child has dropped the parent's handlers
+        # (see _forget_parent_signals); the parent gets them a moment later.
+        signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_SIGNALS)
         pid = os.fork()
-        if pid == 0:    # the child: write and leave, touching nothing else
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        else:           # the child: write and leave, touching nothing else
             status = 1
             try:
+                _forget_parent_signals()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
                 write(self.path, app.store, app.rule_engine, numbers, now)
                 status = 0
+            except BaseException:
+                traceback.print_exc()    # to the server's log
             finally:
                 os._exit(status)
         self.child = pid
@@ -231,18 +290,55 @@ class Snapshots:
         pid, status = os.waitpid(self.child, os.WNOHANG)
         if pid == 0:
             return
-        self.child = None
         ok = os.waitstatus_to_exitcode(status) == 0
+        if not ok:
+            self._remove_temp_file(self.child)
+        self.child = None
         self._saved("ok" if ok else "err")
         (self.log.info if ok else self.log.error)(
             "background saving %s", "terminated with success" if ok else "failed")
 
     def due(self, every_s: int) -> bool:
-        return bool(self.path) and every_s > 0 and self.child is None and \
-            time.time() - self.last_save_time >= every_s
+        now = time.time()
+        return (bool(self.path) and every_s > 0 and self.child is None
+                and now - self.last_save_time >= every_s
+                and (self.last_status == "ok" or
+                     now - self.last_attempt >= self.RETRY_AFTER_FAILURE_S))
+
+    def stop_background_save(self) -> None:
+        """Ends a running BGSAVE (at shutdown, before the final save, which
+        an older child finishing later must not replace)."""
+        if self.child is None:
+            return
+        try:
+            os.kill(self.child, signal.SIGKILL)
+            os.waitpid(self.child, 0)
+        except ChildProcessError:
+            pass
+        self._remove_temp_file(self.child)
+        self.child = None
+
+    def _remove_temp_file(self, pid: int) -> None:
+        """What a BGSAVE child that did not finish left behind."""
+        try:
+            os.unlink(f"{self.path}.tmp-{pid}")
+        except FileNotFoundError:
+            pass
 
     def _saved(self, status: str) -> None:
         self.last_status = status
         if status == "ok":
             self.last_save_time = int(time.time())
             self.saves += 1
+
+
+def _forget_parent_signals() -> None:
+    """In a forked child: the event loop's signal handling writes signals
+    to a wakeup fd the parent reads, so a SIGTERM sent to the child would
+    stop the parent.  The child takes the default actions instead."""
+    signal.set_wakeup_fd(-1)
+    for sig in PARENT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
+PARENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -1,0 +1,130 @@
+"""Real server processes for the tests: fastlimit-server and redis-server
+children on free loopback ports, talked to over sockets.
+
+``FASTLIMIT_PYTHON`` selects the interpreter whose installed fastlimit is
+tested (the release or the debug build's virtualenv); it defaults to the
+interpreter running pytest.  The fixtures in conftest.py use these; a test
+that needs a process with its own working directory or lifecycle imports
+them from here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import shutil
+import time
+
+import redis
+
+from wire import free_port
+
+PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
+READY = re.compile(r"ready to accept connections on .* port (\d+)")
+START_TIMEOUT = 20.0
+
+
+class ServerProcess:
+    """A fastlimit-server child process with its log in a temp file."""
+
+    def __init__(self, *args: str):
+        self.args = list(args)
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.log_path = tempfile.mktemp(prefix="fastlimit-", suffix=".log")
+
+    def start(self) -> "ServerProcess":
+        self._log = open(self.log_path, "wb")
+        # Rules in memory unless a test asks for a database: servers started
+        # side by side must not share (or lock) one rules file.
+        durability = [] if "--rules-db" in self.args else ["--rules-db", ""]
+        if "--snapshot-file" not in self.args:
+            durability += ["--snapshot-file", ""]
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            m = READY.search(self.log())
+            if m:
+                self.port = int(m.group(1))
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fastlimit-server exited early:\n{self.log()}")
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"fastlimit-server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def client(self, **kwargs) -> redis.Redis:
+        kwargs.setdefault("socket_timeout", 10)
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def connect(self) -> socket.socket:
+        """A raw socket, for speaking the wire protocol by hand."""
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class RedisServerProcess:
+    """A real redis-server, persistence off, for side-by-side tests."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="redis-")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                redis.Redis(port=self.port).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+
+    def client(self, **kwargs) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
