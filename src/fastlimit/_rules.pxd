@@ -74,7 +74,7 @@ cdef class RuleEngine:
     cdef readonly Clock clock
     cdef char* keybuf
     cdef size_t keycap
-    cdef dict match_cache         # (resource, tier or None) -> ((num, client glob), ...)
+    cdef dict match_cache         # resource or (resource, tier) -> (packed nums, globs)
     cdef object matcher
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
@@ -98,7 +98,8 @@ cdef class RuleEngine:
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)
     cdef list named_tables(self)
-    cdef tuple compile_match(self, tuple cache_key)
+    cdef tuple compile_match(self, object cache_key, bytes resource, object tier)
+    cdef int add_selected(self, uint32_t num, int n) except -1
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost)
     cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,

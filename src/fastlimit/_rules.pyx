@@ -19,6 +19,7 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
 import collections
 import fnmatch
 import os
+import struct
 
 # The Python-facing names of the algorithms, by Algorithm value.
 ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window", "gcra", "concurrency")
@@ -455,38 +456,55 @@ cdef class RuleEngine:
                           size_t rlen, const char* tier, size_t tlen) except -1:
         """Puts the numbers of the rules matching the request in
         self.order; returns how many."""
-        cdef tuple cache_key = (PyBytes_FromStringAndSize(resource, rlen),
-                                PyBytes_FromStringAndSize(tier, tlen) if tier != NULL else None)
+        # The key is the resource alone without a tier (the common case:
+        # no tuple to build), else (resource, tier); bytes and tuples never
+        # compare equal, so the two cannot stand for each other.
+        cdef object resource_key = PyBytes_FromStringAndSize(resource, rlen)
+        cdef object cache_key = resource_key if tier == NULL else (
+            resource_key, PyBytes_FromStringAndSize(tier, tlen))
         cdef tuple entry = self.match_cache.get(cache_key)
-        cdef int n = 0
+        cdef bytes packed
+        cdef const uint32_t* nums
+        cdef int n = 0, i, count
         if entry is None:
-            entry = self.compile_match(cache_key)
-        for num, glob in entry:
-            if not self.rules[<uint32_t>num].in_use:
+            entry = self.compile_match(cache_key, resource_key,
+                                       None if tier == NULL else cache_key[1])
+        packed, globs = entry
+        nums = <const uint32_t*>PyBytes_AS_STRING(packed)
+        count = PyBytes_GET_SIZE(packed) // sizeof(uint32_t)
+        for i in range(count):
+            if globs is not None and globs[i] is not None and not fnmatch.fnmatchcase(
+                    PyBytes_FromStringAndSize(client, clen), globs[i]):
                 continue
-            if self.rules[<uint32_t>num].algorithm == ALG_CONCURRENCY:
-                continue    # leases are taken and given back explicitly (CL.ACQUIRE)
-            if glob is not None and not fnmatch.fnmatchcase(
-                    PyBytes_FromStringAndSize(client, clen), glob):
-                continue
-            if self.selected(num, n):
-                continue
-            if n == MAX_RULES_PER_CHECK:
-                raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules match the request")
-            self.order[n] = num
-            n += 1
+            n = self.add_selected(nums[i], n)
         return n
 
-    cdef tuple compile_match(self, tuple cache_key):
-        """Asks the matcher about (resource, tier) and caches the answer."""
+    cdef int add_selected(self, uint32_t num, int n) except -1:
+        """Appends rule num to self.order if it takes part; returns the count."""
+        if num >= self.nrules or not self.rules[num].in_use:
+            return n
+        if self.rules[num].algorithm == ALG_CONCURRENCY:
+            return n     # leases are taken and given back explicitly (CL.ACQUIRE)
+        if self.selected(num, n):
+            return n     # a rule named twice is checked, and spent, once
+        if n == MAX_RULES_PER_CHECK:
+            raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules match the request")
+        self.order[n] = num
+        return n + 1
+
+    cdef tuple compile_match(self, object cache_key, bytes resource, object tier):
+        """Asks the matcher about (resource, tier) and caches the answer as
+        (packed u32 rule numbers, client globs or None when there are none)."""
         cdef list found = []
         if self.matcher is not None:
-            for num, glob in self.matcher(*cache_key):
+            for num, glob in self.matcher(resource, tier):
                 if num < self.nrules and self.rules[<uint32_t>num].in_use:
                     found.append((num, glob))
         if len(self.match_cache) > 65536:   # many distinct resources: start over
             self.match_cache.clear()
-        entry = tuple(found)
+        globs = tuple(glob for _, glob in found)
+        entry = (struct.pack(f"={len(found)}I", *[num for num, _ in found]),
+                 globs if any(g is not None for g in globs) else None)
         self.match_cache[cache_key] = entry
         return entry
 
@@ -497,12 +515,7 @@ cdef class RuleEngine:
                 raise KeyError(num)
             if self.rules[<uint32_t>num].algorithm == ALG_CONCURRENCY:
                 raise ValueError("a concurrency rule is used with CL.ACQUIRE and CL.RELEASE")
-            if self.selected(num, n):
-                continue    # a rule named twice is checked, and spent, once
-            if n == MAX_RULES_PER_CHECK:
-                raise ValueError(f"more than {MAX_RULES_PER_CHECK} rules")
-            self.order[n] = num
-            n += 1
+            n = self.add_selected(num, n)
         return n
 
     cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
