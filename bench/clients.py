@@ -42,7 +42,7 @@ RESULTS = BENCH_DIR / "results" / "clients.md"
 sys.path.insert(0, str(BENCH_DIR))
 # Server start/stop, formatting and machine details are shared with run.py.
 from run import (Fastlimit, RedisServer, _terminate, fmt_rps, git_rev, log,  # noqa: E402
-                 machine_line, target_line, tool_version)
+                 machine_line, publish, run_cli, target_line, tool_version)
 
 try:
     import fastlimit  # noqa: F401
@@ -512,19 +512,9 @@ def main(argv=None) -> int:
     signal.alarm(0)
     meta["elapsed"] = time.monotonic() - started
     report = build_report(args, net, emb, meta)
-    print(report)
-    try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
-        log(f"written to {args.output}")
-    except OSError as e:
-        log(f"could not write {args.output}: {e}")
+    publish(report, args.output)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        log(f"interrupted ({e or 'Ctrl-C'}); servers stopped")
-        sys.exit(130)
+    run_cli(main)

@@ -641,19 +641,29 @@ def main(argv=None) -> int:
                 log(f"  FAILED: {mem['error']}")
     meta["elapsed"] = time.monotonic() - started
     report = build_report(args, rows, mem, meta)
-    print(report)
-    try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(report)
-        log(f"written to {args.output}")
-    except OSError as e:
-        log(f"could not write {args.output}: {e}")
+    publish(report, args.output)
     return 0
 
 
-if __name__ == "__main__":
+def publish(report: str, output: Path) -> None:
+    """Prints the report and keeps a copy in bench/results/."""
+    print(report)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(report)
+        log(f"written to {output}")
+    except OSError as e:
+        log(f"could not write {output}: {e}")
+
+
+def run_cli(main) -> None:
+    """Runs a benchmark's main; Ctrl-C or SIGTERM ends it with servers stopped."""
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:
         log(f"interrupted ({e or 'Ctrl-C'}); servers stopped")
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_cli(main)
