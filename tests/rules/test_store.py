@@ -17,7 +17,6 @@ from fastlimit.rules.model import parse_rule
 from fastlimit.rules.store import RuleStore, StoredRule, StoreError
 
 TB = {"capacity": 20, "refill_per_second": 10}
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 def rule(rule_id, **fields):
@@ -75,8 +74,7 @@ def test_durable_settings(store):
 
 
 CHILD = textwrap.dedent("""
-    import os, signal, sys
-    sys.path.insert(0, {src!r})
+    import os, signal
     from fastlimit.rules.model import parse_rule
     from fastlimit.rules.store import RuleStore
     store = RuleStore({path!r})
@@ -90,7 +88,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("n", [1, 50])
 def test_put_survives_sigkill_right_after(db_path, n):
-    child = subprocess.run([sys.executable, "-c", CHILD.format(src=SRC, path=db_path, n=n)],
+    child = subprocess.run([sys.executable, "-c", CHILD.format(path=db_path, n=n)],
                            capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert os.path.exists(db_path + "-wal")       # the log was never checkpointed
@@ -105,8 +103,9 @@ def test_a_second_opener_is_refused(db_path):
             RuleStore(db_path)
         assert str(e.value) == (f"rules database {db_path} is in use by another process "
                                 "(another fastlimit server?)")
-        code = f"import sys; sys.path.insert(0, {SRC!r})\n" \
-               "from fastlimit.rules.store import RuleStore, StoreError\n" \
+        # The child is the interpreter running the tests, with fastlimit
+        # installed (or PYTHONPATH pointing at an in-place build).
+        code = "from fastlimit.rules.store import RuleStore, StoreError\n" \
                f"try:\n    RuleStore({db_path!r})\nexcept StoreError as e:\n    print(e)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60).stdout
