@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from wire import TIMEOUT, Wire, command
+from wire import TIMEOUT, Wire, command, wait_until
 
 PE = b"-ERR Protocol error: "
 # CL.CHECK <fresh key> 5 2 -> allowed, limit 5, 4 left, no wait, full in 500 ms
@@ -37,17 +37,6 @@ def fresh_key(prefix: str = "k") -> bytes:
 
 def check(n: int, allowed: int, remaining: int, retry: int, reset: int) -> bytes:
     return b"*5\r\n:%d\r\n:%d\r\n:%d\r\n:%d\r\n:%d\r\n" % (allowed, n, remaining, retry, reset)
-
-
-def wait_until(predicate, timeout: float = TIMEOUT, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def drain(w: Wire, wait: float) -> None:

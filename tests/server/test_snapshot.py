@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from fastlimit.server import snapshot as snapshot_format
-from wire import Wire, command
+from wire import Wire, command, wait_until
 
 T = 10_000                    # the manual clock's time for the checks, in ms
 BIG = 300_000                 # buckets for a BGSAVE that takes a while
@@ -100,22 +100,11 @@ def lastsave(s) -> int:
     return int(reply[1:])
 
 
-def wait_for(predicate, timeout=10.0, what="the condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
 def wait_bgsave_done(c, timeout=10.0) -> dict:
     def done():
         info = persistence(c)
         return info if info["rdb_bgsave_in_progress"] == 0 else None
-    return wait_for(done, timeout, "the BGSAVE to finish")
+    return wait_until(done, timeout, "the BGSAVE to finish")
 
 
 def populate(s, n, prefix=b"fill:", capacity=10, rate=1, cost=3, batch=20_000):
@@ -160,13 +149,13 @@ def stop_bgsave_child(s, c, path) -> int:
     assert not os.path.exists(path)
     before = len(bgsave_pids(s))
     assert c.execute_command("BGSAVE") in (b"Background saving started", True)
-    pids = wait_for(lambda: bgsave_pids(s)[before:], 5, "the BGSAVE child's pid in the log")
+    pids = wait_until(lambda: bgsave_pids(s)[before:], 5, "the BGSAVE child's pid in the log")
     pid = pids[0]
     try:
         os.kill(pid, signal.SIGSTOP)
     except ProcessLookupError:
         pytest.skip("the BGSAVE child finished before it could be stopped")
-    wait_for(lambda: process_state(pid) in ("T", "Z", None), 5, "the child to stop")
+    wait_until(lambda: process_state(pid) in ("T", "Z", None), 5, "the child to stop")
     if process_state(pid) != "T" or os.path.exists(path):
         os.kill(pid, signal.SIGCONT)
         pytest.skip("the BGSAVE child finished before it could be stopped")
@@ -333,7 +322,7 @@ def test_bgsave_status_lastsave_and_a_second_bgsave_while_one_runs(snap):
     before = lastsave(s)
     assert info["rdb_last_save_time"] == before
     # LASTSAVE is in seconds: let a second pass so that it can move
-    wait_for(lambda: int(time.time()) > before, 2, "the next second")
+    wait_until(lambda: int(time.time()) > before, 2, "the next second")
     # Three commands in one write: the server handles them in one go, and
     # only its periodic tick reaps a finished child, so the second BGSAVE
     # always finds the first running.
@@ -455,7 +444,7 @@ def test_a_bgsave_running_at_shutdown_does_not_replace_the_final_snapshot(snap):
         assert s.stop() == 0, s.log()               # saves the final state
         assert "saved the snapshot" in s.log()
         end_child(pid, kill=False)                  # the old child, if still there
-        wait_for(lambda: process_state(pid) in ("Z", None), 10, "the child to finish")
+        wait_until(lambda: process_state(pid) in ("Z", None), 10, "the child to finish")
     finally:
         end_child(pid)
     s.start()
@@ -473,7 +462,7 @@ def test_save_seconds_writes_a_snapshot_by_itself(snap):
     info = persistence(c)
     # a save already running may have forked before the check: wait for the next
     needed = info["rdb_saves"] + 1 + info["rdb_bgsave_in_progress"]
-    wait_for(lambda: persistence(c)["rdb_saves"] >= needed, 6, "a periodic save")
+    wait_until(lambda: persistence(c)["rdb_saves"] >= needed, 6, "a periodic save")
     assert persistence(c)["rdb_last_bgsave_status"] == "ok"
     assert os.path.exists(snap.path)
     c = restart(s, signal.SIGKILL)                  # no save at exit

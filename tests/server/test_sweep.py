@@ -8,14 +8,7 @@ import time
 
 import pytest
 
-
-def wait_for(predicate, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
+from wire import wait_until
 
 
 def info_field(r, section: str, name: str) -> int:
@@ -44,8 +37,8 @@ def test_background_sweep_drops_idle_buckets(r):
     assert r.dbsize() == n_fast + n_slow
 
     r.execute_command("DEBUG", "CLOCK", "SET", 5000 + 1000)
-    assert wait_for(lambda: r.dbsize() == n_slow, timeout=10), (
-        f"DBSIZE still {r.dbsize()} 10 s after the buckets refilled")
+    wait_until(lambda: r.dbsize() == n_slow, timeout=10,
+               what=f"DBSIZE to reach {n_slow} after the fast buckets refilled")
     assert info_field(r, "stats", "expired_keys") - expired_before == n_fast
     # The live buckets kept their state (6 s at 1/hour: 1.7 milli-tokens).
     assert r.execute_command("CL.CHECK", "slow:7", 10, 1, "COST", 0, "PERIOD", 3600000) == [
@@ -53,7 +46,7 @@ def test_background_sweep_drops_idle_buckets(r):
     assert r.execute_command("CL.CHECK", "fast:7", 10, 1, "COST", 0) == [1, 10, 10, 0, 0]
 
     r.execute_command("DEBUG", "CLOCK", "SET", 5 * 3600 * 1000)
-    assert wait_for(lambda: r.dbsize() == 0, timeout=10), r.dbsize()
+    wait_until(lambda: r.dbsize() == 0, timeout=10, what="DBSIZE to reach 0")
 
 
 def test_debug_sweep(r):
@@ -127,12 +120,12 @@ def test_memory_comes_back_after_the_sweep(make_server):
         assert growth > KEYS * 20, f"RSS grew by only {growth} bytes for {KEYS} buckets"
 
         r.execute_command("DEBUG", "CLOCK", "SET", 120_000)
-        assert wait_for(lambda: r.dbsize() == 0, timeout=20), (
-            f"DBSIZE still {r.dbsize()} 20 s after every bucket refilled")
+        wait_until(lambda: r.dbsize() == 0, timeout=20,
+                   what="DBSIZE to reach 0 after every bucket refilled")
         target = baseline + growth // 2
-        assert wait_for(lambda: s.rss_bytes() <= target, timeout=10, interval=0.2), (
-            f"RSS {baseline} before, {full} with {KEYS} buckets, "
-            f"{s.rss_bytes()} after the sweep removed them all (want <= {target})")
+        wait_until(lambda: s.rss_bytes() <= target, timeout=10, interval=0.2,
+                   what=f"RSS to fall to {target} (it was {baseline} before, {full} "
+                        f"with {KEYS} buckets)")
     finally:
         sock.close()
         r.close()
