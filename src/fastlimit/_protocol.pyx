@@ -235,8 +235,8 @@ cdef class Connection:
         cdef int64_t t_prev, t_now
         lim.unauthenticated = not self.authenticated
         self.now_ms = self.core.clock.now_ms()
-        self.last_interaction = time.monotonic()
         t_prev = fl_mono_ns()
+        self.last_interaction = t_prev / 1e9   # CLOCK_MONOTONIC, as time.monotonic()
         while pos < n and not self.close_after_reply:
             status = parse_command(&self.parser, buf + pos, n - pos, &used, &lim)
             if status == PARSE_INCOMPLETE:
