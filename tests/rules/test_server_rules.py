@@ -7,10 +7,7 @@ and rules changed under load without a client seeing an error."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,16 +15,6 @@ import pytest
 import redis
 
 TB = {"capacity": 2, "refill_per_second": 1}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def rules_are_wired_in():
-    """Until the server takes --rules-db, the rules layer is not wired in."""
-    python = os.environ.get("FASTLIMIT_PYTHON", sys.executable)   # as tests/conftest.py
-    usage = subprocess.run([python, "-m", "fastlimit.server", "--help"],
-                           capture_output=True, text=True, timeout=60).stdout
-    if "--rules-db" not in usage:
-        pytest.skip("the server has no --rules-db yet (rules not wired in)")
 
 
 @pytest.fixture
@@ -42,10 +29,6 @@ def start(make_server, tmp_path):
         return make_server("--manual-clock", *args)
     run.db = db
     return run
-
-
-def has_command(client, name) -> bool:
-    return client.execute_command("COMMAND", "INFO", name) != [None]
 
 
 def refused_start(make_server, *args) -> str:
@@ -99,8 +82,7 @@ def test_kill_9_right_after_the_acknowledgement(start):
     c = start().client()
     assert len(c.execute_command("CL.RULE", "LIST")) == 20
     assert json.loads(c.execute_command("CL.RULE", "GET", "r19"))["capacity"] == 20
-    if has_command(c, "cl.limit"):
-        assert c.execute_command("CL.LIMIT", "u", "GET /")[0] == 1
+    assert c.execute_command("CL.LIMIT", "u", "GET /")[0] == 1
 
 
 def test_a_corrupt_database_refuses_the_start(make_server, tmp_path):
@@ -176,8 +158,6 @@ def test_info_rules_section(start):
 def test_rules_change_under_load(start):
     s = start()
     admin = s.client()
-    if not has_command(admin, "cl.limit"):
-        pytest.skip("this server has no CL.LIMIT yet")
     stop, errors, checks = threading.Event(), [], [0]
 
     def load(n):

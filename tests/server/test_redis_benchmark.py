@@ -9,17 +9,13 @@ from __future__ import annotations
 import csv
 import io
 import re
-import shutil
 import subprocess
 import time
 
-import pytest
 
 TIMEOUT = 60
 RATE = re.compile(r"^(?P<test>.+?): (?P<rps>[0-9.]+) requests per second")
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-benchmark") is None,
-                                reason="redis-benchmark is not installed (make test installs it)")
 
 CHECK = ["CL.CHECK", "key:__rand_int__", "100", "10"]
 

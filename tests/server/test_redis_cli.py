@@ -9,7 +9,6 @@ import fcntl
 import os
 import re
 import select
-import shutil
 import struct
 import subprocess
 import termios
@@ -20,8 +19,6 @@ import pytest
 TIMEOUT = 10
 ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-cli") is None,
-                                reason="redis-cli is not installed (make test installs it)")
 
 
 def cli_env() -> dict:
