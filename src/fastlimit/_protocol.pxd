@@ -113,6 +113,7 @@ cdef class Connection:
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
+    cdef void reject(self, Command cmd, str msg)
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)

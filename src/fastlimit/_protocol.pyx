@@ -326,31 +326,26 @@ cdef class Connection:
         cdef Command cmd = self.lookup(&argv[0])
         if cmd is None:
             self.last_cmd = None
-            self.reply_error(unknown_command_message(argv, argc))
-            if self.multi_queue is not None:
-                self.multi_dirty = True
-            return
-        if not cmd.arity_ok(argc):
-            cmd.rejected_calls += 1
-            self.reply_error(f"ERR wrong number of arguments for '{cmd.name}' command")
-            if self.multi_queue is not None:
-                self.multi_dirty = True
-            return
-        if not self.authenticated and not cmd.no_auth:
-            cmd.rejected_calls += 1
-            self.reply_error("NOAUTH Authentication required.")
-            if self.multi_queue is not None:
-                self.multi_dirty = True
-            return
-        if self.multi_queue is not None and cmd.no_multi:
-            cmd.rejected_calls += 1
-            self.reply_error("ERR Command not allowed inside a transaction")
-            self.multi_dirty = True
-            return
-        if self.multi_queue is not None and cmd.fast < FAST_MULTI:
+            self.reject(None, unknown_command_message(argv, argc))
+        elif not cmd.arity_ok(argc):
+            self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
+        elif not self.authenticated and not cmd.no_auth:
+            self.reject(cmd, "NOAUTH Authentication required.")
+        elif self.multi_queue is not None and cmd.no_multi:
+            self.reject(cmd, "ERR Command not allowed inside a transaction")
+        elif self.multi_queue is not None and cmd.fast < FAST_MULTI:
             self.queue(cmd)
-            return
-        self.run(cmd, None)
+        else:
+            self.run(cmd, None)
+
+    cdef void reject(self, Command cmd, str msg):
+        """Refuses a command before it runs; inside MULTI that dooms the
+        transaction (EXECABORT), as in Redis."""
+        if cmd is not None:
+            cmd.rejected_calls += 1
+        self.reply_error(msg)
+        if self.multi_queue is not None:
+            self.multi_dirty = True
 
     cdef void run(self, Command cmd, list args):
         """Runs a checked command; args are given when it was queued,
