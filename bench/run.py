@@ -261,15 +261,17 @@ def fill(client: redis.Redis, count: int, make_args, batch: int) -> float:
     return time.monotonic() - t0
 
 
-def memory_fastlimit(workdir: Path, count: int, batch: int) -> dict:
-    srv = Fastlimit(workdir, ["--manual-clock"])
+def measure_memory(srv, count: int, batch: int, data_label: str, command_for) -> dict:
+    """Fills a fresh server with `count` keys and reports its growth: RSS,
+    and the server's own view (INFO memory field `data_label`).
+    command_for(client) returns the key -> command function."""
     try:
         srv.wait_ready()
         c = srv.client()
-        c.ping()
+        make_command = command_for(c)
         info0 = c.info("memory")
         rss0 = rss_bytes(srv.pid)
-        secs = fill(c, count, lambda k: ("CL.CHECK", k, 100, 1, "PERIOD", 3600000), batch)
+        secs = fill(c, count, make_command, batch)
         c.ping()
         rss1 = rss_bytes(srv.pid)
         info1 = c.info("memory")
@@ -277,38 +279,32 @@ def memory_fastlimit(workdir: Path, count: int, batch: int) -> dict:
         c.close()
     finally:
         srv.stop()
-    ds0, ds1 = int(info0.get("used_memory_dataset", 0)), int(info1.get("used_memory_dataset", 0))
+    d0, d1 = int(info0.get(data_label, 0)), int(info1.get(data_label, 0))
     return {"keys": keys, "secs": secs, "rss0": rss0, "rss1": rss1,
             "rss_per_key": (rss1 - rss0) / max(keys, 1),
-            "data_label": "used_memory_dataset", "data0": ds0, "data1": ds1,
-            "data_per_key": (ds1 - ds0) / max(keys, 1),
+            "data_label": data_label, "data0": d0, "data1": d1,
+            "data_per_key": (d1 - d0) / max(keys, 1),
             "table_per_key": info1.get("bucket_table_bytes_per_key")}
 
 
+def memory_fastlimit(workdir: Path, count: int, batch: int) -> dict:
+    # The manual clock never moves, so no bucket refills and the sweep keeps all.
+    return measure_memory(Fastlimit(workdir, ["--manual-clock"]), count, batch,
+                          "used_memory_dataset",
+                          lambda c: lambda k: ("CL.CHECK", k, 100, 1, "PERIOD", 3600000))
+
+
 def memory_redis(workdir: Path, binary: str, lua: bytes, count: int, batch: int) -> dict:
-    srv = RedisServer(workdir, binary)
-    try:
-        srv.wait_ready()
-        c = srv.client()
+    def command_for(c):
         sha = c.script_load(lua)
-        info0 = c.info("memory")
-        rss0 = rss_bytes(srv.pid)
         # An explicit now_ms (ARGV[4]) makes the script use a 1-hour PEXPIRE,
         # so no key expires during the measurement; the hash and its expire
         # entry are the same as in production.
         now = int(time.time() * 1000)
-        secs = fill(c, count, lambda k: ("EVALSHA", sha, 1, k, 100, 1, 1, now), batch)
-        rss1 = rss_bytes(srv.pid)
-        info1 = c.info("memory")
-        keys = c.dbsize()
-        c.close()
-    finally:
-        srv.stop()
-    um0, um1 = int(info0["used_memory"]), int(info1["used_memory"])
-    return {"keys": keys, "secs": secs, "rss0": rss0, "rss1": rss1,
-            "rss_per_key": (rss1 - rss0) / max(keys, 1),
-            "data_label": "used_memory", "data0": um0, "data1": um1,
-            "data_per_key": (um1 - um0) / max(keys, 1)}
+        return lambda k: ("EVALSHA", sha, 1, k, 100, 1, 1, now)
+
+    return measure_memory(RedisServer(workdir, binary), count, batch, "used_memory",
+                          command_for)
 
 
 # ---------------------------------------------------------------------------
