@@ -28,6 +28,7 @@ cdef extern from "fl_native.h":
     uint16_t fl_get_u16(const char* p) nogil
     void fl_put_u16(char* p, uint16_t v) nogil
     uint32_t fl_crc32(uint32_t crc, const void* data, size_t n) nogil
+    void fl_prefetch(const void* p) nogil
 
 # ---- Tables -------------------------------------------------------------
 #
@@ -59,7 +60,20 @@ cdef struct Shard:
     size_t arena_cap    # bytes mapped
     size_t dead         # bytes of deleted records awaiting compaction
 
+# While replicas are attached, a table notes each key a committed write
+# touched (<u16 keylen><u32 shard><u32 hash><key>: where to find it without
+# hashing again), so the next drain ships the key's state as it is then:
+# state, not commands, so a batch sent twice does no harm.
+cdef struct ChangeLog:
+    char* buf
+    size_t len
+    size_t cap
+    size_t limit        # bytes; past it notes stop and `overflowed` is set
+    bint overflowed     # the log lost changes: replicas need a full copy
+    int64_t first_ms    # wall time of the oldest note (lag is measured from it)
+
 cdef struct Table:
+    ChangeLog* log      # NULL while no replica is attached
     Shard* shards
     uint32_t nshards    # power of two
     uint32_t value_size
@@ -99,8 +113,32 @@ cdef enum:
     FL_EFORMAT = -4    # records that do not fit their section
 cdef int table_dump(const Table* t, int fd, uint32_t* crc,
                     uint64_t* records) noexcept nogil
+# With `deletes`, a record whose expiry second is 0 (a drain's tombstone)
+# removes its key instead of being stored.
 cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
-                    const uint32_t* renumber, uint32_t renumber_len) noexcept nogil
+                    const uint32_t* renumber, uint32_t renumber_len,
+                    bint deletes) noexcept nogil
+
+# ---- Change logs ------------------------------------------------------------
+cdef enum:
+    NOTE_HEADER = 10
+cdef int changelog_append(ChangeLog* log, uint32_t shard, uint32_t hash,
+                          const char* key, size_t keylen) noexcept nogil
+
+cdef inline void note_change(Table* t, const Probe* p, const char* key,
+                             size_t keylen) noexcept nogil:
+    # What every committed write runs (p: the probe that found the key's
+    # place): a test of a pointer that is NULL unless a replica is attached.
+    if t.log != NULL:
+        changelog_append(t.log, <uint32_t>(p.shard - t.shards), p.hash, key, keylen)
+
+cdef int table_track(Table* t, size_t limit) noexcept nogil
+cdef void table_untrack(Table* t) noexcept nogil
+# The noted keys' current records, deduplicated, packed as table_dump
+# writes them (absent keys as tombstones), in a malloc'ed buffer the
+# caller frees; the log is emptied.
+cdef int table_drain(Table* t, char** out, size_t* outlen,
+                     uint64_t* records) noexcept nogil
 
 # ---- Token bucket ---------------------------------------------------------
 #
@@ -152,7 +190,9 @@ cdef class Clock:
 cdef object dump_table(const Table* t, int fd, uint32_t crc)
 cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0
 cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
-                    list renumber) except -1
+                    list renumber, bint deletes=*) except -1
+cdef bytes drain_section(Table* t, bytes name)
+cdef object oldest_note(const Table* t)
 
 
 cdef class Decision:

@@ -7,8 +7,8 @@ Layout and contracts are documented in _core.pxd.
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, UINT32_MAX
 from libc.errno cimport errno, EINTR
-from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memcmp
+from libc.stdlib cimport malloc, calloc, realloc, free
+from libc.string cimport memcpy, memcmp, memset
 from posix.unistd cimport write
 
 cimport cython
@@ -170,6 +170,7 @@ cdef void shard_maintain(Table* t, Shard* s) noexcept nogil:
 cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
                     const uint8_t* seed) noexcept nogil:
     cdef uint32_t i
+    t.log = NULL
     t.nshards = nshards
     t.value_size = value_size
     memcpy(t.seed, seed, 16)
@@ -188,6 +189,7 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
 
 cdef void table_free(Table* t) noexcept nogil:
     cdef uint32_t i
+    table_untrack(t)
     if t.shards == NULL:
         return
     for i in range(t.nshards):
@@ -210,8 +212,16 @@ cdef int table_clear(Table* t) noexcept nogil:
 
 cdef bint table_lookup(Table* t, const char* key, size_t keylen,
                        Probe* p) noexcept nogil:
-    cdef uint64_t h = fl_siphash13(key, keylen, t.seed)
-    cdef Shard* s = &t.shards[(h >> 32) & (t.nshards - 1)]
+    return lookup_hashed(t, fl_siphash13(key, keylen, t.seed), key, keylen, p)
+
+
+cdef inline Shard* shard_of(Table* t, uint64_t h) noexcept nogil:
+    return &t.shards[(h >> 32) & (t.nshards - 1)]
+
+
+cdef inline bint lookup_hashed(Table* t, uint64_t h, const char* key, size_t keylen,
+                               Probe* p) noexcept nogil:
+    cdef Shard* s = shard_of(t, h)
     cdef uint32_t h32 = <uint32_t>h
     cdef uint32_t i = home_slot(h32, s.nslots)
     cdef const char* rec
@@ -416,56 +426,233 @@ cdef int table_dump(const Table* t, int fd, uint32_t* crc,
     return <int>n
 
 
+cdef enum:
+    LOAD_CHUNK = 16     # records whose cache lines are requested before any is used
+
+
 cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
-                    const uint32_t* renumber, uint32_t renumber_len) noexcept nogil:
+                    const uint32_t* renumber, uint32_t renumber_len,
+                    bint deletes) noexcept nogil:
     """Inserts `records` packed records from buf[0:length].  With a
     renumber map, each key's leading u32 (a rule number) is rewritten, and
     records of numbers mapped to UINT32_MAX are skipped (their rule is
-    gone).  A record already present is replaced."""
-    cdef size_t pos = 0, n, keylen
-    cdef uint64_t k
+    gone).  A record already present is replaced.  Records go in chunks:
+    every slot and record a chunk needs is prefetched first, so the cache
+    misses of a chunk overlap instead of coming one after another."""
+    cdef size_t pos = 0, n, keylen, at[LOAD_CHUNK]
+    cdef uint64_t k = 0, hashes[LOAD_CHUNK]
     cdef uint32_t num
+    cdef int m, j, rc = FL_OK
     cdef char* copy = NULL
-    cdef Probe p
-    cdef int rc = FL_OK
-    for k in range(records):
-        if length - pos < RECORD_HEADER:
-            return FL_EFORMAT
-        keylen = fl_get_u16(buf + pos + 4)
-        n = RECORD_HEADER + t.value_size + keylen
-        if n > length - pos:
-            return FL_EFORMAT
-        if renumber != NULL:
-            if keylen < 4:
-                return FL_EFORMAT
-            num = fl_get_u32(buf + pos + RECORD_HEADER + t.value_size)
-            if num >= renumber_len or renumber[num] == UINT32_MAX:
-                pos += n
+    cdef const char* rec
+    while k < records and rc == FL_OK:
+        m = 0
+        while m < LOAD_CHUNK and k < records:
+            if length - pos < RECORD_HEADER:
+                rc = FL_EFORMAT
+                break
+            keylen = fl_get_u16(buf + pos + 4)
+            n = RECORD_HEADER + t.value_size + keylen
+            if n > length - pos or (renumber != NULL and keylen < 4):
+                rc = FL_EFORMAT
+                break
+            at[m] = pos
+            pos += n
+            k += 1
+            if renumber == NULL:
+                hashes[m] = fl_siphash13(buf + at[m] + n - keylen, keylen, t.seed)
+                prefetch_slot_or_record(t, hashes[m], False)
+            m += 1
+        if renumber == NULL:
+            for j in range(m):
+                prefetch_slot_or_record(t, hashes[j], True)
+        for j in range(m):
+            if rc != FL_OK:
+                break
+            rec = buf + at[j]
+            keylen = fl_get_u16(rec + 4)
+            if renumber == NULL:
+                rc = load_record(t, rec, keylen, hashes[j], deletes)
                 continue
+            num = fl_get_u32(rec + RECORD_HEADER + t.value_size)
+            if num >= renumber_len or renumber[num] == UINT32_MAX:
+                continue
+            n = RECORD_HEADER + t.value_size + keylen
             copy = <char*>realloc(copy, n)
             if copy == NULL:
                 return FL_ENOMEM
-            memcpy(copy, buf + pos, n)
+            memcpy(copy, rec, n)
             fl_put_u32(copy + RECORD_HEADER + t.value_size, renumber[num])
-            rc = load_record(t, copy, keylen)
-        else:
-            rc = load_record(t, buf + pos, keylen)
-        if rc != FL_OK:
-            break
-        pos += n
+            rc = load_record(t, copy, keylen,
+                             fl_siphash13(copy + RECORD_HEADER + t.value_size, keylen, t.seed),
+                             deletes)
     free(copy)
     if rc == FL_OK and pos != length:
         return FL_EFORMAT
     return rc
 
 
-cdef int load_record(Table* t, const char* rec, size_t keylen) noexcept nogil:
+cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
+                     bint deletes) noexcept nogil:
     cdef const char* key = rec + RECORD_HEADER + t.value_size
+    cdef uint32_t expire_s = fl_get_u32(rec)
+    cdef char* stored
     cdef Probe p
-    if table_lookup(t, key, keylen, &p):
-        table_delete(t, &p)
-        table_lookup(t, key, keylen, &p)
-    return table_insert(t, &p, key, keylen, fl_get_u32(rec), rec + RECORD_HEADER)
+    if lookup_hashed(t, h, key, keylen, &p):
+        if deletes and expire_s == 0:
+            table_delete(t, &p)
+        else:               # same key, same size: overwrite in place
+            stored = probe_record(t, &p)
+            fl_put_u32(stored, expire_s)
+            memcpy(stored + RECORD_HEADER, rec + RECORD_HEADER, t.value_size)
+        return FL_OK
+    if deletes and expire_s == 0:
+        return FL_OK
+    return table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+
+
+# ---- change logs -------------------------------------------------------------------
+
+cdef int changelog_append(ChangeLog* log, uint32_t shard, uint32_t hash,
+                          const char* key, size_t keylen) noexcept nogil:
+    cdef size_t n = NOTE_HEADER + keylen, cap
+    cdef char* bigger
+    if log.overflowed:
+        return FL_ENOMEM
+    if log.len == 0:
+        log.first_ms = fl_wall_ms()
+    if log.len + n > log.cap:
+        cap = log.cap * 2 + n
+        if log.len + n > log.limit:
+            log.overflowed = True
+            return FL_ENOMEM
+        if cap > log.limit:
+            cap = log.limit
+        bigger = <char*>realloc(log.buf, cap)
+        if bigger == NULL:
+            log.overflowed = True
+            return FL_ENOMEM
+        log.buf = bigger
+        log.cap = cap
+    fl_put_u16(log.buf + log.len, <uint16_t>keylen)
+    fl_put_u32(log.buf + log.len + 2, shard)
+    fl_put_u32(log.buf + log.len + 6, hash)
+    memcpy(log.buf + log.len + NOTE_HEADER, key, keylen)
+    log.len += n
+    return FL_OK
+
+
+cdef int table_track(Table* t, size_t limit) noexcept nogil:
+    """Starts (or restarts, emptied) the table's change log."""
+    table_untrack(t)
+    t.log = <ChangeLog*>calloc(1, sizeof(ChangeLog))
+    if t.log == NULL:
+        return FL_ENOMEM
+    t.log.limit = limit
+    return FL_OK
+
+
+cdef void table_untrack(Table* t) noexcept nogil:
+    if t.log != NULL:
+        free(t.log.buf)
+        free(t.log)
+        t.log = NULL
+
+
+cdef inline size_t pointer_hash(const char* p, size_t mask) noexcept nogil:
+    return <size_t>(((<uint64_t><size_t>p) * <uint64_t>0x9E3779B97F4A7C15ULL) >> 32) & mask
+
+
+cdef bint seen_before(const char** seen, size_t mask, const char* rec) noexcept nogil:
+    """Adds rec to the open-addressing set; whether it was there."""
+    cdef size_t i = pointer_hash(rec, mask)
+    while seen[i] != NULL:
+        if seen[i] == rec:
+            return True
+        i = (i + 1) & mask
+    seen[i] = rec
+    return False
+
+
+cdef inline uint64_t noted_hash(const char* note) noexcept nogil:
+    """The 64-bit hash a note stands for: shard bits high, slot hash low
+    (see shard_of), so lookup_hashed finds the key without hashing it."""
+    return (<uint64_t>fl_get_u32(note + 2) << 32) | fl_get_u32(note + 6)
+
+
+cdef inline void prefetch_slot_or_record(Table* t, uint64_t h, bint record) noexcept nogil:
+    """Requests the cache line of a hash's home slot, or of the record in
+    that slot (after the slot's line arrived)."""
+    cdef Shard* s = shard_of(t, h)
+    cdef uint32_t i = home_slot(<uint32_t>h, s.nslots)
+    if not record:
+        fl_prefetch(&s.slots[i])
+    elif s.slots[i].off != 0:
+        fl_prefetch(s.arena + s.slots[i].off)
+
+
+cdef int table_drain(Table* t, char** out, size_t* outlen,
+                     uint64_t* records) noexcept nogil:
+    cdef ChangeLog* log = t.log
+    cdef size_t pos = 0, used = 0, cap, keylen, n, notes = 0, mask = 1
+    cdef size_t at[LOAD_CHUNK]
+    cdef int m, j
+    cdef const char** seen
+    cdef const char* note
+    cdef char* buf
+    cdef Probe p
+    out[0] = NULL
+    outlen[0] = 0
+    records[0] = 0
+    if log == NULL or log.len == 0:
+        return FL_OK
+    while pos < log.len:          # count the notes to size the set
+        pos += NOTE_HEADER + fl_get_u16(log.buf + pos)
+        notes += 1
+    while mask < notes * 2:
+        mask <<= 1
+    seen = <const char**>calloc(mask, sizeof(char*))
+    mask -= 1
+    # Every note needs at most one record: header, value and key.
+    cap = log.len + notes * (RECORD_HEADER + t.value_size)
+    buf = <char*>malloc(cap)
+    if seen == NULL or buf == NULL:
+        free(seen)
+        free(buf)
+        return FL_ENOMEM
+    pos = 0
+    while pos < log.len:
+        # A chunk's slots, then its records, are requested before any is
+        # read: the misses overlap (the notes are in write order, their
+        # records anywhere in the table).
+        m = 0
+        while m < LOAD_CHUNK and pos < log.len:
+            at[m] = pos
+            prefetch_slot_or_record(t, noted_hash(log.buf + pos), False)
+            pos += NOTE_HEADER + fl_get_u16(log.buf + pos)
+            m += 1
+        for j in range(m):
+            prefetch_slot_or_record(t, noted_hash(log.buf + at[j]), True)
+        for j in range(m):
+            note = log.buf + at[j]
+            keylen = fl_get_u16(note)
+            if lookup_hashed(t, noted_hash(note), note + NOTE_HEADER, keylen, &p):
+                if seen_before(seen, mask, probe_record(t, &p)):
+                    continue
+                n = record_size(t, probe_record(t, &p))
+                memcpy(buf + used, probe_record(t, &p), n)
+            else:                      # gone: a tombstone says so
+                n = RECORD_HEADER + t.value_size + keylen
+                memset(buf + used, 0, RECORD_HEADER + t.value_size)
+                fl_put_u16(buf + used + 4, <uint16_t>keylen)
+                memcpy(buf + used + RECORD_HEADER + t.value_size, note + NOTE_HEADER, keylen)
+            used += n
+            records[0] += 1
+    free(seen)
+    log.len = 0
+    out[0] = buf
+    outlen[0] = used
+    return FL_OK
 
 
 # ---- token bucket ---------------------------------------------------------------
@@ -577,6 +764,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     if tokens == cap_m:
         if p.found:
             table_delete(t, &p)
+            note_change(t, &p, key, keylen)
         return FL_OK
     expire_ms = now_ms + out.reset_after_ms
     fl_put_i64(value, tokens)
@@ -586,8 +774,11 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
         v = probe_record(t, &p)
         fl_put_u32(v, expire_second(expire_ms))
         memcpy(v + RECORD_HEADER, value, BUCKET_VALUE_SIZE)
+        note_change(t, &p, key, keylen)
         return FL_OK
     rc = table_insert(t, &p, key, keylen, expire_second(expire_ms), value)
+    if rc == FL_OK:
+        note_change(t, &p, key, keylen)
     return rc
 
 
@@ -604,6 +795,7 @@ cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil:
     if not table_lookup(t, key, keylen, &p):
         return 0
     table_delete(t, &p)
+    note_change(t, &p, key, keylen)
     return 1
 
 
@@ -788,9 +980,30 @@ cdef class BucketStore:
         returns the CRC-32 chained from crc."""
         return dump_section(&self.table, fd, crc, b"check")
 
-    def load(self, const unsigned char[:] data, uint64_t records):
-        """Adds `records` buckets from a dump; ValueError if malformed."""
-        load_table(&self.table, data, records, None)
+    def load(self, const unsigned char[:] data, uint64_t records, bint deletes=False):
+        """Adds `records` buckets from a dump (or a drain, whose tombstones
+        remove buckets when `deletes`); ValueError if malformed."""
+        load_table(&self.table, data, records, None, deletes)
+
+    def track_changes(self, size_t limit):
+        """Starts noting written keys (see ChangeLog), emptying what was
+        noted; limit is the log's size in bytes."""
+        if table_track(&self.table, limit) != FL_OK:
+            raise MemoryError()
+
+    def untrack_changes(self):
+        table_untrack(&self.table)
+
+    def changes_overflowed(self):
+        return self.table.log != NULL and self.table.log.overflowed
+
+    def oldest_change_ms(self):
+        """Wall time of the oldest change not drained yet, or None."""
+        return oldest_note(&self.table)
+
+    def drain_changes(self):
+        """The noted keys' states as a snapshot section (b"" when none)."""
+        return drain_section(&self.table, b"check")
 
     def __len__(self):
         return table_count(&self.table)
@@ -843,7 +1056,7 @@ cdef object dump_table(const Table* t, int fd, uint32_t crc):
 
 
 cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
-                    list renumber) except -1:
+                    list renumber, bint deletes=False) except -1:
     """table_load over a buffer, with an optional renumbering list."""
     cdef uint32_t* table_map = NULL
     cdef uint32_t map_len = 0, i
@@ -862,7 +1075,7 @@ cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
         for i in range(map_len):
             table_map[i] = UINT32_MAX if renumber[i] is None else renumber[i]
     try:
-        rc = table_load(t, buf, data.shape[0], records, table_map, map_len)
+        rc = table_load(t, buf, data.shape[0], records, table_map, map_len, deletes)
     finally:
         free(table_map)
     if rc == FL_EFORMAT:
@@ -870,3 +1083,27 @@ cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
     if rc != FL_OK:
         raise MemoryError()
     return 0
+
+
+cdef bytes drain_section(Table* t, bytes name):
+    """table_drain's records as a snapshot section (see dump_section), or
+    b"" when nothing was noted."""
+    cdef char* buf = NULL
+    cdef size_t n = 0
+    cdef uint64_t records = 0
+    if table_drain(t, &buf, &n, &records) != FL_OK:
+        raise MemoryError()
+    if records == 0:
+        free(buf)
+        return b""
+    try:
+        return (struct.pack("<H", len(name)) + name +
+                struct.pack("<IQQ", t.value_size, records, n) + buf[:n])
+    finally:
+        free(buf)
+
+
+cdef object oldest_note(const Table* t):
+    if t.log == NULL or t.log.len == 0:
+        return None
+    return t.log.first_ms

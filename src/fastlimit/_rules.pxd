@@ -78,6 +78,7 @@ cdef class RuleEngine:
     cdef object matcher
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
+    cdef size_t change_limit      # replication: change-log bytes per table, 0 = off
     cdef uint32_t order[MAX_RULES_PER_CHECK]
     cdef CheckResult results[MAX_RULES_PER_CHECK]
 

@@ -14,7 +14,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               bucket_check, bucket_params_error, fl_get_i64,
                               fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
                               BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
-                              load_table)
+                              load_table, note_change, table_track, table_untrack,
+                              drain_section, oldest_note)
 
 import collections
 import fnmatch
@@ -50,17 +51,22 @@ cdef inline int store_value(Table* t, Probe* p, const char* key, size_t keylen,
                             int64_t expire_ms, const char* value, size_t n) noexcept nogil:
     """Writes a record's value and expiry, inserting it when absent."""
     cdef char* rec
+    cdef int rc = FL_OK
     if p.found:
         rec = probe_record(t, p)
         fl_put_u32(rec, expire_second(expire_ms))
         memcpy(probe_value(t, p), value, n)
-        return FL_OK
-    return table_insert(t, p, key, keylen, expire_second(expire_ms), value)
+    else:
+        rc = table_insert(t, p, key, keylen, expire_second(expire_ms), value)
+    if rc == FL_OK:
+        note_change(t, p, key, keylen)
+    return rc
 
 
-cdef inline int drop_record(Table* t, Probe* p) noexcept nogil:
+cdef inline int drop_record(Table* t, Probe* p, const char* key, size_t keylen) noexcept nogil:
     if p.found:
         table_delete(t, p)
+        note_change(t, p, key, keylen)
     return FL_OK
 
 
@@ -101,7 +107,7 @@ cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const Rule
     if not commit:
         return FL_OK
     if count == 0:
-        return drop_record(t, &p)
+        return drop_record(t, &p, key, keylen)
     fl_put_i64(value, count)
     fl_put_i64(value + 8, start)
     return store_value(t, &p, key, keylen, start + W, value, FIXED_WINDOW_VALUE)
@@ -167,7 +173,7 @@ cdef int sliding_window_check(Table* t, const char* key, size_t keylen, const Ru
     if not commit:
         return FL_OK
     if prev == 0 and curr == 0:
-        return drop_record(t, &p)
+        return drop_record(t, &p, key, keylen)
     fl_put_i64(value, prev)
     fl_put_i64(value + 8, curr)
     fl_put_i64(value + 16, start)
@@ -215,7 +221,7 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     if not commit:
         return FL_OK
     if ttl <= 0:
-        return drop_record(t, &p)
+        return drop_record(t, &p, key, keylen)
     fl_put_i64(value, <int64_t>tat)
     fl_put_i64(value + 8, r.count)
     return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
@@ -287,6 +293,7 @@ cdef int concurrency_release(Table* t, const char* key, size_t keylen, const Rul
     if fl_get_u32(s + 8) != <uint32_t>(lease_id >> 16) or fl_get_i64(s) <= now_ms:
         return 0
     fl_put_i64(s, 0)
+    note_change(t, &p, key, keylen)
     return 1
 
 
@@ -420,6 +427,9 @@ cdef class RuleEngine:
                 self.seed) != FL_OK:
             free(compiled.leases)
             compiled.leases = NULL
+            raise MemoryError()
+        if self.change_limit and table_track(compiled.leases, self.change_limit) != FL_OK:
+            release_lease_table(compiled)
             raise MemoryError()
         return 0
 
@@ -788,8 +798,37 @@ cdef class RuleEngine:
         if num < self.nrules and self.rules[num].lease_generation < generation:
             self.rules[num].lease_generation = generation
 
+    # ---- replication ---------------------------------------------------------
+
+    def track_changes(self, size_t limit):
+        """Starts noting written keys in every table (emptying what was
+        noted); limit is each table's log size in bytes."""
+        self.change_limit = limit
+        for t in self.all_tables():
+            if table_track(<Table*><size_t>t, limit) != FL_OK:
+                raise MemoryError()
+
+    def untrack_changes(self):
+        self.change_limit = 0
+        for t in self.all_tables():
+            table_untrack(<Table*><size_t>t)
+
+    def changes_overflowed(self):
+        return any((<Table*><size_t>t).log != NULL and (<Table*><size_t>t).log.overflowed
+                   for t in self.all_tables())
+
+    def oldest_change_ms(self):
+        """Wall time of the oldest change not drained yet, or None."""
+        return min(filter(None, [oldest_note(<Table*><size_t>t) for t in self.all_tables()]),
+                   default=None)
+
+    def drain_changes(self):
+        """The noted keys' states as snapshot sections (b"" when none)."""
+        return b"".join([drain_section(<Table*><size_t>address, name)
+                         for name, address in self.named_tables()])
+
     def load_section(self, bytes name, uint32_t value_size, const unsigned char[:] data,
-                     uint64_t records, list renumber):
+                     uint64_t records, list renumber, bint deletes=False):
         """Loads one dumped section.  Rule numbers in keys (and in a lease
         section's name) are mapped through renumber (old number -> new, or
         None for a rule that is gone).  Returns False when the section has
@@ -811,7 +850,7 @@ cdef class RuleEngine:
                     t = <Table*><size_t>address
         if t == NULL or t.value_size != value_size:
             return False
-        load_table(t, data, records, None if name == b"throttle" else renumber)
+        load_table(t, data, records, None if name == b"throttle" else renumber, deletes)
         return True
 
     def sweep(self, now_ms=None, double budget_ms=1.0):

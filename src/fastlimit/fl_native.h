@@ -142,6 +142,10 @@ static inline int64_t fl_mono_ns(void) {
 
 /* ---- Unaligned access to packed record fields ---- */
 
+/* A hint: start loading the cache line at p (replicas apply batches of
+   records whose slots and records are all cache misses). */
+static inline void fl_prefetch(const void *p) { __builtin_prefetch(p); }
+
 static inline int64_t fl_get_i64(const char *p) { int64_t v; memcpy(&v, p, 8); return v; }
 static inline void fl_put_i64(char *p, int64_t v) { memcpy(p, &v, 8); }
 static inline uint32_t fl_get_u32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
