@@ -57,17 +57,9 @@ def write(path: str, store, engine, rules: dict[int, tuple[str, str, str]],
           now_ms: int) -> None:
     """Writes a snapshot of store and engine to path, atomically."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    meta = json.dumps({"created_ms": now_ms,
-                       "rules": {str(n): list(r) for n, r in rules.items()},
-                       "lease_generations": {str(n): g for n, g in
-                                             engine.lease_generations().items()}}).encode()
-    head = MAGIC + struct.pack("<I", len(meta)) + meta
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _write_all(fd, head)
-        crc = store.dump(fd, zlib.crc32(head))
-        _, crc = engine.dump(fd, crc)
-        _write_all(fd, struct.pack("<I", crc) + FOOTER)
+        write_to(fd, store, engine, rules, now_ms)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -76,6 +68,31 @@ def write(path: str, store, engine, rules: dict[int, tuple[str, str, str]],
     os.close(fd)
     os.rename(tmp, path)
     _fsync_dir(path)
+
+
+def write_to(fd: int, store, engine, rules: dict[int, tuple[str, str, str]],
+             now_ms: int) -> None:
+    """Writes a whole snapshot to an open file descriptor."""
+    meta = json.dumps({"created_ms": now_ms,
+                       "rules": {str(n): list(r) for n, r in rules.items()},
+                       "lease_generations": {str(n): g for n, g in
+                                             engine.lease_generations().items()}}).encode()
+    head = MAGIC + struct.pack("<I", len(meta)) + meta
+    _write_all(fd, head)
+    crc = store.dump(fd, zlib.crc32(head))
+    _, crc = engine.dump(fd, crc)
+    _write_all(fd, struct.pack("<I", crc) + FOOTER)
+
+
+def encode(store, engine, rules: dict[int, tuple[str, str, str]], now_ms: int) -> bytes:
+    """A snapshot in memory (a replica's full copy)."""
+    fd = os.memfd_create("fastlimit-sync")
+    try:
+        write_to(fd, store, engine, rules, now_ms)
+        size = os.lseek(fd, 0, os.SEEK_CUR)
+        return os.pread(fd, size, 0) if size else b""
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -95,13 +112,19 @@ def _fsync_dir(path: str) -> None:
 def read(path: str) -> Snapshot:
     """Reads and verifies a snapshot; SnapshotError says what is wrong."""
     with open(path, "rb") as f:
-        data = f.read()
+        return decode(f.read())
+
+
+def decode(data) -> Snapshot:
+    """Verifies and parses a snapshot's bytes (any bytes-like object);
+    SnapshotError if unusable."""
+    data = memoryview(data)
     trailer = 4 + len(FOOTER)
-    if len(data) < len(MAGIC) + 4 + trailer or not data.startswith(MAGIC):
+    if len(data) < len(MAGIC) + 4 + trailer or data[:len(MAGIC)] != MAGIC:
         raise SnapshotError("not a fastlimit snapshot (bad header)")
-    if not data.endswith(FOOTER):
+    if data[-len(FOOTER):] != FOOTER:
         raise SnapshotError("truncated (no end marker)")
-    body = memoryview(data)[:-trailer]
+    body = data[:-trailer]
     (stored_crc,) = struct.unpack_from("<I", data, len(data) - trailer)
     if zlib.crc32(body) != stored_crc:
         raise SnapshotError("checksum mismatch: the file is damaged")
@@ -125,6 +148,11 @@ def _parse(body: memoryview) -> Snapshot:
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise SnapshotError(f"unreadable metadata: {e}") from None
     pos += meta_len
+    return Snapshot(created, rules, generations, parse_sections(body, pos))
+
+
+def parse_sections(body: memoryview, pos: int = 0) -> list[Section]:
+    """The sections from body[pos:] to its end, bounds-checked."""
     sections = []
     while pos < len(body):
         if pos + 2 > len(body):
@@ -140,7 +168,7 @@ def _parse(body: memoryview) -> Snapshot:
             raise SnapshotError(f"section {name!r} runs past the end")
         sections.append(Section(name, value_size, records, body[pos:pos + nbytes]))
         pos += nbytes
-    return Snapshot(created, rules, generations, sections)
+    return sections
 
 
 def _u32(value) -> int:
@@ -177,28 +205,45 @@ def restore(snapshot: Snapshot, store, engine, registry) -> int:
     """Loads a verified snapshot; returns the buckets loaded.  Buckets of
     rules that are gone, or whose algorithm or key scope changed, are left
     out."""
-    in_force = rule_numbers(registry)
+    renumber = renumber_map(snapshot.rules, registry)
+    before = len(store) + len(engine)
+    load_sections(snapshot.sections, store, engine, renumber)
+    advance_lease_generations(snapshot.lease_generations, engine, renumber)
+    return len(store) + len(engine) - before
+
+
+def renumber_map(numbered: dict[int, tuple[str, str, str]], registry) -> list[int | None]:
+    """Another process's rule numbers (number -> (id, algorithm, scope))
+    mapped to this registry's: None where the rule is gone or its buckets
+    mean something else now."""
     by_id = {rule_id: (num, algorithm, scope)
-             for num, (rule_id, algorithm, scope) in in_force.items()}
-    size = max(snapshot.rules, default=-1) + 1
-    renumber: list[int | None] = [None] * size
-    for old, (rule_id, algorithm, scope) in snapshot.rules.items():
+             for num, (rule_id, algorithm, scope) in rule_numbers(registry).items()}
+    renumber: list[int | None] = [None] * (max(numbered, default=-1) + 1)
+    for old, (rule_id, algorithm, scope) in numbered.items():
         now = by_id.get(rule_id)
         if now is not None and now[1:] == (algorithm, scope):
             renumber[old] = now[0]
-    before = len(store) + len(engine)
+    return renumber
+
+
+def load_sections(sections: list[Section], store, engine, renumber: list,
+                  deletes: bool = False) -> None:
+    """Loads sections (of a snapshot, or of a replication batch, whose
+    tombstones delete when `deletes`); SnapshotError if malformed."""
     try:
-        for s in snapshot.sections:
+        for s in sections:
             if s.name == b"check":
-                store.load(s.data, s.records)
+                store.load(s.data, s.records, deletes)
             else:
-                engine.load_section(s.name, s.value_size, s.data, s.records, renumber)
+                engine.load_section(s.name, s.value_size, s.data, s.records, renumber, deletes)
     except (ValueError, OverflowError) as e:
         raise SnapshotError(str(e)) from None
-    for old, generation in snapshot.lease_generations.items():
-        if old < size and renumber[old] is not None:
+
+
+def advance_lease_generations(generations: dict[int, int], engine, renumber: list) -> None:
+    for old, generation in generations.items():
+        if old < len(renumber) and renumber[old] is not None:
             engine.advance_lease_generation(renumber[old], generation)
-    return len(store) + len(engine) - before
 
 
 class Snapshots:
