@@ -21,7 +21,7 @@ def reg(fake_engine, store, registry_factory):
 @pytest.fixture
 def call(reg):
     command = build_rule_command()
-    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg)),
+    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg), readonly=False),
                            last_subcommand=None)
 
     def run(*args):

@@ -109,6 +109,8 @@ class RuleRegistry:
         # Counts of a rule's retired numbers, so its counters survive a
         # change of algorithm.
         self._stats_base: dict[str, Counter] = {}
+        # Called after every published change (replication sends the rules).
+        self.on_change = None
 
     # ---- start and reload -----------------------------------------------------------
 
@@ -167,6 +169,27 @@ class RuleRegistry:
         log.warning("rules file %s reloaded: %s (rules version %d)",
                     self.rules_file, _summary_text(summary), self.version)
         return True
+
+    def mirror(self, rules) -> None:
+        """Makes the rules in force exactly `rules`, rows of (id, JSON,
+        source, updated_ms) as ``export`` gives them: a replica following
+        its primary.  Persisted like any change, so a promoted replica
+        keeps them."""
+        wanted = {rule_id: (parse_rule(rule_id, doc), source, updated_ms)
+                  for rule_id, doc, source, updated_ms in rules}
+        changes = []
+        for rule_id, (rule, source, updated_ms) in wanted.items():
+            old = self._entries.get(rule_id)
+            if old is None or old.rule != rule or old.source != source:
+                changes.append(self._change(rule, source, old, updated_ms))
+        changes.extend(Change(rule_id, old, None) for rule_id, old in self._entries.items()
+                       if rule_id not in wanted)
+        self._commit(changes)
+
+    def export(self) -> list[tuple[str, str, str, int]]:
+        """The rules in force as ``mirror`` takes them."""
+        return [(rule_id, e.rule.to_json(), e.source, e.updated_ms)
+                for rule_id, e in sorted(self._entries.items())]
 
     def close(self) -> None:
         if self.store is not None:
@@ -296,6 +319,8 @@ class RuleRegistry:
                 self.engine.forget(change.retired)
         self.version += 1
         self.last_change_ms = self.now_ms()
+        if self.on_change is not None:
+            self.on_change()
 
     def _carry_stats(self, rule_id: str, retired: int) -> None:
         base = self._stats_base.setdefault(rule_id, Counter())
