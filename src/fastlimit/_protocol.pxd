@@ -75,6 +75,7 @@ cdef class ServerCore:
     cdef public dict error_counts     # error code ("ERR", "NOAUTH") -> replies
     cdef public int64_t net_input_bytes
     cdef public int64_t net_output_bytes
+    cdef public bint readonly         # a replica: writes get -READONLY
     cdef public object app            # the event-loop layer's server object
     cdef public object log
 
@@ -107,6 +108,8 @@ cdef class Connection:
     cdef readonly double last_interaction
     cdef public list multi_queue      # None outside MULTI
     cdef public str last_subcommand   # 'client|list' after CLIENT LIST
+    cdef public object replica        # set when a replica syncs over this connection
+    cdef public int replica_port      # REPLCONF listening-port
 
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
@@ -114,6 +117,7 @@ cdef class Connection:
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
     cdef void reject(self, Command cmd, str msg)
+    cdef bint refuse_write(self, int64_t cost)
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)

@@ -167,6 +167,8 @@ cdef class Connection:
     def connection_lost(self, exc):
         self.closed = True
         self.core.clients.pop(self.id, None)
+        if self.replica is not None:
+            self.core.app.replication.detach(self)
         self.transport = None
         free(self.inbuf)
         self.inbuf = NULL
@@ -331,6 +333,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
+        elif self.core.readonly and cmd.is_write and cmd.fast == FAST_NONE:
+            self.reject(cmd, READONLY_ERROR)
         elif self.multi_queue is not None and cmd.no_multi:
             self.reject(cmd, "ERR Command not allowed inside a transaction")
         elif self.multi_queue is not None and cmd.fast < FAST_MULTI:
@@ -346,6 +350,14 @@ cdef class Connection:
         self.reply_error(msg)
         if self.multi_queue is not None:
             self.multi_dirty = True
+
+    cdef bint refuse_write(self, int64_t cost):
+        """A replica answers a check only as a peek (COST 0), which reads
+        the bucket as the primary left it."""
+        if self.core.readonly and cost != 0:
+            self.reply_error(READONLY_ERROR)
+            return True
+        return False
 
     cdef void run(self, Command cmd, list args):
         """Runs a checked command; args are given when it was queued,
@@ -439,8 +451,10 @@ cdef class Connection:
         if err != NULL:
             self.reply_error("ERR " + err.decode())
             return
+        if self.refuse_write(bp.cost):
+            return
         rc = bucket_check(&self.core.store.table, a[1].ptr, a[1].len, &bp,
-                          self.now_ms, True, &r)
+                          self.now_ms, not self.core.readonly, &r)
         if rc == FL_EKEYLEN:
             self.reply_error("ERR key is longer than 65535 bytes")
             return
@@ -489,6 +503,8 @@ cdef class Connection:
                                  "expected TIER, COST or DETAIL")
                 return
             i += 2
+        if self.refuse_write(cost):
+            return
         try:
             n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, tier, tlen)
             rc = rules.evaluate(a[1].ptr, a[1].len, a[2].ptr, a[2].len, n, cost,
@@ -586,6 +602,8 @@ cdef class Connection:
         cdef ServerCore core = self.core
         cdef int64_t pending = self.transport.get_write_buffer_size()
         cdef double now
+        if self.replica is not None:
+            return     # the replication stream has its own limit
         if pending == 0:
             self.soft_limit_since = 0
             return
@@ -624,6 +642,12 @@ cdef class Connection:
         if self.transport is not None:
             self.transport.close()
 
+    def send(self, bytes data):
+        """Writes outside a command's reply (the replication stream)."""
+        if self.transport is not None and not self.closed:
+            self.core.net_output_bytes += len(data)
+            self.transport.write(data)
+
     def cron(self):
         """Periodic checks for a connection that may have gone quiet."""
         if self.transport is not None and not self.closed:
@@ -648,6 +672,9 @@ cdef class Connection:
         if self.last_cmd.subcommands and self.last_subcommand:
             return self.last_subcommand
         return self.last_cmd.name
+
+
+READONLY_ERROR = "READONLY You can't write against a read only replica."
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):

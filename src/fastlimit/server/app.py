@@ -18,6 +18,7 @@ from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
 from fastlimit.server.commands import build_table
+from fastlimit.server.replication import Replication
 from fastlimit.server.snapshot import SnapshotError, Snapshots
 
 log = logging.getLogger("fastlimit")
@@ -40,6 +41,7 @@ class Server:
             self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
             settings.rules_file)
         self.rules.start()
+        self.replication = Replication(self, log)
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
@@ -84,6 +86,7 @@ class Server:
         return len(self.store) + len(self.rule_engine)
 
     def flush_buckets(self) -> None:
+        self.replication.flushed_all()
         self.store.clear()
         self.rule_engine.clear()
 
@@ -101,6 +104,7 @@ class Server:
         core.total_commands = core.total_connections = core.rejected_connections = 0
         core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
         core.error_counts.clear()
+        self.replication.reset_stats()
         for cmd in core.commands.values():
             cmd.reset_stats()
             for sub in cmd.subcommands.values():
@@ -123,6 +127,8 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
         loop.add_signal_handler(signal.SIGHUP, self.rules.reload_from_signal)
+        if self.settings.replicaof:
+            self.replication.follow(*self.settings.replicaof)
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
@@ -140,6 +146,7 @@ class Server:
     async def stop(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        self.replication.close()
         for server in self._servers:
             server.close()
         for conn in list(self.core.clients.values()):
@@ -182,6 +189,7 @@ class Server:
             self._last_ops = (now, total)
             for conn in list(self.core.clients.values()):
                 conn.cron()
+            self.replication.cron()
             self._log_denials(now)
 
     def _log_denials(self, now: float) -> None:

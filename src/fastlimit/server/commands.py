@@ -9,17 +9,19 @@ command name as sent; it raises ``ReplyError`` for an error reply.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hmac
 import time
 
 from fastlimit import __version__
-from fastlimit._protocol import Command
+from fastlimit._protocol import READONLY_ERROR, Command
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
 from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.info import render_info
 from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
+from fastlimit.server.replication import Follower
 from fastlimit.server.snapshot import SnapshotError
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
@@ -114,7 +116,8 @@ def cmd_hello(conn, args):
         conn.name = name or None
     conn.proto = proto
     return {"server": "fastlimit", "version": REDIS_COMPAT_VERSION, "proto": proto,
-            "id": conn.id, "mode": "standalone", "role": "master", "modules": [],
+            "id": conn.id, "mode": "standalone",
+            "role": "replica" if conn.core.readonly else "master", "modules": [],
             "fastlimit_version": __version__}
 
 
@@ -286,6 +289,61 @@ def cmd_bgsave(conn, args):
 
 def cmd_lastsave(conn, args):
     return conn.core.app.snapshots.last_save_time
+
+
+# ---- replication ----------------------------------------------------------------------
+
+def cmd_replicaof(conn, args):
+    """REPLICAOF <host> <port> | NO ONE (SLAVEOF is the same command)."""
+    repl = conn.core.app.replication
+    if _lower(args[1]) == "no" and _lower(args[2]) == "one":
+        repl.promote()
+        return OK
+    port = _int(args[2], "port")
+    if not 1 <= port <= 65535:
+        raise ReplyError("ERR Invalid master port")
+    host = args[1].decode("utf-8", "replace")
+    if not repl.follow(host, port):
+        return SimpleString("OK Already connected to specified master")
+    return OK
+
+
+def cmd_role(conn, args):
+    return conn.core.app.replication.role_reply()
+
+
+def cmd_replconf(conn, args):
+    """REPLCONF <option> <value> ...: what a replica tells its primary.
+    ACK <offset> gets no reply, as in Redis."""
+    if len(args) % 2 == 0:
+        raise ReplyError("ERR syntax error")
+    for i in range(1, len(args), 2):
+        option, value = _lower(args[i]), args[i + 1]
+        if option == "ack":
+            conn.core.app.replication.acknowledge(conn, _int(value, "offset"))
+            return NO_REPLY
+        if option == "listening-port":
+            port = _int(value, "port")
+            if not 0 <= port <= 65535:
+                raise ReplyError("ERR Invalid listening port")
+            conn.replica_port = port
+        elif option not in ("ip-address", "capa", "getack"):
+            raise ReplyError(f"ERR Unrecognized REPLCONF option: {option[:64]}")
+    return OK
+
+
+def cmd_cl_sync(conn, args):
+    """Makes this connection a replica's: a full copy follows the reply,
+    then the stream (see replstream.py).  It only reads: nothing a client
+    sends here can change a bucket."""
+    app = conn.core.app
+    if conn.core.readonly:
+        raise ReplyError("ERR this server is a replica; replicas sync from the primary")
+    if conn.replica is not None:
+        raise ReplyError("ERR this connection is already a replica's")
+    conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
+    asyncio.get_running_loop().call_soon(app.replication.attach, conn)
+    return SimpleString(f"FULLSYNC {app.replication.replid} {app.replication.offset}")
 
 
 def cmd_cl_throttle(conn, args):
@@ -511,6 +569,9 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None) -> C
         if not sub.check_arity(len(args)):
             sub.rejected_calls += 1
             raise ReplyError(f"ERR wrong number of arguments for '{sub.name}' command")
+        if sub.is_write and conn.core.readonly:
+            sub.rejected_calls += 1
+            raise ReplyError(READONLY_ERROR)
         sub.calls += 1
         conn.last_subcommand = sub.name
         started = time.perf_counter_ns()
@@ -636,6 +697,25 @@ def build_table() -> dict[bytes, Command]:
         _cmd("debug", -2, ("admin", "noscript", "loading", "stale"), cmd_debug,
              acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="Debugging and test helpers (DEBUG HELP)."),
+        _cmd("replicaof", 3, ("admin", "noscript", "stale", "no-async-loading"), cmd_replicaof,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Follows a primary as its read-only replica, or with NO ONE stops "
+                     "and takes writes.",
+             arguments=[("host", "string"), ("port", "integer")]),
+        _cmd("slaveof", 3, ("admin", "noscript", "stale", "no-async-loading"), cmd_replicaof,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="The old name of REPLICAOF.",
+             arguments=[("host", "string"), ("port", "integer")]),
+        _cmd("role", 1, ("noscript", "loading", "stale", "fast", "sentinel"), cmd_role,
+             acl=("@admin", "@fast", "@dangerous"), group="server",
+             summary="Returns the replication role."),
+        _cmd("replconf", -1, ("admin", "noscript", "loading", "stale", "allow-busy"),
+             cmd_replconf, acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="An internal command a replica sends its primary."),
+        _cmd("cl.sync", 1, ("admin", "noscript", "no-multi"), cmd_cl_sync,
+             acl=("@admin", "@slow", "@dangerous"), group="server", since="0.4.0",
+             summary="An internal command: a replica asks for a full copy and the "
+                     "stream of changes."),
         container("client", -2, ("sentinel",), [
             sub("client", "id", 2, cmd_client_id, "Returns the connection's unique ID."),
             sub("client", "getname", 2, cmd_client_getname, "Returns the connection's name."),

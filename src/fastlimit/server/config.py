@@ -91,6 +91,11 @@ class Settings:
     config_file: str | None = None
     rules_db: str | None = "fastlimit-rules.db"
     rules_file: str | None = None
+    replicaof: tuple[str, int] | None = None
+    masterauth: str | None = None
+    repl_timeout: int = 60
+    repl_flush_ms: float = 2.0
+    repl_buffer_limit: int = 256 * 1024**2
 
     def validate(self) -> "Settings":
         if not 0 <= self.port <= 65535:
@@ -115,6 +120,12 @@ class Settings:
             raise ConfigError("denial-log-seconds must be above 0 and at most 86400")
         if self.requirepass == "":
             self.requirepass = None
+        if self.masterauth == "":
+            self.masterauth = None
+        if not 0.1 <= self.repl_flush_ms <= 1000:
+            raise ConfigError("repl-flush-ms must be from 0.1 to 1000")
+        if self.repl_buffer_limit < 1024:
+            raise ConfigError("repl-buffer-limit must be at least 1kb")
         return self
 
 
@@ -141,12 +152,28 @@ _FIELDS = {
     "loglevel": (lambda v: str(v).lower(), str),
     "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
+    "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
+    "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-timeout": (lambda v: parse_int(v, 1, 86400, "repl-timeout"), str),
+    "repl-flush-ms": (float, str),
+    "repl-buffer-limit": (parse_memory, str),
 }
+
+
+def parse_replicaof(value) -> tuple[str, int] | None:
+    """``<host> <port>``, as one string or a list; "" or "no one" for none."""
+    parts = value.split() if isinstance(value, str) else [str(v) for v in value]
+    if not parts or [p.lower() for p in parts] == ["no", "one"]:
+        return None
+    if len(parts) != 2:
+        raise ConfigError("replicaof takes <host> <port>")
+    return parts[0], parse_int(parts[1], 1, 65535, "replicaof port")
 
 # Settings that CONFIG SET may change while the server runs.
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
-                    "hz", "sweep-budget-ms", "loglevel", "requirepass"}
+                    "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
+                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -228,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules-file", metavar="PATH",
                    help="TOML or JSON rules file, loaded at start and reloaded on "
                         "SIGHUP and CL.RULE RELOAD")
+    p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
+                   help="start as a read-only replica of this primary")
+    p.add_argument("--masterauth", metavar="PW", help="password for the primary's requirepass")
+    p.add_argument("--repl-timeout", type=int,
+                   help="seconds of silence after which a replication link is dropped (default 60)")
+    p.add_argument("--repl-flush-ms", type=float,
+                   help="a primary sends changed buckets to its replicas this often (default 2)")
+    p.add_argument("--repl-buffer-limit", metavar="SIZE",
+                   help="unsent replication output per replica (beyond its full copy) "
+                        "past which it is dropped and resyncs (default 256mb)")
     return p
 
 

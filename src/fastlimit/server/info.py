@@ -91,7 +91,7 @@ def _stats(core, app) -> dict:
 
 
 def _replication(core, app) -> dict:
-    return {"role": "master", "connected_slaves": 0, "master_repl_offset": 0}
+    return app.replication.info()
 
 
 def _cpu(core, app) -> dict:

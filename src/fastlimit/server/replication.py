@@ -1,0 +1,493 @@
+"""Asynchronous replication: a primary streams bucket states to its
+replicas; a replica follows one primary and refuses writes until promoted.
+
+The primary never waits for a replica.  While one is attached, every
+table notes the keys its writes touch; every `repl-flush-ms` the notes are
+drained into one batch of current states written to every replica's
+socket.  A replica whose unsent output passes `repl-buffer-limit` (beyond
+its full copy), or that has not acknowledged for `repl-timeout` seconds,
+is dropped; it reconnects and gets a full copy.  Format: replstream.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+
+from fastlimit.server import replstream as rs
+from fastlimit.server import snapshot
+from fastlimit.server.snapshot import SnapshotError
+
+HEARTBEAT_S = 1.0          # an empty batch this often keeps an idle link alive
+ACK_S = 1.0                # a replica reports its offset this often
+RECONNECT_S = 0.5          # a replica retries its primary this often
+LAG_BUCKETS_MS = 1000      # lag histogram: 1 ms buckets, then one for the rest
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Follower:
+    """A replica as its primary sees it."""
+    conn: object
+    ip: str
+    port: int = 0                   # the replica's own listening port
+    state: str = "wait_bgsave"      # then "online"
+    ack_offset: int = 0
+    last_ack: float = field(default_factory=time.monotonic)
+    sync_bytes: int = 0             # its full copy, which the buffer limit allows on top
+
+
+class LagStats:
+    """How long changes took to reach this replica, weighted by records."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = [0] * (LAG_BUCKETS_MS + 1)
+        self.records = 0
+        self.last_ms = 0
+        self.max_ms = 0
+
+    def add(self, lag_ms: int, records: int) -> None:
+        lag_ms = max(lag_ms, 0)
+        self.last_ms = lag_ms
+        self.max_ms = max(self.max_ms, lag_ms)
+        if records:
+            self.counts[min(lag_ms, LAG_BUCKETS_MS)] += records
+            self.records += records
+
+    def percentile(self, p: float) -> int:
+        """The smallest lag (ms) within which a share p of records arrived;
+        LAG_BUCKETS_MS means "that or more"."""
+        if not self.records:
+            return 0
+        need, seen = p * self.records, 0
+        for ms, n in enumerate(self.counts):
+            seen += n
+            if seen >= need:
+                return ms
+        return LAG_BUCKETS_MS
+
+
+class Replication:
+    """The server's replication role: primary (with followers) or replica
+    (with a link to its primary)."""
+
+    def __init__(self, app, log):
+        self.app = app
+        self.log = log
+        self.replid = os.urandom(20).hex()
+        self.offset = 0
+        self.followers: dict[int, Follower] = {}
+        self.link: PrimaryLink | None = None
+        self.lag = LagStats()
+        self.full_syncs = 0
+        self.dropped = 0
+        self._flush_handle = None
+        self._last_batch_ms = wall_ms()
+        app.rules.on_change = self.rules_changed
+
+    @property
+    def role(self) -> str:
+        return "slave" if self.link is not None else "master"
+
+    # ---- primary ------------------------------------------------------------------
+
+    def attach(self, conn) -> None:
+        """Starts a replica off: a full copy now, then every batch."""
+        follower = conn.replica
+        if follower is None or conn.id not in self.app.core.clients:
+            return    # it left before its turn
+        if self.followers:
+            self.flush()   # the others get what changed up to the copy
+        else:
+            self._track(True)
+        app = self.app
+        copy = snapshot.encode(app.store, app.rule_engine, snapshot.rule_numbers(app.rules),
+                               app.clock.now())
+        data = (rs.frame(rs.RULES, self._rules_payload())
+                + rs.frame(rs.SNAPSHOT, rs.snapshot_payload(self.offset, copy)))
+        follower.sync_bytes = len(data)
+        follower.ack_offset = self.offset
+        follower.state = "online"
+        self.followers[conn.id] = follower
+        self.full_syncs += 1
+        conn.send(data)
+        self._schedule_flush()
+        self.log.info("replica %s:%d: full copy sent (%d bytes, offset %d)",
+                      follower.ip, follower.port, len(copy), self.offset)
+
+    def detach(self, conn) -> None:
+        follower = self.followers.pop(conn.id, None)
+        if follower is not None:
+            self.log.warning("replica %s:%d lost", follower.ip, follower.port)
+        if not self.followers:
+            self._track(False)
+
+    def acknowledge(self, conn, offset: int) -> None:
+        follower = self.followers.get(conn.id)
+        if follower is not None:
+            follower.ack_offset = offset
+            follower.last_ack = time.monotonic()
+
+    def _track(self, on: bool) -> None:
+        app = self.app
+        if on:
+            limit = app.settings.repl_buffer_limit
+            app.store.track_changes(limit)
+            app.rule_engine.track_changes(limit)
+        else:
+            app.store.untrack_changes()
+            app.rule_engine.untrack_changes()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None and self.followers:
+            self._flush_handle = asyncio.get_running_loop().call_later(
+                self.app.settings.repl_flush_ms / 1000, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._flush_handle = None
+        self.flush()
+        self._schedule_flush()
+
+    def flush(self) -> None:
+        """Sends what changed since the last batch (or a heartbeat when
+        nothing did and one is due)."""
+        if not self.followers:
+            return
+        app = self.app
+        if app.store.changes_overflowed() or app.rule_engine.changes_overflowed():
+            self._drop_all("the change log passed repl-buffer-limit")
+            return
+        oldest = min(filter(None, (app.store.oldest_change_ms(),
+                                   app.rule_engine.oldest_change_ms())), default=None)
+        sections = app.store.drain_changes() + app.rule_engine.drain_changes()
+        now = wall_ms()
+        if not sections and now - self._last_batch_ms < HEARTBEAT_S * 1000:
+            return
+        self._last_batch_ms = now
+        stamp = oldest if sections and oldest is not None else now
+        generations = app.rule_engine.lease_generations() if sections else {}
+        self.broadcast(rs.frame(rs.BATCH, rs.batch_payload(stamp, generations, sections)))
+
+    def broadcast(self, data: bytes) -> None:
+        self.offset += len(data)
+        limit = self.app.settings.repl_buffer_limit
+        for follower in list(self.followers.values()):
+            conn = follower.conn
+            conn.send(data)
+            if conn.output_buffer_len > limit + follower.sync_bytes:
+                self._drop(follower, f"its unsent output passed repl-buffer-limit ({limit} bytes)")
+
+    def rules_changed(self) -> None:
+        if self.followers:
+            self.flush()
+            self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
+
+    def flushed_all(self) -> None:
+        """Called before FLUSHALL clears the tables: what changed before
+        it goes first, then the flush itself."""
+        if self.followers:
+            self.flush()
+            self.broadcast(rs.frame(rs.FLUSH))
+
+    def _rules_payload(self) -> bytes:
+        registry = self.app.rules
+        return rs.rules_payload((registry.num_for(rule_id), rule_id, doc, source, updated)
+                                for rule_id, doc, source, updated in registry.export())
+
+    def _drop(self, follower: Follower, why: str) -> None:
+        self.log.warning("dropping replica %s:%d: %s; it will resync in full",
+                         follower.ip, follower.port, why)
+        self.dropped += 1
+        self.followers.pop(follower.conn.id, None)
+        follower.conn.abort()
+        if not self.followers:
+            self._track(False)
+
+    def _drop_all(self, why: str) -> None:
+        for follower in list(self.followers.values()):
+            self._drop(follower, why)
+
+    def cron(self) -> None:
+        """Once a second: replicas silent for repl-timeout are dropped; a
+        replica reports its offset."""
+        timeout = self.app.settings.repl_timeout
+        now = time.monotonic()
+        for follower in list(self.followers.values()):
+            if now - follower.last_ack > timeout:
+                self._drop(follower, f"no acknowledgement for {timeout} s")
+        if self.link is not None:
+            self.link.cron()
+
+    # ---- role changes ------------------------------------------------------------------
+
+    def follow(self, host: str, port: int) -> bool:
+        """Becomes a replica of host:port (REPLICAOF); False if it already is."""
+        if self.link is not None and (self.link.host, self.link.port) == (host, port):
+            return False
+        self.stop_following()
+        self._drop_all("this server became a replica")
+        self.app.core.readonly = True
+        self.link = PrimaryLink(self, host, port)
+        self.link.start()
+        self.log.warning("following primary %s:%d", host, port)
+        return True
+
+    def promote(self) -> None:
+        """REPLICAOF NO ONE: keeps every bucket and starts taking writes,
+        under a new replication id, as Redis does."""
+        if self.link is None:
+            return
+        self.stop_following()
+        self.app.core.readonly = False
+        self.replid = os.urandom(20).hex()
+        self.log.warning("promoted to primary; serving from the state replicated so far")
+
+    def stop_following(self) -> None:
+        if self.link is not None:
+            self.link.stop()
+            self.link = None
+
+    def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.stop_following()
+
+    def reset_stats(self) -> None:
+        self.lag.reset()
+
+    # ---- INFO and ROLE -----------------------------------------------------------------------
+
+    def info(self) -> dict:
+        if self.link is not None:
+            return self.link.info()
+        self.flush()    # the offset then covers every write before this INFO
+        out = {"role": "master", "connected_slaves": len(self.followers)}
+        now = time.monotonic()
+        for i, f in enumerate(self.followers.values()):
+            out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
+                                f"offset={f.ack_offset},lag={int(now - f.last_ack)},"
+                                f"behind_bytes={self.offset - f.ack_offset}")
+        out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
+                    "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
+                    "repl_dropped_replicas": self.dropped,
+                    "repl_buffer_limit": self.app.settings.repl_buffer_limit})
+        return out
+
+    def role_reply(self) -> list:
+        if self.link is not None:
+            return self.link.role_reply()
+        self.flush()
+        return [b"master", self.offset,
+                [[f.ip.encode(), str(f.port).encode(), str(f.ack_offset).encode()]
+                 for f in self.followers.values()]]
+
+
+class PrimaryLink(asyncio.Protocol):
+    """A replica's connection to its primary: handshake, full copy, then
+    batches; reconnects every RECONNECT_S while down."""
+
+    def __init__(self, repl: Replication, host: str, port: int):
+        self.repl = repl
+        self.app = repl.app
+        self.host = host
+        self.port = port
+        self.state = "connect"
+        self.transport = None
+        self.reader = rs.FrameReader()
+        self.handshake = bytearray()
+        self.replies_due = 0
+        self.offset = 0
+        self.master_replid = "?"
+        self.renumber: list[int | None] = []
+        self.last_io = time.monotonic()
+        self.down_since = time.monotonic()
+        self.batches = 0
+        self.records = 0
+        self._stopped = False
+        self._retry = None
+
+    # ---- connecting ----------------------------------------------------------------
+
+    def start(self) -> None:
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        self._retry = None
+        if self._stopped:
+            return
+        self.state = "connecting"
+        try:
+            await asyncio.get_running_loop().create_connection(
+                lambda: self, self.host, self.port)
+        except OSError as e:
+            self.repl.log.warning("cannot reach primary %s:%d: %s", self.host, self.port,
+                                  e.strerror or e)
+            self._later()
+
+    def _later(self) -> None:
+        self.state = "connect"
+        if not self._stopped and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(
+                RECONNECT_S, lambda: asyncio.get_running_loop().create_task(self._connect()))
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- asyncio callbacks ------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.state = "handshake"
+        self.last_io = time.monotonic()
+        self.reader = rs.FrameReader()
+        self.handshake = bytearray()
+        commands = []
+        if self.app.settings.masterauth:
+            commands.append([b"AUTH", self.app.settings.masterauth.encode()])
+        commands.append([b"REPLCONF", b"listening-port", str(self.app.port).encode()])
+        commands.append([b"CL.SYNC"])
+        self.replies_due = len(commands)
+        transport.write(b"".join(_resp_command(c) for c in commands))
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        if self.state == "connected":
+            self.repl.log.warning("lost the link to primary %s:%d", self.host, self.port)
+        self.down_since = time.monotonic()
+        self._later()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_io = time.monotonic()
+        try:
+            if self.replies_due:
+                data = self._handshake_replies(data)
+            for kind, payload in self.reader.feed(data):
+                self._apply(kind, payload)
+        except (SnapshotError, ValueError) as e:    # RuleError is a ValueError
+            self.repl.log.error("replication from %s:%d failed: %s; resyncing",
+                                self.host, self.port, e)
+            self.transport.abort()
+        except Exception:
+            # A bug must cost a resync, never the replica process.
+            self.repl.log.exception("replication from %s:%d failed; resyncing",
+                                    self.host, self.port)
+            self.transport.abort()
+
+    def _handshake_replies(self, data: bytes) -> bytes:
+        """Consumes the one-line replies to the handshake; returns what
+        follows them (the first frames)."""
+        self.handshake += data
+        while self.replies_due:
+            end = self.handshake.find(b"\r\n")
+            if end < 0:
+                if len(self.handshake) > 4096:
+                    raise ValueError("handshake reply too long")
+                return b""
+            line = bytes(self.handshake[:end]).decode("utf-8", "replace")
+            del self.handshake[:end + 2]
+            self.replies_due -= 1
+            if not line.startswith("+"):
+                raise ValueError(f"the primary refused the handshake: {line}")
+            if line.startswith("+FULLSYNC"):
+                parts = line.split()
+                self.master_replid = parts[1] if len(parts) > 1 else "?"
+                self.state = "sync"
+        rest, self.handshake = bytes(self.handshake), bytearray()
+        return rest
+
+    # ---- applying frames ----------------------------------------------------------------
+
+    def _apply(self, kind: int, payload: memoryview) -> None:
+        app = self.app
+        if kind == rs.RULES:
+            rows = rs.parse_rules(payload)
+            app.rules.mirror([row[1:] for row in rows])
+            self.renumber = _renumber(rows, app.rules)
+        elif kind == rs.SNAPSHOT:
+            offset, body = rs.parse_snapshot(payload)
+            copy = snapshot.decode(body)
+            app.flush_buckets()
+            snapshot.load_sections(copy.sections, app.store, app.rule_engine, self.renumber)
+            snapshot.advance_lease_generations(copy.lease_generations, app.rule_engine,
+                                               self.renumber)
+            self.offset = offset
+            self.state = "connected"
+            self.repl.log.warning("full copy from primary %s:%d loaded: %d buckets",
+                                  self.host, self.port, app.bucket_count())
+            self._ack()
+            return
+        elif kind == rs.BATCH:
+            stamp, generations, sections = rs.parse_batch(payload)
+            snapshot.load_sections(sections, app.store, app.rule_engine, self.renumber,
+                                   deletes=True)
+            snapshot.advance_lease_generations(generations, app.rule_engine, self.renumber)
+            records = sum(s.records for s in sections)
+            self.repl.lag.add(wall_ms() - stamp, records)
+            self.batches += 1
+            self.records += records
+        elif kind == rs.FLUSH:
+            app.flush_buckets()
+        self.offset += rs.FRAME.size + len(payload)
+
+    def _ack(self) -> None:
+        if self.transport is not None and self.state == "connected":
+            self.transport.write(_resp_command(
+                [b"REPLCONF", b"ACK", str(self.offset).encode()]))
+
+    def cron(self) -> None:
+        timeout = self.app.settings.repl_timeout
+        if self.transport is not None and time.monotonic() - self.last_io > timeout:
+            self.repl.log.warning("primary %s:%d silent for %d s; reconnecting",
+                                  self.host, self.port, timeout)
+            self.transport.abort()
+            return
+        self._ack()
+
+    # ---- INFO and ROLE -------------------------------------------------------------------
+
+    def info(self) -> dict:
+        up = self.state == "connected"
+        now = time.monotonic()
+        lag = self.repl.lag
+        return {"role": "slave", "master_host": self.host, "master_port": self.port,
+                "master_link_status": "up" if up else "down",
+                "master_last_io_seconds_ago": int(now - self.last_io) if up else -1,
+                "master_sync_in_progress": int(self.state == "sync"),
+                "slave_read_repl_offset": self.offset, "slave_repl_offset": self.offset,
+                "master_link_down_since_seconds": -1 if up else int(now - self.down_since),
+                "slave_priority": 100, "slave_read_only": 1, "replica_announced": 1,
+                "connected_slaves": 0, "master_failover_state": "no-failover",
+                "master_replid": self.master_replid, "master_repl_offset": self.offset,
+                "repl_batches_applied": self.batches, "repl_records_applied": self.records,
+                "repl_lag_last_ms": lag.last_ms, "repl_lag_p50_ms": lag.percentile(0.50),
+                "repl_lag_p99_ms": lag.percentile(0.99), "repl_lag_max_ms": lag.max_ms,
+                "repl_lag_records": lag.records}
+
+    def role_reply(self) -> list:
+        return [b"slave", self.host.encode(), self.port, self.state.encode(), self.offset]
+
+
+def _renumber(rows, registry) -> list[int | None]:
+    """The primary's rule numbers mapped to this registry's (which
+    mirrors the primary's rules, so every id is here)."""
+    renumber: list[int | None] = [None] * (max((row[0] for row in rows), default=-1) + 1)
+    for num, rule_id, *_ in rows:
+        renumber[num] = registry.num_for(rule_id)
+    return renumber
+
+
+def _resp_command(args: list[bytes]) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
