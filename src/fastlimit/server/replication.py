@@ -1,18 +1,22 @@
 """Asynchronous replication: a primary streams bucket states to its
 replicas; a replica follows one primary and refuses writes until promoted.
 
-The primary never waits for a replica.  While one is attached, every
-table notes the keys its writes touch; every `repl-flush-ms` the notes are
-drained into one batch of current states written to every replica's
-socket.  A replica whose unsent output passes `repl-buffer-limit` (beyond
-its full copy), or that has not acknowledged for `repl-timeout` seconds,
-is dropped; it reconnects and gets a full copy.  Format: replstream.py.
+The primary never waits for a replica.  A full copy is written by a
+forked child into a memory file (the fork is the only pause), then sent
+a chunk at a time as the replica's socket drains, while the batches made
+meanwhile wait for it.  While a replica is attached, every table notes the
+keys its writes touch; every `repl-flush-ms` the notes are drained into one
+batch of current states written to every replica.  A replica whose unsent
+output or waiting batches pass `repl-buffer-limit`, or that has not
+acknowledged for `repl-timeout` seconds, is dropped; it reconnects and
+gets a full copy.  Format: replstream.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -30,16 +34,34 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+SEND_CHUNK = 1 << 20       # a full copy goes out this much at a time...
+SEND_AHEAD = 4 * SEND_CHUNK  # ...while less than this is unsent
+
+
 @dataclass
 class Follower:
-    """A replica as its primary sees it."""
+    """A replica as its primary sees it.  States as Redis names them:
+    wait_bgsave (a child writes its full copy), send_bulk, online."""
     conn: object
     ip: str
     port: int = 0                   # the replica's own listening port
-    state: str = "wait_bgsave"      # then "online"
+    state: str = "wait_bgsave"
     ack_offset: int = 0
     last_ack: float = field(default_factory=time.monotonic)
-    sync_bytes: int = 0             # its full copy, which the buffer limit allows on top
+    child: int = 0                  # pid writing the full copy
+    copy_fd: int = -1               # the memory file it writes
+    copy_sent: int = 0
+    copy_size: int = 0
+    waiting: list = field(default_factory=list)   # batches made before it is online
+    waiting_bytes: int = 0
+
+    def release_copy(self) -> None:
+        if self.child:
+            _reap(self.child, kill=True)
+            self.child = 0
+        if self.copy_fd >= 0:
+            os.close(self.copy_fd)
+            self.copy_fd = -1
 
 
 class LagStats:
@@ -100,7 +122,8 @@ class Replication:
     # ---- primary ------------------------------------------------------------------
 
     def attach(self, conn) -> None:
-        """Starts a replica off: a full copy now, then every batch."""
+        """Starts a replica off: a forked child writes its full copy; the
+        batches from now on wait for it (see advance_copies)."""
         follower = conn.replica
         if follower is None or conn.id not in self.app.core.clients:
             return    # it left before its turn
@@ -109,23 +132,67 @@ class Replication:
         else:
             self._track(True)
         app = self.app
-        copy = snapshot.encode(app.store, app.rule_engine, snapshot.rule_numbers(app.rules),
-                               app.clock.now())
-        data = (rs.frame(rs.RULES, self._rules_payload())
-                + rs.frame(rs.SNAPSHOT, rs.snapshot_payload(self.offset, copy)))
-        follower.sync_bytes = len(data)
-        follower.ack_offset = self.offset
-        follower.state = "online"
+        rules, offset = self._rules_payload(), self.offset
+        numbers, now = snapshot.rule_numbers(app.rules), app.clock.now()
+        follower.copy_fd = os.memfd_create("fastlimit-full-copy")
+
+        def write_copy():
+            fd = follower.copy_fd
+            snapshot.write_all(fd, rs.frame(rs.RULES, rules) +
+                               rs.frame(rs.SNAPSHOT, rs.snapshot_payload(offset, b"")))
+            snapshot.write_to(fd, app.store, app.rule_engine, numbers, now)
+            # the copy's length, known now, goes into its frame header
+            size = os.lseek(fd, 0, os.SEEK_CUR) - len(rules) - 2 * rs.FRAME.size
+            os.pwrite(fd, rs.FRAME.pack(rs.SNAPSHOT, size), len(rules) + rs.FRAME.size)
+
+        follower.child = snapshot.fork_worker(write_copy)
+        follower.ack_offset = offset
         self.followers[conn.id] = follower
         self.full_syncs += 1
-        conn.send(data)
         self._schedule_flush()
-        self.log.info("replica %s:%d: full copy sent (%d bytes, offset %d)",
-                      follower.ip, follower.port, len(copy), self.offset)
+        self.log.info("replica %s:%d: full copy being written by pid %d (offset %d)",
+                      follower.ip, follower.port, follower.child, offset)
+
+    def advance_copies(self) -> None:
+        """Moves each replica that is being started along: reaps the child
+        that wrote its copy, sends the copy as the socket drains, then the
+        batches that waited."""
+        for follower in list(self.followers.values()):
+            if follower.state == "wait_bgsave":
+                status = _reap(follower.child)
+                if status is None:
+                    continue
+                follower.child = 0
+                if status != 0:
+                    self._drop(follower, "writing its full copy failed")
+                    continue
+                follower.copy_size = os.fstat(follower.copy_fd).st_size
+                follower.state = "send_bulk"
+            if follower.state == "send_bulk":
+                self._send_copy(follower)
+
+    def _send_copy(self, follower: Follower) -> None:
+        conn = follower.conn
+        while follower.copy_sent < follower.copy_size and conn.output_buffer_len < SEND_AHEAD:
+            chunk = os.pread(follower.copy_fd, SEND_CHUNK, follower.copy_sent)
+            if not chunk:
+                self._drop(follower, "its full copy could not be read back")
+                return
+            conn.send(chunk)
+            follower.copy_sent += len(chunk)
+        if follower.copy_sent < follower.copy_size:
+            return
+        follower.release_copy()
+        conn.send(b"".join(follower.waiting))
+        follower.waiting, follower.waiting_bytes = [], 0
+        follower.state = "online"
+        self.log.info("replica %s:%d: full copy sent (%d bytes); streaming",
+                      follower.ip, follower.port, follower.copy_size)
 
     def detach(self, conn) -> None:
         follower = self.followers.pop(conn.id, None)
         if follower is not None:
+            follower.release_copy()
             self.log.warning("replica %s:%d lost", follower.ip, follower.port)
         if not self.followers:
             self._track(False)
@@ -154,6 +221,7 @@ class Replication:
     def _timed_flush(self) -> None:
         self._flush_handle = None
         self.flush()
+        self.advance_copies()
         self._schedule_flush()
 
     def flush(self) -> None:
@@ -180,9 +248,14 @@ class Replication:
         self.offset += len(data)
         limit = self.app.settings.repl_buffer_limit
         for follower in list(self.followers.values()):
-            conn = follower.conn
-            conn.send(data)
-            if conn.output_buffer_len > limit + follower.sync_bytes:
+            if follower.state != "online":
+                follower.waiting.append(data)
+                follower.waiting_bytes += len(data)
+                pending = follower.waiting_bytes
+            else:
+                follower.conn.send(data)
+                pending = follower.conn.output_buffer_len
+            if pending > limit:
                 self._drop(follower, f"its unsent output passed repl-buffer-limit ({limit} bytes)")
 
     def rules_changed(self) -> None:
@@ -207,6 +280,7 @@ class Replication:
                          follower.ip, follower.port, why)
         self.dropped += 1
         self.followers.pop(follower.conn.id, None)
+        follower.release_copy()
         follower.conn.abort()
         if not self.followers:
             self._track(False)
@@ -259,6 +333,8 @@ class Replication:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        for follower in self.followers.values():
+            follower.release_copy()
         self.stop_following()
 
     def reset_stats(self) -> None:
@@ -478,6 +554,21 @@ class PrimaryLink(asyncio.Protocol):
 
     def role_reply(self) -> list:
         return [b"slave", self.host.encode(), self.port, self.state.encode(), self.offset]
+
+
+def _reap(pid: int, kill: bool = False) -> int | None:
+    """A child's exit code once it has ended (killing it first if asked),
+    else None."""
+    if kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        done, status = os.waitpid(pid, 0 if kill else os.WNOHANG)
+    except ChildProcessError:
+        return 1
+    return os.waitstatus_to_exitcode(status) if done else None
 
 
 def _renumber(rows, registry) -> list[int | None]:

@@ -78,24 +78,15 @@ def write_to(fd: int, store, engine, rules: dict[int, tuple[str, str, str]],
                        "lease_generations": {str(n): g for n, g in
                                              engine.lease_generations().items()}}).encode()
     head = MAGIC + struct.pack("<I", len(meta)) + meta
-    _write_all(fd, head)
+    write_all(fd, head)
     crc = store.dump(fd, zlib.crc32(head))
     _, crc = engine.dump(fd, crc)
-    _write_all(fd, struct.pack("<I", crc) + FOOTER)
+    write_all(fd, struct.pack("<I", crc) + FOOTER)
 
 
-def encode(store, engine, rules: dict[int, tuple[str, str, str]], now_ms: int) -> bytes:
-    """A snapshot in memory (a replica's full copy)."""
-    fd = os.memfd_create("fastlimit-sync")
-    try:
-        write_to(fd, store, engine, rules, now_ms)
-        size = os.lseek(fd, 0, os.SEEK_CUR)
-        return os.pread(fd, size, 0) if size else b""
-    finally:
-        os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -307,23 +298,7 @@ class Snapshots:
         app = self.app
         numbers, now = rule_numbers(app.rules), app.clock.now()
         self.last_attempt = time.time()
-        # Signals wait until the child has dropped the parent's handlers
-        # (see _forget_parent_signals); the parent gets them a moment later.
-        signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_SIGNALS)
-        pid = os.fork()
-        if pid != 0:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
-        else:           # the child: write and leave, touching nothing else
-            status = 1
-            try:
-                _forget_parent_signals()
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
-                write(self.path, app.store, app.rule_engine, numbers, now)
-                status = 0
-            except BaseException:
-                traceback.print_exc()    # to the server's log
-            finally:
-                os._exit(status)
+        pid = fork_worker(lambda: write(self.path, app.store, app.rule_engine, numbers, now))
         self.child = pid
         self.log.info("background saving started by pid %d", pid)
         return True
@@ -375,6 +350,29 @@ class Snapshots:
         if status == "ok":
             self.last_save_time = int(time.time())
             self.saves += 1
+
+
+def fork_worker(work) -> int:
+    """Runs work() in a forked child, which sees the memory as it is now
+    (copy on write) and exits 0 when work returns, 1 if it raises.
+    Returns the child's pid; the parent reaps it."""
+    # Signals wait until the child has dropped the parent's handlers
+    # (see _forget_parent_signals); the parent gets them a moment later.
+    signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_SIGNALS)
+    pid = os.fork()
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        return pid
+    status = 1       # the child: work and leave, touching nothing else
+    try:
+        _forget_parent_signals()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        work()
+        status = 0
+    except BaseException:
+        traceback.print_exc()    # to the server's log
+    finally:
+        os._exit(status)
 
 
 def _forget_parent_signals() -> None:
