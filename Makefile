@@ -6,10 +6,11 @@ serve:          ## build everything, start the server on 127.0.0.1:6380
 test:           ## build everything (release and debug), run the whole test suite
 	scripts/test.sh
 
-bench:          ## fastlimit vs redis-server, and the clients vs the limits library (bench/README.md)
+bench:          ## fastlimit vs redis-server, the clients vs the limits library, replication (bench/README.md)
 	scripts/bootstrap.sh
 	.venv/bin/python bench/run.py
 	.venv/bin/python bench/clients.py
+	.venv/bin/python bench/replication.py
 
 build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace
