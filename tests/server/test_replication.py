@@ -311,3 +311,17 @@ def test_replica_does_not_serve_replicas(make_server):
     primary, replica, p, r = start_pair(make_server)
     with pytest.raises(redis.ResponseError, match="replicas sync from the primary"):
         r.execute_command("CL.SYNC")
+
+
+def test_replica_connections_are_listed_and_can_be_killed(make_server):
+    primary, replica, p, r = start_pair(make_server)
+    listing = p.execute_command("CLIENT", "LIST", "TYPE", "replica")
+    lines = listing.splitlines() if isinstance(listing, str) else listing.decode().splitlines()
+    assert len(lines) == 1 and " flags=S " in lines[0]
+    assert p.execute_command("CLIENT", "KILL", "TYPE", "slave") == 1
+    # the replica comes back by itself, with a second full copy
+    wait_until(lambda: p.info("replication")["repl_full_syncs"] == 2, WAIT, "no resync")
+    wait_link_up(r)
+    p.execute_command("CL.CHECK", "after-kill", 10, 1)
+    wait_caught_up(p, r)
+    assert peek(r, "after-kill") == peek(p, "after-kill")

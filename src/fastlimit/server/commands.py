@@ -180,7 +180,7 @@ def _text(value) -> str:
 
 
 def client_line(c, now: float) -> str:
-    flags = "x" if c.in_multi else "N"
+    flags = "S" if c.replica is not None else "x" if c.in_multi else "N"
     return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
             f"age={int(now - c.created)} idle={int(now - c.last_interaction)} flags={flags} "
             f"db=0 sub=0 psub=0 ssub=0 multi={len(c.multi_queue) if c.in_multi else -1} "
@@ -199,8 +199,7 @@ def cmd_client_list(conn, args):
             kind = _lower(args[i + 1])
             if kind not in ("normal", "master", "replica", "slave", "pubsub"):
                 raise ReplyError(f"ERR Unknown client type '{kind}'")
-            if kind != "normal":
-                clients = []
+            clients = [c for c in clients if _client_type(c) == kind.replace("slave", "replica")]
             i += 2
         elif option == "id" and i + 1 < len(args):
             ids = {_positive_id(a, "ERR Invalid client ID") for a in args[i + 1:]}
@@ -210,6 +209,10 @@ def cmd_client_list(conn, args):
             raise ReplyError("ERR syntax error")
     now = time.monotonic()
     return Verbatim("".join(client_line(c, now) + "\n" for c in clients))
+
+
+def _client_type(c) -> str:
+    return "replica" if c.replica is not None else "normal"
 
 
 def cmd_client_info(conn, args):
@@ -241,8 +244,8 @@ def cmd_client_kill(conn, args):
         elif option == "skipme":
             skipme = _lower(value) == "yes"
         elif option == "type":
-            if _lower(value) != "normal":
-                victims = []
+            kind = _lower(value).replace("slave", "replica")
+            victims = [c for c in victims if _client_type(c) == kind]
         else:
             raise ReplyError("ERR syntax error")
     if skipme:

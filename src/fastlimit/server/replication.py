@@ -180,6 +180,7 @@ class Replication:
                 return
             conn.send(chunk)
             follower.copy_sent += len(chunk)
+            follower.last_ack = time.monotonic()   # it is reading: alive
         if follower.copy_sent < follower.copy_size:
             return
         follower.release_copy()
@@ -440,6 +441,8 @@ class PrimaryLink(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
+        if self._stopped:
+            return
         if self.state == "connected":
             self.repl.log.warning("lost the link to primary %s:%d", self.host, self.port)
         self.down_since = time.monotonic()
