@@ -115,10 +115,6 @@ class Replication:
         self._last_batch_ms = wall_ms()
         app.rules.on_change = self.rules_changed
 
-    @property
-    def role(self) -> str:
-        return "slave" if self.link is not None else "master"
-
     # ---- primary ------------------------------------------------------------------
 
     def attach(self, conn) -> None:
