@@ -146,7 +146,7 @@ class Server:
     async def stop(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        self.replication.close()
+        await self.replication.close()
         for server in self._servers:
             server.close()
         for conn in list(self.core.clients.values()):

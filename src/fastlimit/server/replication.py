@@ -326,13 +326,17 @@ class Replication:
             self.link.stop()
             self.link = None
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
         for follower in self.followers.values():
             follower.release_copy()
-        self.stop_following()
+        if self.link is not None:
+            task = self.link.stop()
+            self.link = None
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
 
     def reset_stats(self) -> None:
         self.lag.reset()
@@ -387,20 +391,25 @@ class PrimaryLink(asyncio.Protocol):
         self.records = 0
         self._stopped = False
         self._retry = None
+        self._task = None
 
     # ---- connecting ----------------------------------------------------------------
 
     def start(self) -> None:
-        asyncio.get_running_loop().create_task(self._connect())
+        self._task = asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         self._retry = None
-        if self._stopped:
-            return
         self.state = "connecting"
         try:
-            await asyncio.get_running_loop().create_connection(
-                lambda: self, self.host, self.port)
+            # A primary that drops SYNs would otherwise hold this for the
+            # kernel's connect timeout (minutes).
+            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: self, self.host, self.port), self.app.settings.repl_timeout)
+        except asyncio.TimeoutError:
+            self.repl.log.warning("cannot reach primary %s:%d: connect timed out",
+                                  self.host, self.port)
+            self._later()
         except OSError as e:
             self.repl.log.warning("cannot reach primary %s:%d: %s", self.host, self.port,
                                   e.strerror or e)
@@ -409,19 +418,27 @@ class PrimaryLink(asyncio.Protocol):
     def _later(self) -> None:
         self.state = "connect"
         if not self._stopped and self._retry is None:
-            self._retry = asyncio.get_running_loop().call_later(
-                RECONNECT_S, lambda: asyncio.get_running_loop().create_task(self._connect()))
+            self._retry = asyncio.get_running_loop().call_later(RECONNECT_S, self.start)
 
-    def stop(self) -> None:
+    def stop(self):
+        """Ends the link for good: no connect still in flight may complete
+        it later (a promoted replica must never sync again).  Returns the
+        connect task, cancelled, for a caller that must wait for it."""
         self._stopped = True
         if self._retry is not None:
             self._retry.cancel()
+        if self._task is not None:
+            self._task.cancel()
         if self.transport is not None:
             self.transport.abort()
+        return self._task
 
     # ---- asyncio callbacks ------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
+        if self._stopped:        # a connect that finished as the link was stopped
+            transport.abort()
+            return
         self.transport = transport
         self.state = "handshake"
         self.last_io = time.monotonic()
@@ -445,6 +462,8 @@ class PrimaryLink(asyncio.Protocol):
         self._later()
 
     def data_received(self, data: bytes) -> None:
+        if self._stopped:
+            return
         self.last_io = time.monotonic()
         try:
             if self.replies_due:
