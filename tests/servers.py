@@ -29,6 +29,15 @@ READY = re.compile(r"ready to accept connections on .* port (\d+)")
 START_TIMEOUT = 20.0
 
 
+def process_state(pid) -> str | None:
+    """The state letter of /proc/<pid>/stat (R, S, T, Z...), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 class ServerProcess:
     """A fastlimit-server child process with its log in a temp file."""
 

@@ -29,6 +29,7 @@ import pytest
 import redis
 
 from fastlimit.server import snapshot as snapshot_format
+from servers import process_state
 from wire import Wire, command, wait_until
 
 T = 10_000                    # the manual clock's time for the checks, in ms
@@ -131,15 +132,6 @@ def populate(s, n, prefix=b"fill:", capacity=10, rate=1, cost=3, batch=20_000):
 
 def bgsave_pids(s) -> list[int]:
     return [int(p) for p in re.findall(r"background saving started by pid (\d+)", s.log())]
-
-
-def process_state(pid) -> str | None:
-    """The state letter of /proc/<pid>/stat (R, S, T, Z...), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
 
 
 def stop_bgsave_child(s, c, path) -> int:
