@@ -427,7 +427,7 @@ cdef int table_dump(const Table* t, int fd, uint32_t* crc,
 
 
 cdef enum:
-    LOAD_CHUNK = 16     # records whose cache lines are requested before any is used
+    LOAD_CHUNK = 64     # records whose cache lines are requested before any is used
 
 
 cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
