@@ -316,6 +316,7 @@ class Replication:
         under a new replication id, as Redis does."""
         if self.link is None:
             return
+        self.offset = self.link.offset     # the stream goes on counting from here
         self.stop_following()
         self.app.core.readonly = False
         self.replid = os.urandom(20).hex()
