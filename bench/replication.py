@@ -24,7 +24,6 @@ import random
 import shutil
 import signal
 import socket
-import statistics
 import sys
 import tempfile
 import time
