@@ -569,6 +569,11 @@ cdef class Connection:
             self.multi_dirty = False
             self.reply_error("EXECABORT Transaction discarded because of previous errors.")
             return
+        if self.core.readonly and any(c.is_write and c.fast == FAST_NONE for c, _ in queued):
+            # queued before the server became a replica (as Redis answers)
+            self.reply_error("ERR Transaction contains write commands but instance is now "
+                             "a read-only replica. EXEC aborted.")
+            return
         write_prefixed_int(&OUT, c'*', len(queued))
         for cmd, args in queued:
             if parser_reserve(&self.parser, len(args)) != 0:

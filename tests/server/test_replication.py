@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import time
+from contextlib import closing
 
 import pytest
 import redis
@@ -328,3 +331,62 @@ def test_replica_connections_are_listed_and_can_be_killed(make_server):
     p.execute_command("CL.CHECK", "after-kill", 10, 1)
     wait_caught_up(p, r)
     assert peek(r, "after-kill") == peek(p, "after-kill")
+
+
+def read_batches(sock, until, timeout=WAIT) -> int:
+    """Reads a replica's stream (after +FULLSYNC) until until(records seen
+    in batches) is true; returns that count."""
+    from fastlimit.server import replstream as rs
+    reader, buf, records, synced = rs.FrameReader(), b"", 0, False
+    deadline = time.monotonic() + timeout
+    sock.settimeout(0.2)
+    while not until(records):
+        assert time.monotonic() < deadline, f"only {records} records arrived"
+        try:
+            data = sock.recv(1 << 20)
+        except socket.timeout:
+            continue
+        assert data, "the primary closed the stream"
+        if not synced:
+            buf += data
+            if b"+FULLSYNC" not in buf or b"\r\n" not in buf[buf.index(b"+FULLSYNC"):]:
+                continue
+            start = buf.index(b"+FULLSYNC")
+            data, synced = buf[buf.index(b"\r\n", start) + 2:], True
+        for kind, payload in reader.feed(data):
+            if kind == rs.BATCH:
+                records += sum(s.records for s in rs.parse_batch(payload)[2])
+    return records
+
+
+def test_a_replica_attached_as_the_others_are_dropped_still_gets_changes(make_server):
+    """The change log overflows (1kb, drained once a second), so attaching
+    the second replica drops the first; the second must still be tracked."""
+    primary = make_server("--manual-clock", "--repl-flush-ms", "1000",
+                          "--repl-buffer-limit", "1kb")
+    first = make_server("--replicaof", "127.0.0.1", str(primary.port))
+    wait_link_up(first.client())
+    with closing(socket.create_connection(("127.0.0.1", primary.port))) as second:
+        burst = b"".join(command("CL.CHECK", f"burst:{i:06d}", 10, 1) for i in range(200))
+        second.sendall(burst + command("CL.SYNC"))
+        p = primary.client()
+        wait_until(lambda: p.info("replication")["repl_dropped_replicas"] >= 1, WAIT,
+                   "the first replica was never dropped")
+        for i in range(5):
+            p.execute_command("CL.CHECK", f"after:{i}", 10, 1)
+        assert read_batches(second, lambda n: n >= 5) >= 5
+
+
+def test_exec_of_writes_queued_before_becoming_a_replica_is_aborted(make_server):
+    primary = make_server("--manual-clock")
+    other = make_server("--manual-clock")
+    o = other.client()
+    for i in range(10):
+        o.execute_command("CL.CHECK", f"k{i}", 10, 1)
+    with Wire.to(other.port) as w:
+        w.send(command("MULTI") + command("FLUSHALL"))
+        assert [w.read_reply() for _ in range(2)] == [b"+OK\r\n", b"+QUEUED\r\n"]
+        o.execute_command("REPLICAOF", "127.0.0.1", primary.port)
+        wait_link_up(o)
+        assert w.call("EXEC") == (b"-ERR Transaction contains write commands but instance is "
+                                  b"now a read-only replica. EXEC aborted.\r\n")

@@ -55,7 +55,10 @@ def test_one_byte_at_a_time():
 
 @pytest.mark.parametrize("data, message", [
     (b"X" + bytes(8), "unknown frame kind"),
-    (bytes([rs.BATCH]) + (2**50).to_bytes(8, "little"), "over the limit"),
+    (bytes([rs.BATCH]) + (rs.MAX_FRAME + 1).to_bytes(8, "little"), "over the limit"),
+    (bytes([rs.RULES]) + (rs.MAX_FRAME + 1).to_bytes(8, "little"), "over the limit"),
+    # a full copy may be large, but not larger than this machine's memory
+    (bytes([rs.SNAPSHOT]) + (rs.physical_memory() + 1).to_bytes(8, "little"), "over the limit"),
 ])
 def test_bad_frame_headers_are_refused(data, message):
     with pytest.raises(SnapshotError, match=message):
@@ -71,6 +74,7 @@ def test_bad_frame_headers_are_refused(data, message):
     (rs.parse_rules, b'[[1, "r"]]'),
     (rs.parse_rules, b'[[-1, "r", "{}", "command", 0]]'),
     (rs.parse_rules, b'[["1", "r", "{}", "command", 0]]'),
+    (rs.parse_rules, b'[[100000000, "r", "{}", "command", 0]]'),   # past MAX_RULE_NUMBER
 ])
 def test_malformed_payloads_are_refused(parse, payload):
     with pytest.raises(SnapshotError):

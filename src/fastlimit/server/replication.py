@@ -123,9 +123,30 @@ class Replication:
         follower = conn.replica
         if follower is None or conn.id not in self.app.core.clients:
             return    # it left before its turn
-        if self.followers:
-            self.flush()   # the others get what changed up to the copy
-        else:
+        if self.app.core.readonly:   # this server became a replica meanwhile
+            conn.abort()
+            return
+        self.flush()   # the others get what changed up to the copy (or are dropped)
+        try:
+            self._start_copy(follower)
+        except (OSError, MemoryError) as e:
+            self.log.error("replica %s:%d: cannot start its full copy: %s",
+                           follower.ip, follower.port, e)
+            follower.release_copy()
+            conn.abort()
+            if not self.followers:
+                self._track(False)
+            return
+        self.followers[conn.id] = follower
+        self.full_syncs += 1
+        self._schedule_flush()
+        self.log.info("replica %s:%d: full copy being written by pid %d (offset %d)",
+                      follower.ip, follower.port, follower.child, follower.ack_offset)
+
+    def _start_copy(self, follower: Follower) -> None:
+        """Change tracking on (if no other replica has it on), then a child
+        writing the rules and every bucket as they are now."""
+        if not self.followers:
             self._track(True)
         app = self.app
         rules, offset = self._rules_payload(), self.offset
@@ -143,11 +164,6 @@ class Replication:
 
         follower.child = snapshot.fork_worker(write_copy)
         follower.ack_offset = offset
-        self.followers[conn.id] = follower
-        self.full_syncs += 1
-        self._schedule_flush()
-        self.log.info("replica %s:%d: full copy being written by pid %d (offset %d)",
-                      follower.ip, follower.port, follower.child, offset)
 
     def advance_copies(self) -> None:
         """Moves each replica that is being started along: reaps the child
@@ -217,9 +233,15 @@ class Replication:
 
     def _timed_flush(self) -> None:
         self._flush_handle = None
-        self.flush()
-        self.advance_copies()
-        self._schedule_flush()
+        try:
+            self.flush()
+            self.advance_copies()
+        except (OSError, MemoryError):
+            # Replicas fall behind and, past repl-timeout, resync; the
+            # timer must live on whatever happened.
+            self.log.exception("replication flush failed")
+        finally:
+            self._schedule_flush()
 
     def flush(self) -> None:
         """Sends what changed since the last batch (or a heartbeat when

@@ -25,9 +25,10 @@ after the full copies, as Redis's replication offset does.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
-from fastlimit.server.snapshot import Section, SnapshotError, parse_sections
+from fastlimit.server.snapshot import MAX_RULE_NUMBER, Section, SnapshotError, parse_sections
 
 FRAME = struct.Struct("<BQ")
 RULES, SNAPSHOT, BATCH, FLUSH = b"RSBF"
@@ -37,7 +38,13 @@ _GENERATION = struct.Struct("<II")
 _OFFSET = struct.Struct("<Q")
 
 # A frame longer than this is not believed: the replica drops the link.
-MAX_FRAME = 1 << 40
+# A batch or the rules fit well within it; a full copy may be as large as
+# the primary's memory, so it is bounded by this machine's.
+MAX_FRAME = 1 << 30
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:
@@ -55,7 +62,8 @@ def parse_rules(payload: memoryview) -> list[tuple[int, str, str, str, int]]:
         out = []
         for num, rule_id, doc, source, updated_ms in rows:
             if not all(type(x) is int for x in (num, updated_ms)) or not all(
-                    isinstance(x, str) for x in (rule_id, doc, source)) or num < 0:
+                    isinstance(x, str) for x in (rule_id, doc, source)) or not (
+                    0 <= num <= MAX_RULE_NUMBER):
                 raise ValueError(f"bad rule row {rule_id!r}")
             out.append((num, rule_id, doc, source, updated_ms))
         return out
@@ -94,9 +102,11 @@ class FrameReader:
     """Splits a byte stream into frames; feed() returns the complete ones
     as (kind, payload) and keeps the rest."""
 
-    def __init__(self, max_frame: int = MAX_FRAME):
+    def __init__(self, max_frame: int = MAX_FRAME, max_full_copy: int | None = None):
         self.buf = bytearray()
-        self.max_frame = max_frame
+        self.limits = {kind: max_frame for kind in KINDS}
+        self.limits[SNAPSHOT] = (max_full_copy if max_full_copy is not None
+                                 else max(max_frame, physical_memory()))
 
     def feed(self, data: bytes) -> list[tuple[int, memoryview]]:
         self.buf += data
@@ -106,7 +116,7 @@ class FrameReader:
                 kind, length = FRAME.unpack_from(view, pos)
                 if kind not in KINDS:
                     raise SnapshotError(f"unknown frame kind {kind!r}")
-                if length > self.max_frame:
+                if length > self.limits[kind]:
                     raise SnapshotError(f"frame of {length} bytes is over the limit")
                 if len(view) - pos - FRAME.size < length:
                     break
