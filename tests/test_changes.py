@@ -7,35 +7,26 @@ drain with deletes makes another store equal.  Manual clock throughout.
 from __future__ import annotations
 
 import random
-import struct
 
 import pytest
 
 from fastlimit._core import BucketStore, Clock
 from fastlimit._rules import RuleEngine
-
-SECTION = struct.Struct("<IQQ")
-
-
-def sections(data: bytes):
-    """(name, value_size, records, body) of each drained section."""
-    out, pos = [], 0
-    while pos < len(data):
-        (n,) = struct.unpack_from("<H", data, pos)
-        name = data[pos + 2:pos + 2 + n]
-        value_size, records, nbytes = SECTION.unpack_from(data, pos + 2 + n)
-        start = pos + 2 + n + SECTION.size
-        out.append((name, value_size, records, data[start:start + nbytes]))
-        pos = start + nbytes
-    return out
+from fastlimit.server.snapshot import parse_sections
 
 
-def apply(store: BucketStore, data: bytes) -> int:
+
+def sections(drained: list):
+    """The drained sections, read by the snapshot format's own parser."""
+    return parse_sections(memoryview(b"".join(drained)))
+
+
+def apply(store: BucketStore, drained: list) -> int:
     total = 0
-    for name, _, records, body in sections(data):
-        assert name == b"check"
-        store.load(body, records, True)
-        total += records
+    for s in sections(drained):
+        assert s.name == b"check"
+        store.load(s.data, s.records, True)
+        total += s.records
     return total
 
 
@@ -51,17 +42,17 @@ def peeks(store, keys, capacity=10, refill=1):
 def test_nothing_is_noted_until_tracking_starts():
     a, _, _ = pair()
     a.check(b"k", 10, 1)
-    assert a.drain_changes() == b""
+    assert a.drain_changes() == []
     assert a.oldest_change_ms() is None
     a.track_changes(1 << 20)
-    assert a.drain_changes() == b""      # tracking starts empty
+    assert a.drain_changes() == []      # tracking starts empty
     a.check(b"k", 10, 1)
     assert a.oldest_change_ms() is not None
-    assert [s[2] for s in sections(a.drain_changes())] == [1]
-    assert a.drain_changes() == b""      # a drain empties the log
+    assert [s.records for s in sections(a.drain_changes())] == [1]
+    assert a.drain_changes() == []      # a drain empties the log
     a.untrack_changes()
     a.check(b"k", 10, 1)
-    assert a.drain_changes() == b""
+    assert a.drain_changes() == []
 
 
 def test_a_key_written_many_times_is_shipped_once_as_it_is_now():
@@ -157,10 +148,10 @@ def test_rule_engine_tables_are_tracked_including_lease_tables_made_later():
     a.apply([1], b"client")
     lease = a.acquire(2, b"client")
     drained = sections(a.drain_changes())
-    assert sorted(name for name, *_ in drained) == [b"fixed_window", b"leases:2"]
+    assert sorted(s.name for s in drained) == [b"fixed_window", b"leases:2"]
     renumber = [0, 1, 2]
-    for name, value_size, records, body in drained:
-        assert b.load_section(name, value_size, body, records, renumber, True)
+    for s in drained:
+        assert b.load_section(s.name, s.value_size, s.data, s.records, renumber, True)
     assert b.apply([1], b"client", cost=0) == a.apply([1], b"client", cost=0)
     assert b.release(2, b"client", lease[4]) is True
 
@@ -169,9 +160,10 @@ def test_malformed_drains_are_refused():
     a, b, _ = pair()
     a.track_changes(1 << 20)
     a.check(b"k", 10, 1)
-    name, _, records, body = sections(a.drain_changes())[0]
+    (s,) = sections(a.drain_changes())
+    body = bytes(s.data)
     for bad in (body[:-1], body + b"\0", body[:3]):
         with pytest.raises(ValueError):
-            b.load(bad, records, True)
+            b.load(bad, s.records, True)
     with pytest.raises(ValueError):
-        b.load(body, records + 1, True)
+        b.load(body, s.records + 1, True)

@@ -191,7 +191,8 @@ cdef object dump_table(const Table* t, int fd, uint32_t crc)
 cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0
 cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
                     list renumber, bint deletes=*) except -1
-cdef bytes drain_section(Table* t, bytes name)
+cdef list drain_section(Table* t, bytes name)
+cdef bint log_overflowed(const Table* t) noexcept
 cdef object oldest_note(const Table* t)
 
 

@@ -995,14 +995,15 @@ cdef class BucketStore:
         table_untrack(&self.table)
 
     def changes_overflowed(self):
-        return self.table.log != NULL and self.table.log.overflowed
+        return log_overflowed(&self.table)
 
     def oldest_change_ms(self):
         """Wall time of the oldest change not drained yet, or None."""
         return oldest_note(&self.table)
 
     def drain_changes(self):
-        """The noted keys' states as a snapshot section (b"" when none)."""
+        """The noted keys' states as a snapshot section, in parts (header,
+        records) to be joined once into a batch; [] when nothing changed."""
         return drain_section(&self.table, b"check")
 
     def __len__(self):
@@ -1033,8 +1034,8 @@ cdef size_t table_live_bytes(const Table* t) noexcept nogil:
 cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0:
     """A snapshot section: <u16 name length><name><u32 value size><u64
     records><u64 bytes>, then the records.  Returns the chained CRC."""
-    cdef bytes header = (struct.pack("<H", len(name)) + name +
-                         struct.pack("<IQQ", t.value_size, table_count(t), table_live_bytes(t)))
+    cdef bytes header = section_header(name, t.value_size, table_count(t),
+                                       table_live_bytes(t))
     if write_all(fd, header, len(header), &crc) != FL_OK:
         raise OSError(errno, "writing the snapshot failed")
     records, crc = dump_table(t, fd, crc)
@@ -1085,22 +1086,28 @@ cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
     return 0
 
 
-cdef bytes drain_section(Table* t, bytes name):
-    """table_drain's records as a snapshot section (see dump_section), or
-    b"" when nothing was noted."""
+cdef bytes section_header(bytes name, uint32_t value_size, uint64_t records, uint64_t nbytes):
+    return struct.pack("<H", len(name)) + name + struct.pack("<IQQ", value_size, records, nbytes)
+
+
+cdef list drain_section(Table* t, bytes name):
+    """table_drain's records as a snapshot section (see dump_section): its
+    header and its records, or [] when nothing was noted."""
     cdef char* buf = NULL
     cdef size_t n = 0
     cdef uint64_t records = 0
     if table_drain(t, &buf, &n, &records) != FL_OK:
         raise MemoryError()
-    if records == 0:
-        free(buf)
-        return b""
     try:
-        return (struct.pack("<H", len(name)) + name +
-                struct.pack("<IQQ", t.value_size, records, n) + buf[:n])
+        if records == 0:
+            return []
+        return [section_header(name, t.value_size, records, n), buf[:n]]
     finally:
         free(buf)
+
+
+cdef bint log_overflowed(const Table* t) noexcept:
+    return t.log != NULL and t.log.overflowed
 
 
 cdef object oldest_note(const Table* t):

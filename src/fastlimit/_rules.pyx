@@ -15,7 +15,7 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
                               BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
                               load_table, note_change, table_track, table_untrack,
-                              drain_section, oldest_note)
+                              drain_section, oldest_note, log_overflowed)
 
 import collections
 import fnmatch
@@ -814,8 +814,7 @@ cdef class RuleEngine:
             table_untrack(<Table*><size_t>t)
 
     def changes_overflowed(self):
-        return any((<Table*><size_t>t).log != NULL and (<Table*><size_t>t).log.overflowed
-                   for t in self.all_tables())
+        return any(log_overflowed(<Table*><size_t>t) for t in self.all_tables())
 
     def oldest_change_ms(self):
         """Wall time of the oldest change not drained yet, or None."""
@@ -823,9 +822,12 @@ cdef class RuleEngine:
                    default=None)
 
     def drain_changes(self):
-        """The noted keys' states as snapshot sections (b"" when none)."""
-        return b"".join([drain_section(<Table*><size_t>address, name)
-                         for name, address in self.named_tables()])
+        """The noted keys' states as snapshot sections, in parts (see
+        BucketStore.drain_changes), one section per table that changed."""
+        sections = []
+        for name, address in self.named_tables():
+            sections += drain_section(<Table*><size_t>address, name)
+        return sections
 
     def load_section(self, bytes name, uint32_t value_size, const unsigned char[:] data,
                      uint64_t records, list renumber, bint deletes=False):

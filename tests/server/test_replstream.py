@@ -18,8 +18,8 @@ SECTION = (b"\x05\x00check" + (20).to_bytes(4, "little") + (1).to_bytes(8, "litt
 def stream() -> bytes:
     return (rs.frame(rs.RULES, rs.rules_payload([(1, "r", '{"capacity":1}', "command", 5)]))
             + rs.frame(rs.SNAPSHOT, rs.snapshot_payload(42, b"snapshot bytes"))
-            + rs.frame(rs.BATCH, rs.batch_payload(1234, {3: 7}, SECTION))
-            + rs.frame(rs.BATCH, rs.batch_payload(1235, {}, b""))
+            + rs.frame(rs.BATCH, rs.batch_head(1234, {3: 7}), SECTION)
+            + rs.frame(rs.BATCH, rs.batch_head(1235, {}))
             + rs.frame(rs.FLUSH))
 
 
@@ -68,7 +68,7 @@ def test_bad_frame_headers_are_refused(data, message):
 @pytest.mark.parametrize("parse, payload", [
     (rs.parse_batch, b"\0" * 11),                                   # shorter than its head
     (rs.parse_batch, (0).to_bytes(8, "little") + (5).to_bytes(4, "little")),  # generations past the end
-    (rs.parse_batch, rs.batch_payload(1, {}, SECTION[:-1])),        # section past the end
+    (rs.parse_batch, rs.batch_head(1, {}) + SECTION[:-1]),        # section past the end
     (rs.parse_snapshot, b"\0" * 7),
     (rs.parse_rules, b"not json"),
     (rs.parse_rules, b'[[1, "r"]]'),
@@ -97,5 +97,5 @@ def test_random_bytes_never_raise_anything_but_snapshot_error():
 
 
 def test_sections_are_what_snapshots_use():
-    stamp, _, sections = rs.parse_batch(memoryview(rs.batch_payload(1, {}, SECTION * 2)))
+    stamp, _, sections = rs.parse_batch(memoryview(rs.batch_head(1, {}) + SECTION * 2))
     assert all(isinstance(s, Section) for s in sections) and len(sections) == 2

@@ -47,8 +47,9 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def frame(kind: int, payload: bytes = b"") -> bytes:
-    return FRAME.pack(kind, len(payload)) + payload
+def frame(kind: int, *parts: bytes) -> bytes:
+    """One frame whose payload is the parts, joined in one copy."""
+    return b"".join([FRAME.pack(kind, sum(map(len, parts))), *parts])
 
 
 def rules_payload(numbered_rows) -> bytes:
@@ -81,9 +82,10 @@ def parse_snapshot(payload: memoryview) -> tuple[int, memoryview]:
     return _OFFSET.unpack_from(payload)[0], payload[_OFFSET.size:]
 
 
-def batch_payload(stamp_ms: int, generations: dict[int, int], sections: bytes) -> bytes:
-    head = _BATCH_HEAD.pack(stamp_ms, len(generations))
-    return head + b"".join(_GENERATION.pack(n, g) for n, g in generations.items()) + sections
+def batch_head(stamp_ms: int, generations: dict[int, int]) -> bytes:
+    """A batch's payload up to its sections, which follow it."""
+    return _BATCH_HEAD.pack(stamp_ms, len(generations)) + b"".join(
+        _GENERATION.pack(n, g) for n, g in generations.items())
 
 
 def parse_batch(payload: memoryview) -> tuple[int, dict[int, int], list[Section]]:
