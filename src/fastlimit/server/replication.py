@@ -127,27 +127,21 @@ class Replication:
             conn.abort()
             return
         self.flush()   # the others get what changed up to the copy (or are dropped)
+        if not self.followers:
+            self._track(True)
+        self.followers[conn.id] = follower
         try:
             self._start_copy(follower)
         except (OSError, MemoryError) as e:
-            self.log.error("replica %s:%d: cannot start its full copy: %s",
-                           follower.ip, follower.port, e)
-            follower.release_copy()
-            conn.abort()
-            if not self.followers:
-                self._track(False)
+            self._drop(follower, f"its full copy could not be started: {e}")
             return
-        self.followers[conn.id] = follower
         self.full_syncs += 1
         self._schedule_flush()
         self.log.info("replica %s:%d: full copy being written by pid %d (offset %d)",
                       follower.ip, follower.port, follower.child, follower.ack_offset)
 
     def _start_copy(self, follower: Follower) -> None:
-        """Change tracking on (if no other replica has it on), then a child
-        writing the rules and every bucket as they are now."""
-        if not self.followers:
-            self._track(True)
+        """A child writing the rules and every bucket as they are now."""
         app = self.app
         rules, offset = self._rules_payload(), self.offset
         numbers, now = snapshot.rule_numbers(app.rules), app.clock.now()
@@ -259,9 +253,9 @@ class Replication:
         if not sections and now - self._last_batch_ms < HEARTBEAT_S * 1000:
             return
         self._last_batch_ms = now
-        stamp = oldest if sections and oldest is not None else now
+        stamp = oldest if sections else now
         generations = app.rule_engine.lease_generations() if sections else {}
-        self.broadcast(rs.frame(rs.BATCH, rs.batch_payload(stamp, generations, sections)))
+        self.broadcast(rs.frame(rs.BATCH, rs.batch_head(stamp, generations), *sections))
 
     def broadcast(self, data: bytes) -> None:
         self.offset += len(data)
@@ -344,10 +338,11 @@ class Replication:
         self.replid = os.urandom(20).hex()
         self.log.warning("promoted to primary; serving from the state replicated so far")
 
-    def stop_following(self) -> None:
-        if self.link is not None:
-            self.link.stop()
-            self.link = None
+    def stop_following(self):
+        """Ends the link to the primary; returns its connect task (see
+        PrimaryLink.stop), if any."""
+        link, self.link = self.link, None
+        return link.stop() if link is not None else None
 
     async def close(self) -> None:
         if self._flush_handle is not None:
@@ -355,11 +350,9 @@ class Replication:
             self._flush_handle = None
         for follower in self.followers.values():
             follower.release_copy()
-        if self.link is not None:
-            task = self.link.stop()
-            self.link = None
-            if task is not None:
-                await asyncio.gather(task, return_exceptions=True)
+        task = self.stop_following()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     def reset_stats(self) -> None:
         self.lag.reset()
