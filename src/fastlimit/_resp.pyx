@@ -536,3 +536,23 @@ def parse(bytes data, *, int64_t max_bulk_len=512 * 1024 * 1024,
         return commands, pos, None
     finally:
         parser_free(&p)
+
+
+def parse_integer(data):
+    """The integer in data (bytes or str) by Redis's string2ll rules, the
+    same parser the fast paths use: optional '-', ASCII digits, no '+',
+    spaces, underscores or leading zeros, within int64.  None otherwise."""
+    cdef int64_t v
+    cdef bytes raw
+    if isinstance(data, str):
+        try:
+            raw = (<str>data).encode("ascii")
+        except UnicodeEncodeError:
+            return None
+    elif isinstance(data, bytes):
+        raw = <bytes>data
+    else:
+        return None
+    if not parse_int64(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), &v):
+        return None
+    return v

@@ -19,6 +19,7 @@ from fastlimit._protocol import READONLY_ERROR, Command
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
 from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
+from fastlimit.server.arguments import integer
 from fastlimit.server.info import render_info
 from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
 from fastlimit.server.replication import Follower
@@ -33,14 +34,7 @@ OK = SimpleString("OK")
 
 
 def _int(value: bytes, what: str = "value") -> int:
-    try:
-        text = value.decode("ascii")
-        n = int(text)
-    except (UnicodeDecodeError, ValueError):
-        raise ReplyError(f"ERR {what} is not an integer or out of range") from None
-    if text != str(n) or not -(2**63) <= n < 2**63:
-        raise ReplyError(f"ERR {what} is not an integer or out of range")
-    return n
+    return integer(value, what)
 
 
 def _lower(value: bytes) -> str:
