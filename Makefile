@@ -16,4 +16,4 @@ build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace
 
 clean:
-	rm -rf build .venv .venv-debug src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info
+	rm -rf build .venv .venv-debug .venv-serve src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info

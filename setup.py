@@ -40,6 +40,8 @@ extensions = [
 # Each variant builds in its own tree (generated C, objects, libraries),
 # so neither ever reuses the other's output as "up to date".
 VARIANT_DIR = "build/debug" if DEBUG else "build/release"
-setup(ext_modules=cythonize(extensions, compiler_directives=directives,
+# The modules are independent: translate and compile them side by side.
+JOBS = os.cpu_count() or 1
+setup(ext_modules=cythonize(extensions, compiler_directives=directives, nthreads=JOBS,
                             include_path=["src"], build_dir=f"{VARIANT_DIR}/cython"),
-      options={"build": {"build_base": VARIANT_DIR}})
+      options={"build": {"build_base": VARIANT_DIR}, "build_ext": {"parallel": JOBS}})

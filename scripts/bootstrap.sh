@@ -1,31 +1,60 @@
 #!/usr/bin/env bash
-# Installs what fastlimit needs on a fresh Debian machine and builds it:
-#   - Debian's redis-server and redis-tools (the tests and bench use them)
-#   - .venv: the release build, with test dependencies
-#   - .venv-debug (with --debug): the debug build (assertions, line tracing)
+# Installs what fastlimit needs on a fresh Debian machine and builds it,
+# each virtualenv only when its sources changed since it was built:
+#   --serve   .venv-serve: the release build and its runtime dependencies only
+#             (what `make serve` runs; no apt, no test packages)
+#   (none)    .venv: the release build with the test dependencies, plus
+#             Debian's redis-server and redis-tools (the tests and bench use them)
+#   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-need_apt=()
-command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
-if ((${#need_apt[@]})); then
-    echo "== installing ${need_apt[*]} with apt-get"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
 PY=${PYTHON:-python3}
+mode=${1:-}
 
-build_venv() {  # build_venv DIR [ENV=VALUE ...]
-    local dir=$1; shift
-    [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
-    echo "== building fastlimit into $dir ${*:-}"
-    env "$@" "$dir/bin/python" -m pip install -q --no-cache-dir ".[test]"
+install_debian_tools() {
+    local need_apt=()
+    command -v redis-server >/dev/null || need_apt+=(redis-server)
+    command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
+    if ((${#need_apt[@]})); then
+        echo "== installing ${need_apt[*]} with apt-get"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    fi
 }
 
-build_venv .venv FASTLIMIT_DEBUG=0
-if [ "${1:-}" = "--debug" ]; then
-    build_venv .venv-debug FASTLIMIT_DEBUG=1
-fi
+# Everything a build reads: a change to any of these makes the next
+# bootstrap rebuild; nothing else does.
+sources_stamp() {
+    find src setup.py pyproject.toml -type f \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pyi' -o -name '*.h' \
+           -o -name 'py.typed' -o -name '*.toml' \) -print0 \
+        | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1
+}
+
+build_venv() {  # build_venv DIR EXTRAS [ENV=VALUE ...]
+    local dir=$1 extras=$2; shift 2
+    local stamp
+    stamp="$(sources_stamp) $extras $*"
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.fastlimit-built" 2>/dev/null)" = "$stamp" ]; then
+        echo "== $dir is up to date"
+        return
+    fi
+    [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
+    echo "== building fastlimit into $dir ${*:-}"
+    env "$@" "$dir/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check ".$extras"
+    echo "$stamp" > "$dir/.fastlimit-built"
+}
+
+case "$mode" in
+    --serve)
+        build_venv .venv-serve "" FASTLIMIT_DEBUG=0 ;;
+    ""|--debug)
+        install_debian_tools
+        build_venv .venv "[test]" FASTLIMIT_DEBUG=0
+        if [ "$mode" = "--debug" ]; then
+            build_venv .venv-debug "[test]" FASTLIMIT_DEBUG=1
+        fi ;;
+    *)
+        echo "usage: $0 [--serve | --debug]" >&2; exit 2 ;;
+esac
