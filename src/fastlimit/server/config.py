@@ -112,12 +112,13 @@ def parse_bool(value, name: str | None = None) -> bool:
 def parse_output_limit(value) -> tuple[int, int, int]:
     """``[normal] <hard> <soft> <soft-seconds>``, as one string or a list."""
     parts = value.split() if isinstance(value, str) else list(value)
-    if len(parts) == 4:
+    named = bool(parts) and str(parts[0])[:1].isalpha()      # Redis's form names the class
+    if len(parts) != (4 if named else 3):
+        raise ConfigError("Wrong number of arguments in buffer limit configuration.")
+    if named:
         if str(parts[0]).lower() != "normal":
             raise ConfigError("Invalid client class specified in buffer limit configuration.")
         parts = parts[1:]
-    if len(parts) != 3:
-        raise ConfigError("Wrong number of arguments in buffer limit configuration.")
     try:
         return (parse_memory(parts[0]), parse_memory(parts[1]), parse_int(parts[2], 0, 10**9))
     except ConfigError:
@@ -246,22 +247,22 @@ def _parse(key: str, parse, value):
         raise ConfigError(e.reason, e.name or key) from None
 
 
-def apply(settings: Settings, name: str, value) -> None:
-    """Sets one setting from text or a TOML value, validating it."""
+def apply(settings: Settings, name: str, value, parse=None) -> None:
+    """Sets one setting from text or a TOML value, validating it (with
+    parse instead of the setting's own parser when given)."""
     key = name.lower().replace("_", "-")
     if key not in _FIELDS:
         raise UnknownSetting(f"unknown setting {name!r}", name)
-    parse, _ = _FIELDS[key]
-    setattr(settings, attr_name(key), _parse(key, parse, value))
+    setattr(settings, attr_name(key), _parse(key, parse or _FIELDS[key][0], value))
 
 
 # CONFIG SET may not take these below Redis's minimums: a lower value can
 # leave no command that fits (proto-max-bulk-len 1, a query buffer of 0,
 # max-multibulk-len below "CONFIG SET x y"), and only a restart would
 # undo it.  The command line and config file may go lower.
-RUNTIME_RANGES = {"proto-max-bulk-len": (1024**2, INT64_MAX),
-                  "client-query-buffer-limit": (1024**2, INT64_MAX),
-                  "max-multibulk-len": (1024, 2**31 - 1)}
+RUNTIME_PARSERS = {"proto-max-bulk-len": lambda v: parse_memory(v, 1024**2),
+                   "client-query-buffer-limit": lambda v: parse_memory(v, 1024**2),
+                   "max-multibulk-len": lambda v: parse_int(v, 1024, 2**31 - 1)}
 
 
 def set_at_runtime(settings: Settings, pairs) -> Settings:
@@ -282,9 +283,7 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
     trial = replace(settings)
     for key, (_, value) in zip(keys, pairs):
         if key in RUNTIME_SETTABLE:
-            apply(trial, key, value)
-            if key in RUNTIME_RANGES:
-                check_range(getattr(trial, attr_name(key)), *RUNTIME_RANGES[key], key)
+            apply(trial, key, value, RUNTIME_PARSERS.get(key))
     return trial.validate()
 
 
@@ -363,15 +362,16 @@ class NameMatcher:
                 self.next_char[ch] = self.next_char.get(ch, 0) | 1 << (offset + i)
             offset += len(name) + 1 + longest + 1
         self.any_char = self.valid & ~self.ends
-        self.literal = [self._positions(lambda c, b=b: _lower(c) == _lower(b))
-                        for b in range(256)]
+        self.with_lower: dict[int, list[int]] = {}     # lowered byte -> the names' bytes
+        for ch in self.next_char:
+            self.with_lower.setdefault(_lower(ch), []).append(ch)
+        self.literal = [self._positions(self.with_lower.get(_lower(b), ())) for b in range(256)]
 
-    def _positions(self, matches) -> int:
-        """Positions followed by a character for which matches(char)."""
+    def _positions(self, chars) -> int:
+        """Positions followed by one of chars."""
         out = 0
-        for ch, positions in self.next_char.items():
-            if matches(ch):
-                out |= positions
+        for ch in chars:
+            out |= self.next_char[ch]
         return out
 
     def match(self, pattern: bytes, classes: dict) -> list[str]:
@@ -405,8 +405,29 @@ class NameMatcher:
         end += pattern[end:end + 1] == b"]"      # a closing "]"; else the pattern ended
         positions = classes.get(text)
         if positions is None:
-            positions = classes[text] = self._positions(_class_test(text))
+            positions = classes[text] = self._positions(self._class_chars(text))
         return positions, end
+
+    def _class_chars(self, text: bytes) -> set[int]:
+        """The names' bytes a class token (without its closing "]") admits:
+        escaped bytes compare exactly, other bytes and ranges without case,
+        a reversed range is swapped first, all as stringmatchlen does."""
+        negate = text[1:2] == b"^"
+        exact, folded, ranges = set(), set(), set()     # a long class repeats itself
+        for m in _CLASS_ITEMS.finditer(text, 2 if negate else 1):
+            escaped, low, high, plain = m.groups()
+            if escaped is not None:
+                exact.add(escaped[0])
+            elif plain is not None:
+                folded.add(_lower(plain[0]))
+            else:
+                ranges.add(tuple(map(_lower, sorted((low[0], high[0])))))
+        chars = exact & self.next_char.keys()
+        for f in folded:
+            chars.update(self.with_lower.get(f, ()))
+        for low, high in ranges:
+            chars.update(c for c in self.next_char if low <= _lower(c) <= high)
+        return self.next_char.keys() - chars if negate else chars
 
 
 _STAR, _QUESTION, _OPEN, _BACKSLASH = b"*?[\\"
@@ -421,29 +442,6 @@ _CLASS = re.compile(rb"\[\^?(?:\\.|[^\]\\]-.|[^\]])*+", re.DOTALL)
 
 def _lower(c: int) -> int:
     return c + 32 if 65 <= c <= 90 else c
-
-
-def _class_test(text: bytes):
-    """matches(char) for a class token (without its closing "]"): escaped
-    bytes compare exactly, other bytes and ranges without case, a reversed
-    range is swapped first, all as stringmatchlen does."""
-    negate = text[1:2] == b"^"
-    exact, folded, ranges = set(), set(), set()
-    for m in _CLASS_ITEMS.finditer(text, 2 if negate else 1):
-        escaped, low, high, plain = m.groups()
-        if escaped is not None:
-            exact.add(escaped[0])
-        elif plain is not None:
-            folded.add(_lower(plain[0]))
-        else:
-            low, high = sorted((low[0], high[0]))
-            ranges.add((_lower(low), _lower(high)))
-
-    def matches(c: int) -> bool:
-        hit = (c in exact or _lower(c) in folded
-               or any(low <= _lower(c) <= high for low, high in ranges))
-        return hit != negate
-    return matches
 
 
 def load_file(path: str, settings: Settings) -> None:
