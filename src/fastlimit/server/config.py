@@ -37,7 +37,7 @@ INT64_MAX = 2**63 - 1
 
 # The number part is read by the wire's integer parser (Redis's string2ll
 # rules: no sign, spaces, underscores, leading zeros or non-ASCII digits).
-_MEMORY = re.compile(r"([0-9]*)(b|k|kb|m|mb|g|gb)?", re.IGNORECASE)
+_MEMORY = re.compile(r"([0-9]*)(b|k|kb|m|mb|g|gb)?", re.IGNORECASE | re.ASCII)
 _UNPADDED_DIGITS = re.compile(r"[1-9][0-9]*")
 _UNITS = {None: 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
           "g": 1000**3, "gb": 1024**3}
@@ -345,7 +345,6 @@ class NameMatcher:
     far as it can matter."""
 
     def __init__(self, names: list[str]):
-        self.names = names
         longest = max(map(len, names))
         # 1, 2, 4...: together they fill a whole name, and none jumps a gap
         self.fill_shifts = [1 << k for k in range(longest.bit_length())]
