@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import zlib
@@ -299,6 +300,40 @@ def test_save_into_a_missing_directory_is_an_error(make_server, tmp_path):
     assert lastsave(s) == saved_at
     assert "background saving failed" in s.log()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_save_leaves_no_temp_file(snap):
+    s = snap()
+    c = s.client()
+    spend_check_keys(c)
+    os.mkdir(snap.path)              # the rename over it fails
+    with pytest.raises(redis.ResponseError) as e:
+        c.execute_command("SAVE")
+    assert "Is a directory" in str(e.value)
+    assert os.listdir(snap.dir) == ["s.snap"]
+    assert persistence(c)["rdb_last_bgsave_status"] == "err"
+
+
+def _pid_of_a_finished_process() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_temp_files_of_unfinished_saves_are_removed_at_start(snap):
+    """What a kill -9 during SAVE leaves (<file>.tmp-<pid>) is removed at the
+    next start; files that are not ours, or whose process still runs, stay."""
+    dead = _pid_of_a_finished_process()
+    stale = [f"s.snap.tmp-{dead}"]
+    kept = [f"s.snap.tmp-{os.getpid()}",     # a running process of ours
+            "s.snap.tmp-abc", f"s.snap.tmp-{dead}x", f"other.snap.tmp-{dead}",
+            f"s.snapx.tmp-{dead}"]
+    for name in stale + kept:
+        (snap.dir / name).write_bytes(b"partial snapshot" * 1000)
+    s = snap()
+    assert sorted(os.listdir(snap.dir)) == sorted(kept)
+    assert f"removed s.snap.tmp-{dead}, left by a save that did not finish" in s.log()
+    assert s.client().ping()
 
 
 # ---- BGSAVE ---------------------------------------------------------------------------------

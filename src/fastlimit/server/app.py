@@ -45,7 +45,8 @@ class Server:
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
-        self._apply_limits()
+        self._apply_limits(settings)
+        self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
         self.started = time.monotonic()
         self.started_wall = time.time()
@@ -63,8 +64,8 @@ class Server:
 
     # ---- settings -------------------------------------------------------------
 
-    def _apply_limits(self) -> None:
-        s, core = self.settings, self.core
+    def _apply_limits(self, s: cfg.Settings) -> None:
+        core = self.core
         core.requirepass = s.requirepass.encode() if s.requirepass else None
         core.max_bulk_len = s.proto_max_bulk_len
         core.max_multibulk_len = s.max_multibulk_len
@@ -75,12 +76,16 @@ class Server:
         logging.getLogger().setLevel(cfg.LOGLEVELS[s.loglevel])
 
     def config_set(self, pairs) -> None:
-        """Applies CONFIG SET pairs all or nothing."""
-        trial = cfg.Settings(**vars(self.settings))
-        for name, value in pairs:
-            cfg.apply(trial, name, value)
-        self.settings = trial.validate()
-        self._apply_limits()
+        """Applies CONFIG SET pairs (name as sent, value) all or nothing:
+        checked on a copy, applied to the core, and only then the server's
+        settings; if the core refuses a value, the old ones are put back."""
+        trial = cfg.set_at_runtime(self.settings, pairs)
+        try:
+            self._apply_limits(trial)
+        except (OverflowError, TypeError, ValueError) as e:
+            self._apply_limits(self.settings)
+            raise cfg.ConfigError(f"the server cannot use it ({e})", pairs[0][0].lower()) from None
+        self.settings = trial
 
     def bucket_count(self) -> int:
         return len(self.store) + len(self.rule_engine)
@@ -104,6 +109,7 @@ class Server:
         core.total_commands = core.total_connections = core.rejected_connections = 0
         core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
         core.error_counts.clear()
+        self.auth_failures = 0
         self.replication.reset_stats()
         for cmd in core.commands.values():
             cmd.reset_stats()

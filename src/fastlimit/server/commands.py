@@ -10,7 +10,6 @@ command name as sent; it raises ``ReplyError`` for an error reply.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import hmac
 import time
 
@@ -55,6 +54,13 @@ def _password_ok(conn, username: bytes | None, password: bytes) -> bool:
     return hmac.compare_digest(password, expected) and user_ok
 
 
+def _wrong_password(conn):
+    """Counted (INFO stats acl_access_denied_auth), not logged, as in Redis:
+    a client could otherwise write log lines as fast as it can send AUTH."""
+    conn.core.app.auth_failures += 1
+    raise ReplyError("WRONGPASS invalid username-password pair or user is disabled.")
+
+
 def cmd_auth(conn, args):
     if len(args) > 3:
         raise ReplyError("ERR syntax error")
@@ -63,8 +69,7 @@ def cmd_auth(conn, args):
                          "for the default user. Are you sure your configuration is correct?")
     username, password = (None, args[1]) if len(args) == 2 else (args[1], args[2])
     if not _password_ok(conn, username, password):
-        conn.core.log.warning("client id=%d addr=%s: wrong password", conn.id, conn.addr)
-        raise ReplyError("WRONGPASS invalid username-password pair or user is disabled.")
+        _wrong_password(conn)
     conn.authenticated = True
     return OK
 
@@ -77,10 +82,7 @@ def _validate_client_name(name: bytes) -> None:
 def cmd_hello(conn, args):
     proto = conn.proto
     if len(args) >= 2:
-        try:
-            proto = int(args[1])
-        except ValueError:
-            raise ReplyError("ERR Protocol version is not an integer or out of range") from None
+        proto = _int(args[1], "Protocol version")
         if proto not in (2, 3):
             raise ReplyError("NOPROTO unsupported protocol version")
     i, name, authed = 2, None, False
@@ -90,7 +92,7 @@ def cmd_hello(conn, args):
             if conn.core.requirepass is None and args[i + 1] == b"default":
                 authed = True   # Redis accepts any password when none is set
             elif not _password_ok(conn, args[i + 1], args[i + 2]):
-                raise ReplyError("WRONGPASS invalid username-password pair or user is disabled.")
+                _wrong_password(conn)
             authed = True
             i += 3
         elif option == "setname" and i + 1 < len(args):
@@ -421,27 +423,22 @@ def _debug_clock(conn, args):
 # ---- CONFIG ----------------------------------------------------------------------
 
 def cmd_config_get(conn, args):
-    settings = cfg.get_all(conn.core.app.settings)
-    patterns = [_lower(a) for a in args[2:]]
-    return {name: value for name, value in settings.items()
-            if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
+    return cfg.get_matching(conn.core.app.settings, args[2:])
 
 
 def cmd_config_set(conn, args):
     if len(args) % 2:
         raise ReplyError("ERR wrong number of arguments for 'config|set' command")
-    pairs = [(_lower(args[i]), args[i + 1].decode("utf-8", "replace"))
+    pairs = [(args[i].decode("utf-8", "replace"), args[i + 1].decode("utf-8", "replace"))
              for i in range(2, len(args), 2)]
-    app = conn.core.app
-    for name, value in pairs:
-        if name in cfg.FIXED and value == cfg.FIXED[name]:
-            continue
-        if name not in cfg.RUNTIME_SETTABLE:
-            raise ReplyError(f"ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
     try:
-        app.config_set([(n, v) for n, v in pairs if n in cfg.RUNTIME_SETTABLE])
+        conn.core.app.config_set(pairs)
+    except cfg.UnknownSetting as e:
+        raise ReplyError(f"ERR Unknown option or number of arguments for CONFIG SET - "
+                         f"'{e.name}'") from None
     except cfg.ConfigError as e:
-        raise ReplyError(f"ERR CONFIG SET failed - {e}") from None
+        raise ReplyError(f"ERR CONFIG SET failed (possibly related to argument "
+                         f"'{e.name}') - {e.reason}") from None
     return OK
 
 

@@ -11,44 +11,94 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
+
+from fastlimit._resp import parse_integer
 
 DEFAULT_PORT = 6380
 
 
 class ConfigError(ValueError):
-    """A setting has a value the server cannot use."""
+    """A setting has a value the server cannot use.  ``reason`` is worded
+    as Redis words CONFIG SET errors; ``name`` is the setting, when known."""
+
+    def __init__(self, reason: str, name: str | None = None):
+        super().__init__(f"{name}: {reason}" if name else reason)
+        self.reason = reason
+        self.name = name
 
 
-_MEMORY = re.compile(r"^(\d+)(k|kb|m|mb|g|gb)?$", re.IGNORECASE)
-_UNITS = {None: 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
+class UnknownSetting(ConfigError):
+    """CONFIG SET names a setting the server does not have."""
+
+
+INT64_MAX = 2**63 - 1
+
+# The number part is read by the wire's integer parser (Redis's string2ll
+# rules: no sign, spaces, underscores, leading zeros or non-ASCII digits).
+_MEMORY = re.compile(r"([0-9]*)(b|k|kb|m|mb|g|gb)?", re.IGNORECASE | re.ASCII)
+_UNPADDED_DIGITS = re.compile(r"[1-9][0-9]*")
+_UNITS = {None: 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
           "g": 1000**3, "gb": 1024**3}
+# Fractional settings (milliseconds, seconds): plain ASCII decimals only.
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")
 
 
-def parse_memory(value) -> int:
-    """Redis's memory notation: 1k = 1000 bytes, 1kb = 1024 bytes, ..."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"negative size: {value}")
-        return value
-    m = _MEMORY.match(str(value).strip())
-    if not m:
-        raise ConfigError(f"not a size: {value!r} (use e.g. 1024, 64kb, 32mb)")
-    unit = m.group(2).lower() if m.group(2) else None
-    return int(m.group(1)) * _UNITS[unit]
-
-
-def parse_int(value, low: int, high: int, name: str) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not low <= n <= high:
-        raise ConfigError(f"{name} must be from {low} to {high}, got {value!r}")
+def check_range(n, low, high, name: str | None = None):
+    if not low <= n <= high:
+        raise ConfigError(f"argument must be between {low} and {high} inclusive", name)
     return n
 
 
-def parse_bool(value, name: str) -> bool:
+def parse_memory(value, low: int = 0, high: int = INT64_MAX, name: str | None = None) -> int:
+    """Redis's memory notation: 1k = 1000 bytes, 1kb = 1024 bytes, ...
+    (TOML integers are taken as they are), within [low, high]."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return check_range(value, low, high, name)
+    m = _MEMORY.fullmatch(value) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError("argument must be a memory value", name)
+    digits, unit = m.groups()
+    n = parse_integer(digits)
+    if n is None:
+        if not _UNPADDED_DIGITS.fullmatch(digits):
+            raise ConfigError("argument must be a memory value", name)
+        n = INT64_MAX + 1      # only too many digits: out of range, as Redis says
+    return check_range(n * _UNITS[unit.lower() if unit else None], low, high, name)
+
+
+def parse_int(value, low: int, high: int, name: str | None = None) -> int:
+    """An integer by the wire's rules (TOML integers as they are) within
+    [low, high]; never Python's int(), which takes "+5", " 5" and "5_0"."""
+    if isinstance(value, bool):
+        n = None
+    elif isinstance(value, int):
+        n = value
+    else:
+        n = parse_integer(value) if isinstance(value, (str, bytes)) else None
+    if n is None:
+        raise ConfigError("argument couldn't be parsed into an integer", name)
+    return check_range(n, low, high, name)
+
+
+def parse_number(value, low: float, high: float, name: str | None = None,
+                 above_low: bool = False) -> float:
+    """A fractional setting: a plain decimal (or a TOML number) within
+    [low, high], or (low, high] when above_low."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value):
+        x = float(value)
+    else:
+        raise ConfigError("argument couldn't be parsed into a number", name)
+    if not (low < x if above_low else low <= x) or not x <= high:
+        bound = "above" if above_low else "at least"
+        raise ConfigError(f"argument must be {bound} {low} and at most {high}", name)
+    return x
+
+
+def parse_bool(value, name: str | None = None) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).lower()
@@ -56,18 +106,38 @@ def parse_bool(value, name: str) -> bool:
         return True
     if text in ("no", "false", "0", "off"):
         return False
-    raise ConfigError(f"{name} must be yes or no, got {value!r}")
+    raise ConfigError("argument must be 'yes' or 'no'", name)
 
 
 def parse_output_limit(value) -> tuple[int, int, int]:
-    """``<hard> <soft> <soft-seconds>``, as one string or a list."""
+    """``[normal] <hard> <soft> <soft-seconds>``, as one string or a list."""
     parts = value.split() if isinstance(value, str) else list(value)
-    if len(parts) == 4 and str(parts[0]).lower() == "normal":
+    named = bool(parts) and str(parts[0])[:1].isalpha()      # Redis's form names the class
+    if len(parts) != (4 if named else 3):
+        raise ConfigError("Wrong number of arguments in buffer limit configuration.")
+    if named:
+        if str(parts[0]).lower() != "normal":
+            raise ConfigError("Invalid client class specified in buffer limit configuration.")
         parts = parts[1:]
-    if len(parts) != 3:
-        raise ConfigError("client-output-buffer-limit takes <hard> <soft> <soft-seconds>")
-    return (parse_memory(parts[0]), parse_memory(parts[1]),
-            parse_int(parts[2], 0, 10**9, "client-output-buffer-limit soft seconds"))
+    try:
+        return (parse_memory(parts[0]), parse_memory(parts[1]), parse_int(parts[2], 0, 10**9))
+    except ConfigError:
+        raise ConfigError("Error in hard, soft or soft_seconds setting in buffer "
+                          "limit configuration.") from None
+
+
+def parse_shards(value) -> int:
+    n = parse_int(value, 1, 65536)
+    if n & (n - 1):
+        raise ConfigError("argument must be a power of two from 1 to 65536")
+    return n
+
+
+def parse_loglevel(value) -> str:
+    level = str(value).lower()
+    if level not in LOGLEVELS:
+        raise ConfigError("argument(s) must be one of the following: " + ", ".join(LOGLEVELS))
+    return level
 
 
 @dataclass
@@ -98,65 +168,48 @@ class Settings:
     repl_buffer_limit: int = 256 * 1024**2
 
     def validate(self) -> "Settings":
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be from 0 to 65535, got {self.port}")
+        """Checks every value with the parser its setting has (so the
+        bounds are the same however the settings were made) and
+        normalises it; the empty password is no password."""
+        for key, (parse, _) in _FIELDS.items():
+            attr = attr_name(key)
+            value = getattr(self, attr)
+            if value is not None:
+                setattr(self, attr, _parse(key, parse, value))
         if not self.bind:
             raise ConfigError("bind needs at least one address")
-        if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
-            raise ConfigError(f"shards must be a power of two from 1 to 65536, got {self.shards}")
-        if not 1 <= self.maxclients <= 1_000_000:
-            raise ConfigError(f"maxclients must be from 1 to 1000000, got {self.maxclients}")
-        if not 1 <= self.hz <= 500:
-            raise ConfigError(f"hz must be from 1 to 500, got {self.hz}")
-        if not 1 <= self.proto_max_bulk_len <= 2**40:
-            raise ConfigError("proto-max-bulk-len must be from 1 byte to 1 TB")
-        if not 1 <= self.max_multibulk_len <= 2**31 - 1:
-            raise ConfigError("max-multibulk-len must be from 1 to 2147483647")
-        if self.loglevel not in LOGLEVELS:
-            raise ConfigError(f"loglevel must be one of {', '.join(LOGLEVELS)}")
-        if not 0 < self.sweep_budget_ms <= 100:
-            raise ConfigError("sweep-budget-ms must be above 0 and at most 100")
-        if not 0 < self.denial_log_seconds <= 86400:
-            raise ConfigError("denial-log-seconds must be above 0 and at most 86400")
-        if self.requirepass == "":
-            self.requirepass = None
-        if self.masterauth == "":
-            self.masterauth = None
-        if not 0.1 <= self.repl_flush_ms <= 1000:
-            raise ConfigError("repl-flush-ms must be from 0.1 to 1000")
-        if self.repl_buffer_limit < 1024:
-            raise ConfigError("repl-buffer-limit must be at least 1kb")
         return self
 
 
 LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
 
-# name -> (parse from text, format for CONFIG GET)
+# name -> (parse from text or a TOML value, format for CONFIG GET).  Every
+# size fits the C fields it ends in (int64); ConfigError says what is wrong.
 _FIELDS = {
     "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
-    "port": (lambda v: parse_int(v, 0, 65535, "port"), str),
+    "port": (lambda v: parse_int(v, 0, 65535), str),
     "requirepass": (lambda v: str(v) or None, lambda v: v or ""),
-    "shards": (lambda v: parse_int(v, 1, 65536, "shards"), str),
-    "manual-clock": (lambda v: parse_bool(v, "manual-clock"), lambda v: "yes" if v else "no"),
-    "maxclients": (lambda v: parse_int(v, 1, 1_000_000, "maxclients"), str),
-    "proto-max-bulk-len": (parse_memory, str),
-    "max-multibulk-len": (lambda v: parse_int(v, 1, 2**31 - 1, "max-multibulk-len"), str),
+    "shards": (parse_shards, str),
+    "manual-clock": (parse_bool, lambda v: "yes" if v else "no"),
+    "maxclients": (lambda v: parse_int(v, 1, 1_000_000), str),
+    "proto-max-bulk-len": (lambda v: parse_memory(v, 1), str),
+    "max-multibulk-len": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "client-query-buffer-limit": (parse_memory, str),
     "client-output-buffer-limit": (
         parse_output_limit, lambda v: "normal {} {} {}".format(*v)),
-    "hz": (lambda v: parse_int(v, 1, 500, "hz"), str),
-    "sweep-budget-ms": (float, str),
-    "denial-log-seconds": (float, str),
+    "hz": (lambda v: parse_int(v, 1, 500), str),
+    "sweep-budget-ms": (lambda v: parse_number(v, 0, 100, above_low=True), str),
+    "denial-log-seconds": (lambda v: parse_number(v, 0, 86400, above_low=True), str),
     "snapshot-file": (lambda v: str(v) or None, lambda v: v or ""),
-    "save-seconds": (lambda v: parse_int(v, 0, 10**9, "save-seconds"), str),
-    "loglevel": (lambda v: str(v).lower(), str),
+    "save-seconds": (lambda v: parse_int(v, 0, 10**9), str),
+    "loglevel": (parse_loglevel, str),
     "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
     "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
-    "repl-timeout": (lambda v: parse_int(v, 1, 86400, "repl-timeout"), str),
-    "repl-flush-ms": (float, str),
-    "repl-buffer-limit": (parse_memory, str),
+    "repl-timeout": (lambda v: parse_int(v, 1, 86400), str),
+    "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
+    "repl-buffer-limit": (lambda v: parse_memory(v, 1024), str),
 }
 
 
@@ -167,7 +220,8 @@ def parse_replicaof(value) -> tuple[str, int] | None:
         return None
     if len(parts) != 2:
         raise ConfigError("replicaof takes <host> <port>")
-    return parts[0], parse_int(parts[1], 1, 65535, "replicaof port")
+    return parts[0], parse_int(parts[1], 1, 65535)
+
 
 # Settings that CONFIG SET may change while the server runs.
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
@@ -186,18 +240,51 @@ def attr_name(name: str) -> str:
     return name.replace("-", "_")
 
 
-def apply(settings: Settings, name: str, value) -> None:
-    """Sets one setting from text or a TOML value, validating it."""
+def _parse(key: str, parse, value):
+    try:
+        return parse(value)
+    except ConfigError as e:
+        raise ConfigError(e.reason, e.name or key) from None
+
+
+def apply(settings: Settings, name: str, value, parse=None) -> None:
+    """Sets one setting from text or a TOML value, validating it (with
+    parse instead of the setting's own parser when given)."""
     key = name.lower().replace("_", "-")
     if key not in _FIELDS:
-        raise ConfigError(f"unknown setting {name!r}")
-    parse, _ = _FIELDS[key]
-    try:
-        setattr(settings, attr_name(key), parse(value))
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{key}: {e}") from None
+        raise UnknownSetting(f"unknown setting {name!r}", name)
+    setattr(settings, attr_name(key), _parse(key, parse or _FIELDS[key][0], value))
+
+
+# CONFIG SET may not take these below Redis's minimums: a lower value can
+# leave no command that fits (proto-max-bulk-len 1, a query buffer of 0,
+# max-multibulk-len below "CONFIG SET x y"), and only a restart would
+# undo it.  The command line and config file may go lower.
+RUNTIME_PARSERS = {"proto-max-bulk-len": lambda v: parse_memory(v, 1024**2),
+                   "client-query-buffer-limit": lambda v: parse_memory(v, 1024**2),
+                   "max-multibulk-len": lambda v: parse_int(v, 1024, 2**31 - 1)}
+
+
+def set_at_runtime(settings: Settings, pairs) -> Settings:
+    """CONFIG SET's checks, in Redis's order: every name known, changeable
+    and given once; then every value.  Returns a checked copy with the
+    pairs applied; settings itself is not touched.  pairs are (name as
+    sent, value) strings."""
+    keys = []
+    for name, value in pairs:
+        key = name.lower()
+        if key not in _FIELDS and key not in FIXED:
+            raise UnknownSetting("unknown setting", name)
+        if key not in RUNTIME_SETTABLE and FIXED.get(key) != value:
+            raise ConfigError("can't set immutable config", key)
+        if key in keys:
+            raise ConfigError("duplicate parameter", key)
+        keys.append(key)
+    trial = replace(settings)
+    for key, (_, value) in zip(keys, pairs):
+        if key in RUNTIME_SETTABLE:
+            apply(trial, key, value, RUNTIME_PARSERS.get(key))
+    return trial.validate()
 
 
 def get_all(settings: Settings) -> dict[str, str]:
@@ -205,6 +292,155 @@ def get_all(settings: Settings) -> dict[str, str]:
     out = {key: fmt(getattr(settings, attr_name(key))) for key, (_, fmt) in _FIELDS.items()}
     out.update(FIXED)
     return out
+
+
+def get_matching(settings: Settings, patterns) -> dict:
+    """CONFIG GET <pattern> ...: the settings any pattern matches, as Redis
+    answers.  A pattern without ``*``, ``?`` or ``[`` names one setting
+    (any case) and is answered under the name as sent; the others are
+    globs.  Linear in the patterns' size, whatever they hold: each distinct
+    pattern is read once (see NameMatcher), and reading stops when every
+    setting has matched."""
+    values = get_all(settings)
+    matcher = _matcher()
+    found: dict[str, bytes | str] = {}      # setting -> the name to answer with
+    tried, classes = set(), {}
+    for pattern in patterns:
+        if len(found) == len(values):
+            break
+        if not _GLOB_CHARS.search(pattern):
+            key = pattern.lower().decode("utf-8", "replace")
+            if key in values and key not in found:
+                found[key] = pattern
+        elif pattern not in tried:
+            tried.add(pattern)
+            for key in matcher.match(pattern, classes):
+                found.setdefault(key, key)
+    return {name: values[key] for key, name in found.items()}
+
+
+_GLOB_CHARS = re.compile(rb"[*?\[]")
+
+
+@cache
+def _matcher() -> "NameMatcher":
+    return NameMatcher(list(_FIELDS) + list(FIXED))
+
+
+class NameMatcher:
+    """Which of a fixed set of names a pattern matches, by the rules of
+    Redis's stringmatchlen with nocase (``*``, ``?``, ``[...]`` with ``^``,
+    ranges and ``\\`` escapes, ``\\`` outside classes), in time linear in
+    the pattern.
+
+    Redis backtracks (with a guard against going exponential on
+    ``*a*a*a...b``); here every name is followed at once, bit-parallel.
+    Bit ``p`` of the state is one position in one name: "the tokens read so
+    far match that name up to here".  The names' positions sit in one
+    integer, each name followed by a gap wider than the longest name, so
+    that the shifts below never carry from one name into the next.  A token
+    costs a few integer operations, and a state with no bit left can match
+    nothing: as every token but ``*`` consumes one character, that happens
+    within longest-name + 1 of them, so even a huge pattern is read only as
+    far as it can matter."""
+
+    def __init__(self, names: list[str]):
+        longest = max(map(len, names))
+        # 1, 2, 4...: together they fill a whole name, and none jumps a gap
+        self.fill_shifts = [1 << k for k in range(longest.bit_length())]
+        self.start = self.ends = self.valid = 0
+        self.next_char: dict[int, int] = {}     # byte -> positions it follows
+        self.end_of: dict[int, str] = {}        # end position -> name
+        offset = 0
+        for name in names:
+            self.start |= 1 << offset
+            self.end_of[offset + len(name)] = name
+            self.ends |= 1 << (offset + len(name))
+            self.valid |= ((1 << (len(name) + 1)) - 1) << offset
+            for i, ch in enumerate(name.encode()):
+                self.next_char[ch] = self.next_char.get(ch, 0) | 1 << (offset + i)
+            offset += len(name) + 1 + longest + 1
+        self.any_char = self.valid & ~self.ends
+        self.with_lower: dict[int, list[int]] = {}     # lowered byte -> the names' bytes
+        for ch in self.next_char:
+            self.with_lower.setdefault(_lower(ch), []).append(ch)
+        self.literal = [self._positions(self.with_lower.get(_lower(b), ())) for b in range(256)]
+
+    def _positions(self, chars) -> int:
+        """Positions followed by one of chars."""
+        out = 0
+        for ch in chars:
+            out |= self.next_char[ch]
+        return out
+
+    def match(self, pattern: bytes, classes: dict) -> list[str]:
+        """The names pattern matches; classes caches class tokens' positions
+        (for one command: it grows with what the client sent)."""
+        state, i, n = self.start, 0, len(pattern)
+        while i < n and state:
+            ch = pattern[i]
+            if ch == _STAR:
+                i = _STARS.match(pattern, i).end()
+                for shift in self.fill_shifts:
+                    state |= (state << shift) & self.valid
+                continue
+            if ch == _QUESTION:
+                positions, i = self.any_char, i + 1
+            elif ch == _OPEN:
+                positions, i = self._class(pattern, i, classes)
+            else:
+                if ch == _BACKSLASH and i + 1 < n:
+                    i += 1
+                positions, i = self.literal[pattern[i]], i + 1
+            state = (state & positions) << 1
+        state &= self.ends
+        return [name for end, name in self.end_of.items() if state >> end & 1]
+
+    def _class(self, pattern: bytes, i: int, classes: dict) -> tuple[int, int]:
+        """The positions the ``[...]`` token at pattern[i] admits, and
+        where the token ends."""
+        end = _CLASS.match(pattern, i).end()
+        text = pattern[i:end]
+        end += pattern[end:end + 1] == b"]"      # a closing "]"; else the pattern ended
+        positions = classes.get(text)
+        if positions is None:
+            positions = classes[text] = self._positions(self._class_chars(text))
+        return positions, end
+
+    def _class_chars(self, text: bytes) -> set[int]:
+        """The names' bytes a class token (without its closing "]") admits:
+        escaped bytes compare exactly, other bytes and ranges without case,
+        a reversed range is swapped first, all as stringmatchlen does."""
+        negate = text[1:2] == b"^"
+        exact, folded, ranges = set(), set(), set()     # a long class repeats itself
+        for m in _CLASS_ITEMS.finditer(text, 2 if negate else 1):
+            escaped, low, high, plain = m.groups()
+            if escaped is not None:
+                exact.add(escaped[0])
+            elif plain is not None:
+                folded.add(_lower(plain[0]))
+            else:
+                ranges.add(tuple(map(_lower, sorted((low[0], high[0])))))
+        chars = exact & self.next_char.keys()
+        for f in folded:
+            chars.update(self.with_lower.get(f, ()))
+        for low, high in ranges:
+            chars.update(c for c in self.next_char if low <= _lower(c) <= high)
+        return self.next_char.keys() - chars if negate else chars
+
+
+_STAR, _QUESTION, _OPEN, _BACKSLASH = b"*?[\\"
+_STARS = re.compile(rb"\*+")
+# A class as stringmatchlen reads it: "[", an optional "^", then items in
+# this order of preference: an escaped byte, a range "a-z" (whose end may
+# be "]" or "\\"), any byte but "]"; then "]", or the end of the pattern.
+_CLASS_ITEM = rb"\\(.)|([^\]\\])-(.)|([^\]])"
+_CLASS_ITEMS = re.compile(_CLASS_ITEM, re.DOTALL)
+_CLASS = re.compile(rb"\[\^?(?:\\.|[^\]\\]-.|[^\]])*+", re.DOTALL)
+
+
+def _lower(c: int) -> int:
+    return c + 32 if 65 <= c <= 90 else c
 
 
 def load_file(path: str, settings: Settings) -> None:
@@ -228,25 +464,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastlimit-server",
         description="Rate-limiting counter server that speaks the Redis protocol.")
     p.add_argument("--config", metavar="FILE", help="TOML config file (command line wins)")
-    p.add_argument("--port", type=int, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port", metavar="N", help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--bind", nargs="+", metavar="ADDR", help="addresses to listen on (default 127.0.0.1)")
     p.add_argument("--requirepass", metavar="PW", help="password clients must AUTH with")
-    p.add_argument("--shards", type=int, help="bucket table shards, a power of two (default 256)")
+    p.add_argument("--shards", metavar="N", help="bucket table shards, a power of two (default 256)")
     p.add_argument("--manual-clock", action="store_true", default=None,
                    help="start the clock at 0 and move it only with DEBUG CLOCK (tests)")
-    p.add_argument("--maxclients", type=int)
+    p.add_argument("--maxclients", metavar="N")
     p.add_argument("--proto-max-bulk-len", metavar="SIZE")
-    p.add_argument("--max-multibulk-len", type=int)
+    p.add_argument("--max-multibulk-len", metavar="N")
     p.add_argument("--client-query-buffer-limit", metavar="SIZE")
     p.add_argument("--client-output-buffer-limit", nargs=3, metavar=("HARD", "SOFT", "SECONDS"))
-    p.add_argument("--hz", type=int, help="background task frequency (default 10)")
-    p.add_argument("--sweep-budget-ms", type=float, help="time per tick for dropping idle buckets")
-    p.add_argument("--denial-log-seconds", type=float,
+    p.add_argument("--hz", metavar="N", help="background task frequency (default 10)")
+    p.add_argument("--sweep-budget-ms", metavar="N", help="time per tick for dropping idle buckets")
+    p.add_argument("--denial-log-seconds", metavar="N",
                    help="denials by rules are logged as one line at most this often (default 10)")
     p.add_argument("--snapshot-file", metavar="PATH",
                    help="buckets are saved here at shutdown, by SAVE/BGSAVE and every "
                         "save-seconds, and loaded at start (default fastlimit.snap; '' for none)")
-    p.add_argument("--save-seconds", type=int,
+    p.add_argument("--save-seconds", metavar="N",
                    help="BGSAVE this often (default 0: only at shutdown and on request)")
     p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
     p.add_argument("--rules-db", metavar="PATH",
@@ -258,9 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
                    help="start as a read-only replica of this primary")
     p.add_argument("--masterauth", metavar="PW", help="password for the primary's requirepass")
-    p.add_argument("--repl-timeout", type=int,
+    p.add_argument("--repl-timeout", metavar="N",
                    help="seconds of silence after which a replication link is dropped (default 60)")
-    p.add_argument("--repl-flush-ms", type=float,
+    p.add_argument("--repl-flush-ms", metavar="N",
                    help="a primary sends changed buckets to its replicas this often (default 2)")
     p.add_argument("--repl-buffer-limit", metavar="SIZE",
                    help="unsent replication output per replica (beyond its full copy) "

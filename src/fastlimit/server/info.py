@@ -87,6 +87,7 @@ def _stats(core, app) -> dict:
             "expired_keys": core.store.expired_total + core.rules.expired_total,
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
+            "acl_access_denied_auth": app.auth_failures,
             "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms}
 
 

@@ -56,18 +56,63 @@ class Snapshot:
 def write(path: str, store, engine, rules: dict[int, tuple[str, str, str]],
           now_ms: int) -> None:
     """Writes a snapshot of store and engine to path, atomically."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = temp_path(path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        write_to(fd, store, engine, rules, now_ms)
-        os.fsync(fd)
+        try:
+            write_to(fd, store, engine, rules, now_ms)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
     except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
+        _unlink_if_there(tmp)
         raise
-    os.close(fd)
-    os.rename(tmp, path)
     _fsync_dir(path)
+
+
+def temp_path(path: str, pid: int) -> str:
+    """Where process pid writes the snapshot before renaming it to path."""
+    return f"{path}.tmp-{pid}"
+
+
+def remove_stale_temp_files(path: str) -> list[str]:
+    """Removes the temporary files of saves that never finished (a kill -9
+    or a crash during SAVE or BGSAVE): ``<path>.tmp-<pid>`` whose pid is not
+    a running process of ours (our own pid counts as stale: nothing saves
+    before start-up ends).  Returns the names removed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    prefix = os.path.basename(temp_path(path, 0))[:-1]
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry[len(prefix):]
+        if entry.startswith(prefix) and pid.isascii() and pid.isdigit() and not _running(int(pid)):
+            _unlink_if_there(os.path.join(folder, entry))
+            removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a process of ours other than this one (another
+    server, or its BGSAVE child, may be writing that file now)."""
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError, OverflowError):
+        return False
+    return True
+
+
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def write_to(fd: int, store, engine, rules: dict[int, tuple[str, str, str]],
@@ -259,7 +304,11 @@ class Snapshots:
     def load_at_start(self) -> None:
         """Restores the snapshot if there is one.  A damaged file is moved
         aside and the server starts empty: no trust in bad data."""
-        if not self.path or not os.path.exists(self.path):
+        if not self.path:
+            return
+        for name in remove_stale_temp_files(self.path):
+            self.log.warning("removed %s, left by a save that did not finish", name)
+        if not os.path.exists(self.path):
             return
         app = self.app
         try:
@@ -340,10 +389,7 @@ class Snapshots:
 
     def _remove_temp_file(self, pid: int) -> None:
         """What a BGSAVE child that did not finish left behind."""
-        try:
-            os.unlink(f"{self.path}.tmp-{pid}")
-        except FileNotFoundError:
-            pass
+        _unlink_if_there(temp_path(self.path, pid))
 
     def _saved(self, status: str) -> None:
         self.last_status = status
