@@ -15,6 +15,11 @@ relies on: a prefix of valid input never errors and yields only complete
 commands; feeding bytes in any chunking gives what one parse of the
 whole gives; no input crashes; huge declared lengths cost nothing until
 the data arrives.
+
+``parse_stream(chunks, ...)`` keeps one parser across reads, as a
+connection does: an incomplete command resumes where it stopped (Redis's
+processMultibulkBuffer), in a buffer that moves between reads.  Every
+split of every frame must give what one read gives.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 
 import pytest
 
-from fastlimit._resp import parse
+from fastlimit._resp import parse, parse_stream
 from wire import command
 
 PE = "ERR Protocol error: "
@@ -469,6 +474,10 @@ def test_random_and_mutated_input_never_crashes_and_is_consistent():
             assert (got, got_err) == (commands, err), data
             if err is None:
                 assert rest == data[used:], data
+            streamed, stream_err, stream_rest, _ = parse_stream(split(data, sizes), **kwargs)
+            assert (streamed, stream_err) == (commands, err), data
+            if err is None:
+                assert stream_rest == data[used:], data
     # the fuzzer really reached both outcomes
     assert errors > 1000 and commands_seen > 1000
     examples = [(d[:40], kw, e) for d, kw, e in crashes[:3]]
@@ -505,3 +514,60 @@ def test_huge_declared_lengths_are_just_incomplete(data, kwargs):
         assert parse(data, **kwargs) == ([], 0, None)
     # nothing sized by the declared length is allocated or touched
     assert time.perf_counter() - start < 1.0
+
+
+# ---- one parser across reads (what a connection does) ---------------------------
+
+def splits_of(data: bytes):
+    for k in range(1, len(data)):
+        yield [data[:k], data[k:]]
+    for k in range(1, len(data) - 1):
+        yield [data[:k], data[k:k + 1], data[k + 1:]]
+
+
+SPLIT_FRAMES = VALID_FRAMES + [
+    command(b"ECHO", b"x" * 300),
+    command(*[b"%d" % i for i in range(40)]),       # argv grows while it arrives
+    b"PING\r\nPING\r\n" + command(b"ECHO", b"a"),
+]
+
+
+@pytest.mark.parametrize("frame", SPLIT_FRAMES, ids=lambda f: repr(f[:24]))
+def test_a_command_split_anywhere_parses_as_in_one_read(frame):
+    whole = parse(frame)
+    assert whole[2] is None
+    for chunks in splits_of(frame):
+        assert parse_stream(chunks)[:3] == (whole[0], None, frame[whole[1]:]), chunks
+
+
+SPLIT_ERRORS = [(data, error, kwargs) for _, data, error, kwargs in ERRORS
+                if len(data) < 200]
+
+
+@pytest.mark.parametrize("data, error, kwargs", SPLIT_ERRORS, ids=repr)
+def test_a_bad_frame_split_anywhere_gives_the_same_error(data, error, kwargs):
+    assert parse(data, **kwargs) == ([], 0, error)
+    for chunks in splits_of(data):
+        commands, err, rest, _ = parse_stream(chunks, **kwargs)
+        assert (commands, err) == ([], error), chunks
+
+
+def test_pipelines_in_random_reads_parse_as_in_one_read():
+    rng = random.Random(9)
+    frames = SPLIT_FRAMES + [command(b"ECHO", b"y" * 70000), command(*[b"a"] * 3000)]
+    for _ in range(300):
+        data = b"".join(rng.choice(frames) for _ in range(rng.randrange(1, 12)))
+        whole = parse(data)
+        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randrange(1, 40))))
+        chunks = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+        assert parse_stream(chunks)[:3] == (whole[0], None, b""), cuts
+
+
+def test_a_partial_command_is_not_reparsed_from_the_start():
+    # a bulk arriving a byte at a time is parsed once its last byte is
+    # there (need covers the whole argument), not once per byte
+    frame = command(b"ECHO", b"z" * 5000)
+    commands, err, rest, calls = parse_stream([frame[i:i + 1] for i in range(len(frame))])
+    assert (commands, err, rest) == ([[b"ECHO", b"z" * 5000]], None, b"")
+    header = len(b"*2\r\n$4\r\nECHO\r\n$5000\r\n")
+    assert calls <= header + 1

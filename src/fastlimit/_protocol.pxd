@@ -72,6 +72,7 @@ cdef class ServerCore:
     cdef public int64_t total_connections
     cdef public int64_t rejected_connections
     cdef public int64_t total_error_replies
+    cdef public int64_t protocol_errors  # connections closed for a protocol error
     cdef public dict error_counts     # error code ("ERR", "NOAUTH") -> replies
     cdef public int64_t net_input_bytes
     cdef public int64_t net_output_bytes
@@ -113,9 +114,12 @@ cdef class Connection:
 
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
+    cdef void protocol_error(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
+    cdef void on_replica_link(self, Command cmd)
+    cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)
     cdef bint refuse_write(self, int64_t cost)
     cdef void run(self, Command cmd, list args)

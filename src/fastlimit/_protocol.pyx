@@ -9,7 +9,8 @@ from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
-                              parser_free, parser_reserve, parse_command,
+                              parser_free, parser_reserve, parser_release,
+                              parser_memory, parse_command,
                               parse_int64, writer_init, writer_reset, write_raw,
                               write_prefixed_int, write_bulk, write_line,
                               encode_reply, PARSE_COMMAND,
@@ -48,6 +49,93 @@ cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
 cdef inline str arg_text(const Arg* a, size_t limit=128):
     cdef size_t n = a.len if a.len < limit else limit
     return PyBytes_FromStringAndSize(a.ptr, n).decode("utf-8", "surrogateescape")
+
+
+cdef enum OptionStatus:
+    OPT_OK = 0
+    OPT_NEEDS_VALUE = 1
+    OPT_UNKNOWN = 2
+    OPT_BAD_CAPACITY = 3
+    OPT_BAD_REFILL = 4
+    OPT_BAD_COST = 5
+    OPT_BAD_PERIOD = 6
+    OPT_BAD_LIMIT_COST = 7
+
+
+cdef struct LimitArgs:
+    const char* tier
+    size_t tlen
+    int64_t cost
+    bint detail
+
+
+cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* bad) noexcept:
+    """CL.CHECK's numbers and options into bp: OPT_OK, or what is wrong
+    (with the option at a[*bad])."""
+    cdef int i = 4
+    bp.cost = 1
+    bp.period_ms = 1000
+    if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
+        return OPT_BAD_CAPACITY
+    if not parse_int64(a[3].ptr, a[3].len, &bp.refill):
+        return OPT_BAD_REFILL
+    while i < argc:
+        bad[0] = i
+        if i + 1 >= argc:
+            return OPT_NEEDS_VALUE
+        if eq_nocase(&a[i], b"cost", 4):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.cost):
+                return OPT_BAD_COST
+        elif eq_nocase(&a[i], b"period", 6):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
+                return OPT_BAD_PERIOD
+        else:
+            return OPT_UNKNOWN
+        i += 2
+    return OPT_OK
+
+
+cdef int read_limit_args(const Arg* a, int argc, LimitArgs* la, int* bad) noexcept:
+    """CL.LIMIT's options into la, as read_check_args."""
+    cdef int i = 3
+    la.tier = NULL
+    la.tlen = 0
+    la.cost = 1
+    la.detail = False
+    while i < argc:
+        bad[0] = i
+        if eq_nocase(&a[i], b"detail", 6):
+            la.detail = True
+            i += 1
+            continue
+        if i + 1 >= argc:
+            return OPT_NEEDS_VALUE
+        if eq_nocase(&a[i], b"tier", 4):
+            la.tier, la.tlen = a[i + 1].ptr, a[i + 1].len
+        elif eq_nocase(&a[i], b"cost", 4):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &la.cost) or la.cost < 0 \
+                    or la.cost > MAX_CAPACITY:
+                return OPT_BAD_LIMIT_COST
+        else:
+            return OPT_UNKNOWN
+        i += 2
+    return OPT_OK
+
+
+cdef str options_error(int status, const Arg* option, str expected):
+    if status == OPT_BAD_CAPACITY:
+        return "ERR capacity is not an integer or out of range"
+    if status == OPT_BAD_REFILL:
+        return "ERR refill_per_sec is not an integer or out of range"
+    if status == OPT_BAD_COST:
+        return "ERR COST is not an integer or out of range"
+    if status == OPT_BAD_PERIOD:
+        return "ERR PERIOD is not an integer or out of range"
+    if status == OPT_BAD_LIMIT_COST:
+        return "ERR COST must be an integer from 0 to 10^15"
+    if status == OPT_NEEDS_VALUE:
+        return f"ERR syntax error: option '{arg_text(option)}' needs a value"
+    return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
 
 
 cdef class Command:
@@ -244,10 +332,7 @@ cdef class Connection:
             if status == PARSE_INCOMPLETE:
                 break   # parser.need counts from pos: the tail kept below
             if status == PARSE_ERROR:
-                self.reply_error(self.parser.error.decode("utf-8", "surrogateescape"))
-                self.core.log.info("client id=%d addr=%s: %s; closing", self.id, self.addr,
-                                   ascii(self.parser.error)[2:-1])
-                self.close_after_reply = True
+                self.protocol_error()
                 break
             if status == PARSE_COMMAND:
                 self.execute()
@@ -260,6 +345,7 @@ cdef class Connection:
                     self.last_cmd.nsec += t_now - t_prev
                 t_prev = t_now
             pos += used
+        parser_release(&self.parser)
         if self.close_after_reply or pos >= n:
             self.inlen = 0
             self.parser.need = 0
@@ -270,9 +356,23 @@ cdef class Connection:
         else:
             self.keep_tail(buf + pos, n - pos)
 
+    cdef void protocol_error(self):
+        """Answers as Redis does and closes.  Logged at verbose, as Redis
+        logs it: at the default level a client could grow the log at
+        network speed.  The counter keeps the count instead."""
+        self.core.protocol_errors += 1
+        if self.replica is None:     # never a reply inside the replication stream
+            self.reply_error(self.parser.error.decode("utf-8", "surrogateescape"))
+        self.core.log.log(LOG_VERBOSE, "client id=%d addr=%s: %s; closing", self.id,
+                          self.addr, (<bytes>self.parser.error).decode("latin-1")
+                          .encode("unicode_escape").decode("ascii"))
+        self.close_after_reply = True
+
     cdef void keep_tail(self, const char* buf, size_t n):
         cdef char* grown
-        if self.inbuf != NULL and self.inbuf <= buf < self.inbuf + self.incap:
+        if buf == self.inbuf:
+            pass     # a command still arriving, already in place: nothing to copy
+        elif self.inbuf != NULL and self.inbuf <= buf < self.inbuf + self.incap:
             memmove(self.inbuf, buf, n)
         else:
             if n > self.incap:
@@ -326,14 +426,17 @@ cdef class Connection:
         cdef Arg* argv = self.parser.argv
         cdef int argc = self.parser.argc
         cdef Command cmd = self.lookup(&argv[0])
-        if cmd is None:
+        if self.replica is not None:
+            self.on_replica_link(cmd)
+        elif cmd is None:
             self.last_cmd = None
             self.reject(None, unknown_command_message(argv, argc))
         elif not cmd.arity_ok(argc):
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
-        elif self.core.readonly and cmd.is_write and cmd.fast == FAST_NONE:
+        elif self.core.readonly and cmd.is_write and (
+                cmd.fast == FAST_NONE or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
         elif self.multi_queue is not None and cmd.no_multi:
             self.reject(cmd, "ERR Command not allowed inside a transaction")
@@ -341,6 +444,38 @@ cdef class Connection:
             self.queue(cmd)
         else:
             self.run(cmd, None)
+
+    cdef void on_replica_link(self, Command cmd):
+        """After CL.SYNC the connection carries the replication stream out
+        and only REPLCONF ACKs in.  Anything else is refused as Redis
+        refuses it ("Replica can't interact with the keyspace"), but with
+        no reply, which would corrupt the stream: one warning, and the
+        link is closed before it runs."""
+        cdef size_t mark = OUT.len
+        if cmd is not None and cmd.name == "replconf":
+            self.run(cmd, None)
+            if OUT.len == mark:
+                return
+            OUT.len = mark     # a REPLCONF that answers is not an ACK
+        self.core.log.warning("replica id=%d addr=%s sent %s, which a replication link "
+                              "does not take; closing the link", self.id, self.addr,
+                              ascii(arg_text(&self.parser.argv[0], 32)))
+        self.close_after_reply = True
+
+    cdef bint queued_write(self, Command cmd):
+        """Whether a fast command queued in MULTI on a replica would write:
+        CL.CHECK and CL.LIMIT with COST 0 are peeks, so they may run.  One
+        whose options do not parse is queued, to fail at EXEC."""
+        cdef BucketParams bp
+        cdef LimitArgs la
+        cdef int bad
+        if cmd.fast == FAST_CL_CHECK:
+            return read_check_args(self.parser.argv, self.parser.argc, &bp, &bad) == OPT_OK \
+                and bp.cost != 0
+        if cmd.fast == FAST_CL_LIMIT:
+            return read_limit_args(self.parser.argv, self.parser.argc, &la, &bad) == OPT_OK \
+                and la.cost != 0
+        return cmd.is_write
 
     cdef void reject(self, Command cmd, str msg):
         """Refuses a command before it runs; inside MULTI that dooms the
@@ -417,36 +552,14 @@ cdef class Connection:
     cdef void cl_check(self):
         """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]"""
         cdef Arg* a = self.parser.argv
-        cdef int argc = self.parser.argc, i = 4
         cdef BucketParams bp
         cdef CheckResult r
         cdef const char* err
-        cdef int rc
-        bp.cost = 1
-        bp.period_ms = 1000
-        if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
-            self.reply_error("ERR capacity is not an integer or out of range")
+        cdef int rc, bad = 0
+        rc = read_check_args(a, self.parser.argc, &bp, &bad)
+        if rc != OPT_OK:
+            self.reply_error(options_error(rc, &a[bad], "COST or PERIOD"))
             return
-        if not parse_int64(a[3].ptr, a[3].len, &bp.refill):
-            self.reply_error("ERR refill_per_sec is not an integer or out of range")
-            return
-        while i < argc:
-            if i + 1 >= argc:
-                self.reply_error(f"ERR syntax error: option '{arg_text(&a[i])}' needs a value")
-                return
-            if eq_nocase(&a[i], b"cost", 4):
-                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.cost):
-                    self.reply_error("ERR COST is not an integer or out of range")
-                    return
-            elif eq_nocase(&a[i], b"period", 6):
-                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
-                    self.reply_error("ERR PERIOD is not an integer or out of range")
-                    return
-            else:
-                self.reply_error(f"ERR syntax error: unknown option '{arg_text(&a[i])}', "
-                                 "expected COST or PERIOD")
-                return
-            i += 2
         err = bucket_params_error(&bp)
         if err != NULL:
             self.reply_error("ERR " + err.decode())
@@ -476,38 +589,19 @@ cdef class Connection:
     cdef void cl_limit(self):
         """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
         cdef Arg* a = self.parser.argv
-        cdef int argc = self.parser.argc, i = 3, n, rc
-        cdef const char* tier = NULL
-        cdef size_t tlen = 0
-        cdef int64_t cost = 1
-        cdef bint detail = False
+        cdef int n, rc, bad = 0
+        cdef LimitArgs la
         cdef CheckResult r
         cdef RuleEngine rules = self.core.rules
-        while i < argc:
-            if eq_nocase(&a[i], b"detail", 6):
-                detail = True
-                i += 1
-                continue
-            if i + 1 >= argc:
-                self.reply_error(f"ERR syntax error: option '{arg_text(&a[i])}' needs a value")
-                return
-            if eq_nocase(&a[i], b"tier", 4):
-                tier, tlen = a[i + 1].ptr, a[i + 1].len
-            elif eq_nocase(&a[i], b"cost", 4):
-                if not parse_int64(a[i + 1].ptr, a[i + 1].len, &cost) or cost < 0 \
-                        or cost > MAX_CAPACITY:
-                    self.reply_error("ERR COST must be an integer from 0 to 10^15")
-                    return
-            else:
-                self.reply_error(f"ERR syntax error: unknown option '{arg_text(&a[i])}', "
-                                 "expected TIER, COST or DETAIL")
-                return
-            i += 2
-        if self.refuse_write(cost):
+        rc = read_limit_args(a, self.parser.argc, &la, &bad)
+        if rc != OPT_OK:
+            self.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
+            return
+        if self.refuse_write(la.cost):
             return
         try:
-            n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, tier, tlen)
-            rc = rules.evaluate(a[1].ptr, a[1].len, a[2].ptr, a[2].len, n, cost,
+            n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen)
+            rc = rules.evaluate(a[1].ptr, a[1].len, a[2].ptr, a[2].len, n, la.cost,
                                 self.now_ms, &r)
         except ValueError as e:
             self.reply_error(f"ERR {e}")
@@ -518,7 +612,7 @@ cdef class Connection:
         if rc != FL_OK:
             self.reply_error("OOM out of memory: the bucket could not be stored")
             return
-        if not detail:
+        if not la.detail:
             self.write_check(&r)
             return
         self.write_check(&r, 1)
@@ -663,6 +757,12 @@ cdef class Connection:
         return self.inlen
 
     @property
+    def input_memory(self):
+        """Bytes held for reading this client: the query buffer and the
+        parser's argument arrays."""
+        return self.incap + parser_memory(&self.parser)
+
+    @property
     def output_buffer_len(self):
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
@@ -680,6 +780,7 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
+LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):

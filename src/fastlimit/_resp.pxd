@@ -1,4 +1,4 @@
-# RESP2/RESP3 wire format: a restartable command parser that points into
+# RESP2/RESP3 wire format: an incremental command parser that points into
 # the caller's buffer, and a growable reply writer.  No asyncio, no
 # Python objects on the hot path; C functions report failure by value.
 
@@ -36,10 +36,25 @@ cdef struct Parser:
     size_t need            # bytes the buffer must hold before re-parsing helps
     const char* error      # message for PARSE_ERROR (without "-" and CRLF)
     char error_buf[64]
+    # Where an incomplete command stopped, so that the next call resumes
+    # there (Redis's multibulklen/bulklen): each read costs O(new bytes).
+    # Offsets count from the command's first byte, because the caller's
+    # buffer may move between calls; until the command is complete,
+    # argv[i].ptr holds such an offset, not a pointer.
+    int64_t multibulk      # declared argument count; 0 until the '*' line is read
+    int64_t bulk_len       # length of the bulk whose '$' line is read, or -1
+    size_t pos             # where the next '$' line or the bulk data starts
+    size_t scanned         # the current line holds no terminator before this
 
 cdef int parser_init(Parser* p) noexcept
 cdef void parser_free(Parser* p) noexcept
 cdef int parser_reserve(Parser* p, int argc) noexcept
+cdef void parser_release(Parser* p) noexcept
+cdef size_t parser_memory(const Parser* p) noexcept
+
+# buf must start where the previous call's command started (or at a new
+# command after PARSE_COMMAND, PARSE_EMPTY or PARSE_ERROR), holding at
+# least the bytes that call saw.
 cdef int parse_command(Parser* p, const char* buf, size_t length,
                        size_t* consumed, const ParseLimits* lim) noexcept
 cdef bint parse_int64(const char* s, size_t n, int64_t* out) noexcept nogil

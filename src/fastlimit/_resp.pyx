@@ -5,7 +5,8 @@ see what they already know.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.stdint cimport int64_t, uint64_t, INT64_MAX
+from libc.stdint cimport int64_t, uint64_t, uintptr_t, INT64_MAX
+from libc.limits cimport INT_MAX
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memchr
 from libc.stdio cimport snprintf
@@ -33,6 +34,15 @@ class ReplyError(Exception):
 cdef enum:
     ARGV_INITIAL = 16
     ARGV_KEEP = 1024    # larger argv arrays are released after use
+    HEADER_READ = 1     # parse_bulk_header read a "$<len>" line
+
+
+cdef inline void parser_restart(Parser* p) noexcept:
+    # The next call starts a new command at the first byte it is given.
+    p.multibulk = 0
+    p.bulk_len = -1
+    p.pos = 0
+    p.scanned = 0
 
 
 cdef int parser_init(Parser* p) noexcept:
@@ -43,6 +53,7 @@ cdef int parser_init(Parser* p) noexcept:
     p.scratch_cap = 0
     p.need = 0
     p.error = NULL
+    parser_restart(p)
     return 0 if p.argv != NULL else -1
 
 
@@ -56,28 +67,41 @@ cdef void parser_free(Parser* p) noexcept:
 
 
 cdef int parser_reserve(Parser* p, int argc) noexcept:
-    cdef int cap = p.argv_cap
+    cdef size_t cap = <size_t>p.argv_cap
     cdef Arg* bigger
-    if argc <= cap:
+    if argc <= p.argv_cap:
         return 0
-    while cap < argc:
+    while cap < <size_t>argc:
         cap *= 2
+    if cap > <size_t>INT_MAX:
+        cap = <size_t>argc
     bigger = <Arg*>realloc(p.argv, cap * sizeof(Arg))
     if bigger == NULL:
         return -1
     p.argv = bigger
-    p.argv_cap = cap
+    p.argv_cap = <int>cap
     return 0
 
 
-cdef void parser_trim(Parser* p) noexcept:
-    # A client once sent a huge command; do not keep its argv forever.
+cdef void parser_release(Parser* p) noexcept:
+    """Gives back what one huge command grew, once nothing needs it: no
+    command is half parsed and the last one has run."""
     cdef Arg* small
+    if p.multibulk != 0:
+        return
     if p.argv_cap > ARGV_KEEP:
         small = <Arg*>realloc(p.argv, ARGV_INITIAL * sizeof(Arg))
         if small != NULL:
             p.argv = small
             p.argv_cap = ARGV_INITIAL
+    if p.scratch_cap > INLINE_MAX:
+        free(p.scratch)
+        p.scratch = NULL
+        p.scratch_cap = 0
+
+
+cdef size_t parser_memory(const Parser* p) noexcept:
+    return <size_t>p.argv_cap * sizeof(Arg) + p.scratch_cap
 
 
 cdef bint parse_int64(const char* s, size_t n, int64_t* out) noexcept nogil:
@@ -119,6 +143,7 @@ cdef bint parse_int64(const char* s, size_t n, int64_t* out) noexcept nogil:
 
 cdef inline int fail(Parser* p, const char* msg) noexcept:
     p.error = msg
+    parser_restart(p)
     return PARSE_ERROR
 
 
@@ -127,12 +152,33 @@ cdef inline int incomplete(Parser* p, size_t need) noexcept:
     return PARSE_INCOMPLETE
 
 
+cdef inline const char* find_line_end(Parser* p, const char* buf, size_t length,
+                                      char terminator) noexcept:
+    """The terminator of the line being read, searched only in bytes no
+    earlier call has searched; NULL (remembering how far it looked) when
+    it has not arrived.  A CR must be followed by one more byte."""
+    cdef size_t from_ = p.scanned
+    cdef const char* end
+    if from_ < p.pos:
+        from_ = p.pos
+    end = <const char*>memchr(buf + from_, terminator, length - from_)
+    if end == NULL:
+        p.scanned = length
+        return NULL
+    if terminator == c'\r' and <size_t>(end - buf) + 1 >= length:
+        p.scanned = end - buf    # look at this CR again with its next byte
+        return NULL
+    return end
+
+
 cdef int parse_command(Parser* p, const char* buf, size_t length,
                        size_t* consumed, const ParseLimits* lim) noexcept:
-    """Parses one command at the start of buf.  On PARSE_COMMAND and
-    PARSE_EMPTY, *consumed is how many bytes it used."""
-    p.argc = 0
+    """Parses one command at the start of buf, resuming an incomplete one
+    where the previous call stopped.  On PARSE_COMMAND and PARSE_EMPTY,
+    *consumed is how many bytes it used."""
     p.need = 0
+    if p.multibulk == 0:
+        p.argc = 0
     if length == 0:
         return incomplete(p, 1)
     if buf[0] == c'*':
@@ -143,61 +189,74 @@ cdef int parse_command(Parser* p, const char* buf, size_t length,
 cdef int parse_multibulk(Parser* p, const char* buf, size_t length,
                          size_t* consumed, const ParseLimits* lim) noexcept:
     cdef const char* cr
-    cdef size_t pos
-    cdef int64_t count, blen
-    cdef int i
-    cr = <const char*>memchr(buf, c'\r', length)
-    if cr == NULL or <size_t>(cr - buf) + 1 >= length:
-        if length > INLINE_MAX:
-            return fail(p, b"ERR Protocol error: too big mbulk count string")
-        return incomplete(p, length + 1)
-    if cr[1] != c'\n' or not parse_int64(buf + 1, cr - buf - 1, &count) \
-            or count > lim.max_multibulk_len:
-        return fail(p, b"ERR Protocol error: invalid multibulk length")
-    if count > UNAUTH_MAX_MULTIBULK and lim.unauthenticated:
-        return fail(p, b"ERR Protocol error: unauthenticated multibulk length")
-    pos = cr - buf + 2
-    if count <= 0:
-        consumed[0] = pos
-        return PARSE_EMPTY
-    for i in range(count):
-        if pos >= length:
-            return incomplete(p, pos + 1)
-        if buf[pos] != c'$':
-            snprintf(p.error_buf, sizeof(p.error_buf),
-                     b"ERR Protocol error: expected '$', got '%c'", buf[pos])
-            return fail(p, p.error_buf)
-        cr = <const char*>memchr(buf + pos, c'\r', length - pos)
-        if cr == NULL or <size_t>(cr - buf) + 1 >= length:
-            if length - pos > INLINE_MAX:
-                return fail(p, b"ERR Protocol error: too big bulk count string")
+    cdef int64_t count
+    cdef int i, rc
+    if p.multibulk == 0:
+        cr = find_line_end(p, buf, length, c'\r')
+        if cr == NULL:
+            if length > INLINE_MAX:
+                return fail(p, b"ERR Protocol error: too big mbulk count string")
             return incomplete(p, length + 1)
-        if cr[1] != c'\n' or not parse_int64(buf + pos + 1, cr - buf - pos - 1, &blen) \
-                or blen < 0 or blen > lim.max_bulk_len:
-            return fail(p, b"ERR Protocol error: invalid bulk length")
-        if blen > UNAUTH_MAX_BULK and lim.unauthenticated:
-            return fail(p, b"ERR Protocol error: unauthenticated bulk length")
-        pos = cr - buf + 2
-        if pos + <size_t>blen + 2 > length:
-            return incomplete(p, pos + <size_t>blen + 2)
-        if buf[pos + blen] != c'\r' or buf[pos + blen + 1] != c'\n':
+        if cr[1] != c'\n' or not parse_int64(buf + 1, cr - buf - 1, &count) \
+                or count > lim.max_multibulk_len:
+            return fail(p, b"ERR Protocol error: invalid multibulk length")
+        if count > UNAUTH_MAX_MULTIBULK and lim.unauthenticated:
+            return fail(p, b"ERR Protocol error: unauthenticated multibulk length")
+        if count <= 0:
+            consumed[0] = cr - buf + 2
+            parser_restart(p)
+            return PARSE_EMPTY
+        p.multibulk = count
+        p.pos = cr - buf + 2
+    while p.argc < p.multibulk:
+        if p.bulk_len < 0:
+            rc = parse_bulk_header(p, buf, length, lim)
+            if rc != HEADER_READ:
+                return rc
+        if p.pos + <size_t>p.bulk_len + 2 > length:
+            return incomplete(p, p.pos + <size_t>p.bulk_len + 2)
+        if buf[p.pos + p.bulk_len] != c'\r' or buf[p.pos + p.bulk_len + 1] != c'\n':
             return fail(p, b"ERR Protocol error: expected CRLF after bulk data")
-        if parser_reserve(p, i + 1) != 0:
+        if parser_reserve(p, p.argc + 1) != 0:
             return fail(p, b"ERR Protocol error: out of memory")
-        p.argv[i].ptr = buf + pos
-        p.argv[i].len = <size_t>blen
-        pos += <size_t>blen + 2
-    p.argc = <int>count
-    consumed[0] = pos
-    parser_trim_later(p)
+        p.argv[p.argc].ptr = <const char*><uintptr_t>p.pos    # an offset, see Parser
+        p.argv[p.argc].len = <size_t>p.bulk_len
+        p.argc += 1
+        p.pos += <size_t>p.bulk_len + 2
+        p.bulk_len = -1
+    for i in range(p.argc):
+        p.argv[i].ptr = buf + <uintptr_t>p.argv[i].ptr
+    consumed[0] = p.pos
+    parser_restart(p)
     return PARSE_COMMAND
 
 
-cdef inline void parser_trim_later(Parser* p) noexcept:
-    # argv must stay valid until the command runs; trimming happens on
-    # the next parse of a small command instead.
-    if p.argc <= ARGV_INITIAL and p.argv_cap > ARGV_KEEP:
-        parser_trim(p)
+cdef int parse_bulk_header(Parser* p, const char* buf, size_t length,
+                           const ParseLimits* lim) noexcept:
+    """Reads the "$<len>" line at p.pos into p.bulk_len: HEADER_READ,
+    or PARSE_ERROR or PARSE_INCOMPLETE."""
+    cdef const char* cr
+    cdef size_t pos = p.pos
+    cdef int64_t blen
+    if pos >= length:
+        return incomplete(p, pos + 1)
+    if buf[pos] != c'$':
+        snprintf(p.error_buf, sizeof(p.error_buf),
+                 b"ERR Protocol error: expected '$', got '%c'", buf[pos])
+        return fail(p, p.error_buf)
+    cr = find_line_end(p, buf, length, c'\r')
+    if cr == NULL:
+        if length - pos > INLINE_MAX:
+            return fail(p, b"ERR Protocol error: too big bulk count string")
+        return incomplete(p, length + 1)
+    if cr[1] != c'\n' or not parse_int64(buf + pos + 1, cr - buf - pos - 1, &blen) \
+            or blen < 0 or blen > lim.max_bulk_len:
+        return fail(p, b"ERR Protocol error: invalid bulk length")
+    if blen > UNAUTH_MAX_BULK and lim.unauthenticated:
+        return fail(p, b"ERR Protocol error: unauthenticated bulk length")
+    p.bulk_len = blen
+    p.pos = cr - buf + 2
+    return HEADER_READ
 
 
 cdef inline bint is_space(char c) noexcept:
@@ -219,7 +278,7 @@ cdef int parse_inline(Parser* p, const char* buf, size_t length,
                       size_t* consumed) noexcept:
     """A plain text command line, split as Redis's sdssplitargs does
     (double quotes with escapes, single quotes)."""
-    cdef const char* nl = <const char*>memchr(buf, c'\n', length)
+    cdef const char* nl = find_line_end(p, buf, length, c'\n')
     cdef size_t n, i = 0
     cdef char* out
     cdef char c, quote
@@ -228,6 +287,7 @@ cdef int parse_inline(Parser* p, const char* buf, size_t length,
         if length > INLINE_MAX:
             return fail(p, b"ERR Protocol error: too big inline request")
         return incomplete(p, length + 1)
+    parser_restart(p)
     n = nl - buf
     consumed[0] = n + 1
     if n > 0 and buf[n - 1] == c'\r':
@@ -506,6 +566,32 @@ cdef int encode_reply(Writer* w, object value, int proto) except -1:
     return 0
 
 
+cdef ParseLimits make_limits(int64_t max_bulk_len, int64_t max_multibulk_len,
+                             bint unauthenticated):
+    cdef ParseLimits lim
+    lim.max_bulk_len = max_bulk_len
+    lim.max_multibulk_len = max_multibulk_len
+    lim.unauthenticated = unauthenticated
+    return lim
+
+
+cdef int parse_all(Parser* p, const char* buf, size_t n, const ParseLimits* lim,
+                   list commands, size_t* used_out) except -2:
+    """Parses every complete command in buf[0:n] into commands; *used_out
+    is the bytes they used.  Returns the last parse status."""
+    cdef size_t pos = 0, used = 0
+    cdef int status = PARSE_INCOMPLETE, i
+    while pos < n:
+        status = parse_command(p, buf + pos, n - pos, &used, lim)
+        if status == PARSE_INCOMPLETE or status == PARSE_ERROR:
+            break
+        if status == PARSE_COMMAND:
+            commands.append([p.argv[i].ptr[:p.argv[i].len] for i in range(p.argc)])
+        pos += used
+    used_out[0] = pos
+    return status
+
+
 def parse(bytes data, *, int64_t max_bulk_len=512 * 1024 * 1024,
           int64_t max_multibulk_len=1024 * 1024, bint unauthenticated=False):
     """Parses every complete command in data, as a connection would.
@@ -513,27 +599,51 @@ def parse(bytes data, *, int64_t max_bulk_len=512 * 1024 * 1024,
     bytes they used, and the protocol error text that stopped parsing
     (or None when the rest is simply incomplete)."""
     cdef Parser p
-    cdef ParseLimits lim
-    cdef size_t pos = 0, used = 0, n = PyBytes_GET_SIZE(data)
-    cdef const char* buf = PyBytes_AS_STRING(data)
-    cdef int status, i
+    cdef ParseLimits lim = make_limits(max_bulk_len, max_multibulk_len, unauthenticated)
+    cdef size_t used = 0
+    cdef int status
     cdef list commands = []
-    lim.max_bulk_len = max_bulk_len
-    lim.max_multibulk_len = max_multibulk_len
-    lim.unauthenticated = unauthenticated
     if parser_init(&p) != 0:
         raise MemoryError()
     try:
-        while pos < n:
-            status = parse_command(&p, buf + pos, n - pos, &used, &lim)
-            if status == PARSE_INCOMPLETE:
-                break
+        status = parse_all(&p, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &lim,
+                           commands, &used)
+        if status == PARSE_ERROR:
+            return commands, used, p.error.decode("latin-1")
+        return commands, used, None
+    finally:
+        parser_free(&p)
+
+
+def parse_stream(chunks, *, int64_t max_bulk_len=512 * 1024 * 1024,
+                 int64_t max_multibulk_len=1024 * 1024, bint unauthenticated=False):
+    """Feeds chunks to one parser, one read each, as a connection does:
+    what was not used stays for the next read, in a new buffer each time
+    (a connection's buffer moves too), and a read that cannot complete
+    the next argument is not parsed.  Stops at the first error.  Returns
+    (commands, error, rest, calls): error is None or the error text, rest
+    the bytes left unparsed, calls how many reads were parsed."""
+    cdef Parser p
+    cdef ParseLimits lim = make_limits(max_bulk_len, max_multibulk_len, unauthenticated)
+    cdef size_t used = 0
+    cdef int status
+    cdef list commands = []
+    cdef bytes buf = b""
+    cdef int64_t calls = 0
+    if parser_init(&p) != 0:
+        raise MemoryError()
+    try:
+        for chunk in chunks:
+            buf = buf + chunk
+            if <size_t>PyBytes_GET_SIZE(buf) < p.need:
+                continue
+            calls += 1
+            status = parse_all(&p, PyBytes_AS_STRING(buf), PyBytes_GET_SIZE(buf), &lim,
+                               commands, &used)
             if status == PARSE_ERROR:
-                return commands, pos, p.error.decode("latin-1")
-            if status == PARSE_COMMAND:
-                commands.append([p.argv[i].ptr[:p.argv[i].len] for i in range(p.argc)])
-            pos += used
-        return commands, pos, None
+                return commands, p.error.decode("latin-1"), buf, calls
+            buf = buf[used:]
+        return commands, None, buf, calls
     finally:
         parser_free(&p)
 

@@ -397,6 +397,30 @@ def test_client_vanishing_mid_frame_leaves_nothing_behind(server, obs, how):
     obs.assert_ok()
 
 
+def bad_frames(srv, n: int) -> None:
+    for _ in range(n):
+        w = Wire.to(srv.port)
+        w.send(b"*x\r\n")
+        assert w.read_until_closed() == PE + b"invalid multibulk length\r\n"
+        w.close()
+
+
+def test_protocol_errors_write_no_log_lines_at_the_default_level(make_server):
+    srv = make_server()
+    lines = len(srv.log().splitlines())
+    bad_frames(srv, 200)
+    # before: one INFO line per connection, as fast as a client can connect
+    assert len(srv.log().splitlines()) == lines, srv.log()[-500:]
+    assert srv.client().info("clients")["protocol_error_disconnections"] == 200
+
+
+def test_protocol_errors_are_logged_at_verbose(make_server):
+    srv = make_server("--loglevel", "verbose")
+    bad_frames(srv, 3)
+    wait_until(lambda: srv.log().count("Protocol error: invalid multibulk length; closing") == 3,
+               what="three verbose log lines")
+
+
 def test_huge_declared_bulk_allocates_nothing(server, obs):
     # 512MB is allowed by default: the server waits for the data, and the
     # declared size is not allocated up front

@@ -52,7 +52,8 @@ def _clients(core, app) -> dict:
             "client_recent_max_input_buffer": max(
                 (c.query_buffer_len for c in core.clients.values()), default=0),
             "client_recent_max_output_buffer": max(
-                (c.output_buffer_len for c in core.clients.values()), default=0)}
+                (c.output_buffer_len for c in core.clients.values()), default=0),
+            "protocol_error_disconnections": core.protocol_errors}
 
 
 def _memory(core, app) -> dict:
@@ -60,11 +61,15 @@ def _memory(core, app) -> dict:
     rss = rss_bytes()
     app.peak_rss = max(app.peak_rss, rss)
     keys = app.bucket_count()
+    clients = {False: 0, True: 0}     # is a replica -> query buffers, argv and output
+    for c in core.clients.values():
+        clients[c.replica is not None] += c.input_memory + c.output_buffer_len
     return {"used_memory": rss, "used_memory_human": human_bytes(rss),
             "used_memory_rss": rss, "used_memory_rss_human": human_bytes(rss),
             "used_memory_peak": app.peak_rss, "used_memory_peak_human": human_bytes(app.peak_rss),
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
+            "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
             "mem_allocator": "libc+mmap"}
 
