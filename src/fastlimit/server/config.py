@@ -96,6 +96,7 @@ class Settings:
     repl_timeout: int = 60
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
+    rules_cache_size: int = 16 * 1024**2
 
     def validate(self) -> "Settings":
         if not 0 <= self.port <= 65535:
@@ -126,6 +127,8 @@ class Settings:
             raise ConfigError("repl-flush-ms must be from 0.1 to 1000")
         if self.repl_buffer_limit < 1024:
             raise ConfigError("repl-buffer-limit must be at least 1kb")
+        if not 0 <= self.rules_cache_size <= 2**40:
+            raise ConfigError("rules-cache-size must be from 0 (no cache) to 1 TB")
         return self
 
 
@@ -157,6 +160,7 @@ _FIELDS = {
     "repl-timeout": (lambda v: parse_int(v, 1, 86400, "repl-timeout"), str),
     "repl-flush-ms": (float, str),
     "repl-buffer-limit": (parse_memory, str),
+    "rules-cache-size": (parse_memory, str),
 }
 
 
@@ -173,7 +177,7 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
-                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit"}
+                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit", "rules-cache-size"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -265,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repl-buffer-limit", metavar="SIZE",
                    help="unsent replication output per replica (beyond its full copy) "
                         "past which it is dropped and resyncs (default 256mb)")
+    p.add_argument("--rules-cache-size", metavar="SIZE",
+                   help="bytes the CL.LIMIT match cache may hold (default 16mb; 0: no cache)")
     return p
 
 

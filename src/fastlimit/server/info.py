@@ -65,8 +65,15 @@ def _memory(core, app) -> dict:
             "used_memory_peak": app.peak_rss, "used_memory_peak_human": human_bytes(app.peak_rss),
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
+            **_rules_cache_memory(core, app),
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
             "mem_allocator": "libc+mmap"}
+
+
+def _rules_cache_memory(core, app) -> dict:
+    entries, nbytes, _, _ = core.rules.match_cache_info
+    return {"rules_cache_entries": entries, "rules_cache_bytes": nbytes,
+            "rules_cache_max_bytes": app.settings.rules_cache_size}
 
 
 def _persistence(core, app) -> dict:
@@ -87,7 +94,9 @@ def _stats(core, app) -> dict:
             "expired_keys": core.store.expired_total + core.rules.expired_total,
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
-            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms}
+            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms,
+            "rules_cache_hits": core.rules.match_cache_info[2],
+            "rules_cache_misses": core.rules.match_cache_info[3]}
 
 
 def _replication(core, app) -> dict:
