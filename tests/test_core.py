@@ -675,6 +675,23 @@ def test_extreme_accepted_values_do_not_overflow(cap, refill, period):
         assert retry >= -1 and 0 <= reset <= MAX
 
 
+@pytest.mark.parametrize("first,then", [(a, b) for a in EXTREMES for b in EXTREMES if a != b])
+def test_parameter_changes_between_the_extremes_do_not_overflow(first, then):
+    """Every stored state is read under every other corner of the accepted
+    region (capacity, refill and PERIOD all changing: the remainder is
+    converted, tokens capped), at the clock's start and end: the model's
+    answers, every value in range (the bounds are in bucket_check's
+    docstring)."""
+    store, _ = new_store()
+    model = Model()
+    for now in (0, 1, MAX_NOW - 10**6, MAX_NOW):
+        for (cap, refill, period), cost in ((first, first[0]), (then, 0), (then, 1),
+                                            (first, 1), (then, then[0])):
+            got = store.check(b"k", cap, refill, cost=cost, period_ms=period, now_ms=now)
+            assert got == model.check(b"k", now, cap, refill, cost, period), (now, cost)
+            assert 0 <= got[2] <= cap and got[3] >= -1 and 0 <= got[4] <= MAX
+
+
 def test_check_after_the_longest_refill():
     """A bucket that takes 10^15 ms to refill works, and is never swept
     (its expiry lies past what the clock can reach)."""
