@@ -67,7 +67,7 @@ def test_a_key_written_many_times_is_shipped_once_as_it_is_now():
 
 @pytest.mark.parametrize("remove", [
     lambda s, k: s.reset(k),                             # CL.RESET
-    lambda s, k: s.check(k, 10, 1, cost=0, now_ms=2_000_000),   # refilled: a full bucket is dropped
+    lambda s, k: s.check(k, 10, 1, cost=11, now_ms=2_000_000),  # refilled: a full bucket is dropped
 ])
 def test_a_removed_key_ships_as_a_tombstone(remove):
     a, b, _ = pair()

@@ -93,11 +93,12 @@ class Model:
     milli-tokens.  Whole milli-tokens are what the engine calls `tokens`;
     the fraction is what it carries as a remainder when PERIOD != 1000.
     A bucket that ends a check full is not kept (a full bucket is the same
-    as no bucket); a bucket refills at the rate of the call that reads it.
+    as no bucket); a bucket refills at the rate of the call that reads it;
+    a check with cost 0 (a peek) reads and never writes.
     """
 
     def __init__(self):
-        self.state: dict[bytes, tuple[Fraction, int, int]] = {}
+        self.state: dict[bytes, tuple[Fraction, int, int, int]] = {}   # q, last, period, expiry
 
     @staticmethod
     def convert_fraction(q: Fraction, old_period: int, new_period: int) -> Fraction:
@@ -114,8 +115,10 @@ class Model:
         cap_m = capacity * 1000
         cost_m = cost * 1000
         rate = Fraction(refill * 1000, period)        # milli-tokens per ms
-        if key in self.state:
-            q, last, old_period = self.state[key]
+        # past the expiry its writer gave it, a record reads as full (until
+        # swept, a clock that steps back finds it again)
+        if key in self.state and now < self.state[key][3]:
+            q, last, old_period, _ = self.state[key]
             if old_period != period:
                 q = self.convert_fraction(q, old_period, period)
             q = min(q, Fraction(cap_m))                # capacity lowered: cap
@@ -132,10 +135,14 @@ class Model:
         else:
             allowed, retry = 0, ceil_div_frac((cost_m - q) / rate)
         reset = ceil_div_frac((cap_m - q) / rate)
-        if q == cap_m:
+        if cost == 0:
+            pass                                       # a peek never writes
+        elif q == cap_m:
             self.state.pop(key, None)
         else:
-            self.state[key] = (q, now, period)
+            # the record expires at the second (rounded up) when it is full
+            # under this call's parameters (README: a bucket's expiry)
+            self.state[key] = (q, now, period, math.ceil((now + reset) / 1000) * 1000)
         return (allowed, capacity, math.floor(q / 1000), retry, reset)
 
     def reset(self, key):
@@ -199,7 +206,7 @@ CASES = {
         ("len", 1),
         ("at", 2000),
         (b"k", 5, 1, {"cost": 0}, (1, 5, 5, 0, 0)),
-        ("len", 0),
+        ("len", 1),     # a peek never writes: the sweep drops it (expired)
     ],
     "cost_0_on_an_empty_bucket_is_allowed": [
         ("at", 0),
@@ -249,7 +256,13 @@ CASES = {
         (b"k", 1, 1, {"period_ms": 3, "cost": 0}, (1, 1, 0, 0, 1)),
         ("at", 3),   # 333 + 333 + 334: the remainders add up to the last milli-token
         (b"k", 1, 1, {"period_ms": 3, "cost": 0}, (1, 1, 1, 0, 0)),
-        ("len", 0),
+        (b"k", 1, 1, {"period_ms": 3, "cost": 1}, (1, 1, 0, 0, 3)),
+        ("at", 4),   # and so do they when written (denied: the refill still counts)
+        (b"k", 1, 1, {"period_ms": 3, "cost": 1}, (0, 1, 0, 2, 2)),
+        ("at", 5),
+        (b"k", 1, 1, {"period_ms": 3, "cost": 1}, (0, 1, 0, 1, 1)),
+        ("at", 6),
+        (b"k", 1, 1, {"period_ms": 3, "cost": 0}, (1, 1, 1, 0, 0)),
     ],
     "period_remainder_over_many_small_steps": [
         # 7 tokens per 1000 s; checked every ms for 1000 ms must add 7 milli-tokens
@@ -272,33 +285,32 @@ CASES = {
         ("at", 10000),
         (b"k", 5, 1, {"cost": 5}, (1, 5, 0, 0, 5000)),
         ("at", 12000),
-        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),
+        (b"k", 5, 1, {"cost": 1}, (1, 5, 1, 0, 4000)),
         ("at", 11000),
-        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),
-        ("at", 0),
-        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),
-        (b"k", 5, 1, {"cost": 3}, (0, 5, 2, 1000, 3000)),
-        (b"k", 5, 1, {"cost": 2}, (1, 5, 0, 0, 5000)),
-        # last moved back to 0 with the clock: from there time counts again
-        ("at", 1000),
         (b"k", 5, 1, {"cost": 0}, (1, 5, 1, 0, 4000)),
+        ("at", 0),
+        (b"k", 5, 1, {"cost": 0}, (1, 5, 1, 0, 4000)),
+        (b"k", 5, 1, {"cost": 3}, (0, 5, 1, 2000, 4000)),
+        # the denial moved last back to 0 with the clock: from there time counts again
+        ("at", 1000),
+        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),
     ],
     "refill_stops_at_capacity": [
         ("at", 0),
         (b"k", 3, 1000, {}, (1, 3, 2, 0, 1)),
         ("at", 10**12),
         (b"k", 3, 1000, {"cost": 0}, (1, 3, 3, 0, 0)),
-        ("len", 0),
         (b"k", 3, 1000, {"cost": 3}, (1, 3, 0, 0, 3)),
     ],
     "capacity_lowered_caps_tokens": [
         ("at", 0),
         (b"k", 10, 1, {"cost": 1}, (1, 10, 9, 0, 1000)),
-        (b"k", 5, 1, {"cost": 0}, (1, 5, 5, 0, 0)),     # capped, full: forgotten
-        ("len", 0),
-        (b"k", 10, 1, {"cost": 0}, (1, 10, 10, 0, 0)),
-        (b"k", 10, 1, {"cost": 8}, (1, 10, 2, 0, 8000)),
-        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),  # below the new cap: kept
+        (b"k", 5, 1, {"cost": 0}, (1, 5, 5, 0, 0)),     # capped, full (a peek: kept)
+        (b"k", 10, 1, {"cost": 0}, (1, 10, 9, 0, 1000)),
+        (b"k", 5, 1, {"cost": 1}, (1, 5, 4, 0, 1000)),  # capped, then spent
+        (b"k", 10, 1, {"cost": 0}, (1, 10, 4, 0, 6000)),
+        (b"k", 10, 1, {"cost": 2}, (1, 10, 2, 0, 8000)),
+        (b"k", 5, 1, {"cost": 0}, (1, 5, 2, 0, 3000)),  # below the new cap: as it is
         (b"k", 20, 1, {"cost": 0}, (1, 20, 2, 0, 18000)),
         (b"k", 5, 1, {"cost": 1}, (1, 5, 1, 0, 4000)),
     ],
@@ -313,7 +325,9 @@ CASES = {
         (b"k", 10, 1, {"cost": 10}, (1, 10, 0, 0, 10000)),
         ("at", 500),
         (b"k", 10, 10, {"cost": 0}, (1, 10, 5, 0, 500)),
-        (b"k", 10, 1, {"cost": 0}, (1, 10, 5, 0, 5000)),
+        (b"k", 10, 1, {"cost": 0}, (1, 10, 0, 0, 9500)),   # the peek wrote nothing
+        (b"k", 10, 10, {"cost": 1}, (1, 10, 4, 0, 600)),
+        (b"k", 10, 1, {"cost": 0}, (1, 10, 4, 0, 6000)),
     ],
     "reset_forgets_a_bucket": [
         ("at", 0),
@@ -519,11 +533,14 @@ def run_random_sequence(seed: int, steps: int, vary: tuple = ()):
             raise AssertionError(
                 f"seed {seed}: first mismatch at step {step}\n{line}\n"
                 f"earlier steps of this key:\n  " + "\n  ".join(mine))
-        if ref[4] > 0:
+        if cost == 0:
+            pass                         # a peek wrote nothing: the record is as it was
+        elif ref[4] > 0:
             full_at[key] = now + ref[4]
+            maybe_swept.discard(key)
         else:
             full_at.pop(key, None)
-        maybe_swept.discard(key)
+            maybe_swept.discard(key)
         stored = len(model.state)
         assert stored - len(maybe_swept & model.state.keys()) <= len(store) <= stored, (
             seed, step, len(store), stored)
@@ -559,8 +576,8 @@ def _period_change_repro():
     # 931.3 milli-tokens have come in, carried as a remainder.
     assert store.check(b"k", 1000, 1000, cost=1000, period_ms=MAX_PERIOD,
                        now_ms=0)[:3] == (1, 1000, 0)
-    r = store.check(b"k", 1000, 1000, cost=0, period_ms=MAX_PERIOD, now_ms=4_000_000)
-    assert r[:3] == (1, 1000, 0)
+    r = store.check(b"k", 1000, 1000, cost=1, period_ms=MAX_PERIOD, now_ms=4_000_000)
+    assert r[:3] == (0, 1000, 0)       # denied; the refill is stored
     # The same key read with PERIOD 1000 one ms later: 931 + 1000 milli-tokens
     # (the remainder stays below one milli-token), so 1 whole token, and
     # ceil(998.069) ms at 1 token/ms to refill the rest.
@@ -656,6 +673,23 @@ def test_extreme_accepted_values_do_not_overflow(cap, refill, period):
         assert allowed in (0, 1) and limit == cap
         assert 0 <= remaining <= cap
         assert retry >= -1 and 0 <= reset <= MAX
+
+
+@pytest.mark.parametrize("first,then", [(a, b) for a in EXTREMES for b in EXTREMES if a != b])
+def test_parameter_changes_between_the_extremes_do_not_overflow(first, then):
+    """Every stored state is read under every other corner of the accepted
+    region (capacity, refill and PERIOD all changing: the remainder is
+    converted, tokens capped), at the clock's start and end: the model's
+    answers, every value in range (the bounds are in bucket_check's
+    docstring)."""
+    store, _ = new_store()
+    model = Model()
+    for now in (0, 1, MAX_NOW - 10**6, MAX_NOW):
+        for (cap, refill, period), cost in ((first, first[0]), (then, 0), (then, 1),
+                                            (first, 1), (then, then[0])):
+            got = store.check(b"k", cap, refill, cost=cost, period_ms=period, now_ms=now)
+            assert got == model.check(b"k", now, cap, refill, cost, period), (now, cost)
+            assert 0 <= got[2] <= cap and got[3] >= -1 and 0 <= got[4] <= MAX
 
 
 def test_check_after_the_longest_refill():

@@ -96,6 +96,12 @@ def peek(engine, num, client=b"c", resource=b"", now=0):
 
 # ---- models -------------------------------------------------------------------
 
+def as_peek(five, cost):
+    """A check with cost 0 is never denied (README): the state shows in
+    remaining and reset_after."""
+    return (1, five[1], five[2], 0, five[4]) if cost == 0 else five
+
+
 class TokenBucketModel:
     """The brief's reference token bucket, in exact rational tokens:
     capacity tokens, `refill` tokens per `period_ms`; a new bucket is full;
@@ -122,12 +128,12 @@ class TokenBucketModel:
         else:
             allowed, retry = 0, ceil((cost - tokens) / self.rate)
         five = (allowed, self.cap, floor(tokens), retry, ceil((self.cap - tokens) / self.rate))
-        if commit and allowed:
+        if commit and allowed and cost > 0:     # a peek never writes
             if tokens == self.cap:
                 self.state.pop(key, None)
             else:
                 self.state[key] = (tokens, now)
-        return five
+        return as_peek(five, cost)
 
 
 class FixedWindowModel:
@@ -157,12 +163,12 @@ class FixedWindowModel:
         else:
             allowed, retry = 0, end - now
         five = (allowed, self.L, max(0, self.L - count), retry, end - now if count else 0)
-        if commit and allowed:
+        if commit and allowed and cost > 0:     # a peek never writes
             if count:
                 self.state[key] = (index, count)
             else:
                 self.state.pop(key, None)
-        return five
+        return as_peek(five, cost)
 
 
 class SlidingWindowModel:
@@ -223,7 +229,7 @@ class SlidingWindowModel:
         else:
             allowed = 0
             retry = self.first_time(now, lambda t: self.estimate(key, t) + cost <= self.L) - now
-        if commit and allowed:
+        if commit and allowed and cost > 0:     # a peek never writes
             curr += cost
             if prev or curr:
                 self.state[key] = (index, prev, curr)
@@ -231,7 +237,7 @@ class SlidingWindowModel:
                 self.state.pop(key, None)
             est = self.estimate(key, now)
         reset = self.first_time(now, lambda t: self.estimate(key, t) == 0) - now
-        return (allowed, self.L, max(0, floor(self.L - est)), retry, reset)
+        return as_peek((allowed, self.L, max(0, floor(self.L - est)), retry, reset), cost)
 
 
 class GcraModel:
@@ -269,12 +275,12 @@ class GcraModel:
         ttl = max(ttl, 0)
         nxt = self.dvt - ttl
         remaining = floor(nxt / self.T) if nxt > 0 else 0
-        if commit and allowed:
+        if commit and allowed and cost > 0:     # a peek never writes
             if tat > now:
                 self.state[key] = tat
             else:
                 self.state.pop(key, None)
-        return (allowed, self.burst + 1, remaining, retry, ceil(ttl))
+        return as_peek((allowed, self.burst + 1, remaining, retry, ceil(ttl)), cost)
 
 
 # ---- random sequences against the models ---------------------------------------------
@@ -624,7 +630,7 @@ def test_no_matching_rule(engine):
     engine.set_matcher(Matcher({(b"GET /", None): [(1, None)]}))
     assert engine.limit(b"c", b"GET /", now_ms=0) == NO_RULE
     assert engine.limit(b"c", b"GET /", now_ms=0) == NO_RULE
-    assert engine.stats(1) == {"allowed": 0, "denied": 0, "shadow_denied": 1}
+    assert engine.stats(1) == {"allowed": 1, "denied": 0, "shadow_denied": 1}
 
 
 def test_shadow_rules_never_deny_but_count_and_sample(engine):

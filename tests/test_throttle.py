@@ -338,3 +338,46 @@ def test_changing_the_numbers_on_the_fly_matches_redis_cell(engine, clock):
         clock.set(now)
         assert engine.throttle(b"k", burst, count, period, quantity) == \
             model.throttle(b"k", burst, count, period, quantity, now), (step, now)
+
+
+# ---- overflow: a count change rescales the stored arrival time ---------------------
+
+MAX_NOW = 4 * 10**12
+MAX_PERIOD_S = 4294967
+MAX_BURST_AT_MAX_PERIOD = 10**18 // (MAX_PERIOD_S * 1000) - 1    # tolerance <= 10^18 ms
+
+
+def test_a_count_change_after_a_long_limit_never_frees_the_burst(engine, clock):
+    """Rescaling a 292-year arrival time to a count of 10^6 used to be
+    stored truncated to 64 bits by a denied call, after which the key had
+    its full burst at once.  A denied call stores nothing now, and the
+    rescaled time is kept exactly (128 bits) for the answer."""
+    clock.set(1_000_000)
+    assert engine.throttle(b"g", 2147, 1, 4294967, 2148)[:3] == (0, 2148, 0)
+    assert engine.throttle(b"g", 2147, 1, 4294967, 1)[0] == 1
+    model = RedisCellModel()
+    model.throttle(b"g", 2147, 1, 4294967, 2148, 1_000_000)
+    for _ in range(3):
+        got = engine.throttle(b"g", 2147, 1000000, 4294967, 1)
+        assert got == model.throttle(b"g", 2147, 1000000, 4294967, 1, 1_000_000)
+        assert got[0] == 1 and got[3] > 9 * 10**9       # limited for ~292 years
+    assert engine.throttle(b"g", 2147, 1000000, 4294967, 2148)[0] == 1
+
+
+@pytest.mark.parametrize("now", [0, MAX_NOW])
+@pytest.mark.parametrize("first,then", [(1, 10**6), (10**6, 1), (1, 1), (10**6, 10**6)])
+def test_count_changes_at_the_bounds_match_redis_cell(engine, now, first, then):
+    """The largest tolerance (period 4294967 s, the largest burst it
+    allows), drained at the clock's ends, then read with the smallest and
+    largest counts: every reply matches the exact model and stays in
+    range (the bounds are in gcra_check's docstring)."""
+    burst, model = MAX_BURST_AT_MAX_PERIOD, RedisCellModel()
+    for quantity in (burst + 1, 1, 0):
+        for count in (first, then):
+            got = engine.throttle(b"edge", burst, count, MAX_PERIOD_S, quantity, now_ms=now)
+            expected = model.throttle(b"edge", burst, count, MAX_PERIOD_S, quantity, now)
+            # a rescaled time is rounded up to a tick of the new count (never
+            # earlier): at most one second more, once rounded to seconds
+            assert got[:3] == expected[:3], (quantity, count)
+            assert all(0 <= g - e <= 1 for g, e in zip(got[3:], expected[3:])), (got, expected)
+            assert all(-1 <= v < 2**62 for v in got)

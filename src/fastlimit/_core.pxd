@@ -111,13 +111,19 @@ cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
 cdef enum:
     FL_EIO = -3        # write failed (errno says why)
     FL_EFORMAT = -4    # records that do not fit their section
+    FL_ERANGE = -5     # a value no call could have stored
 cdef int table_dump(const Table* t, int fd, uint32_t* crc,
                     uint64_t* records) noexcept nogil
+# Whether a loaded value (value_size bytes) lies within what the
+# algorithm's writes can store, so the arithmetic's bounds hold for it
+# as for the wire's values.
+ctypedef bint (*value_check)(const char* value, uint32_t value_size) noexcept nogil
 # With `deletes`, a record whose expiry second is 0 (a drain's tombstone)
-# removes its key instead of being stored.
+# removes its key instead of being stored.  Any other record's value must
+# pass `valid`, else FL_ERANGE.
 cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
                     const uint32_t* renumber, uint32_t renumber_len,
-                    bint deletes) noexcept nogil
+                    bint deletes, value_check valid) noexcept nogil
 
 # ---- Change logs ------------------------------------------------------------
 cdef enum:
@@ -190,7 +196,9 @@ cdef class Clock:
 cdef object dump_table(const Table* t, int fd, uint32_t crc)
 cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0
 cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
-                    list renumber, bint deletes=*) except -1
+                    list renumber, value_check valid, bint deletes=*) except -1
+cdef bint in_range(int64_t v, int64_t low, int64_t high) noexcept nogil
+cdef bint bucket_value_ok(const char* value, uint32_t value_size) noexcept nogil
 cdef list drain_section(Table* t, bytes name)
 cdef bint log_overflowed(const Table* t) noexcept
 cdef object oldest_note(const Table* t)

@@ -432,7 +432,7 @@ cdef enum:
 
 cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
                     const uint32_t* renumber, uint32_t renumber_len,
-                    bint deletes) noexcept nogil:
+                    bint deletes, value_check valid) noexcept nogil:
     """Inserts `records` packed records from buf[0:length].  With a
     renumber map, each key's leading u32 (a rule number) is rewritten, and
     records of numbers mapped to UINT32_MAX are skipped (their rule is
@@ -455,6 +455,10 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
             n = RECORD_HEADER + t.value_size + keylen
             if n > length - pos or (renumber != NULL and keylen < 4):
                 rc = FL_EFORMAT
+                break
+            if not (deletes and fl_get_u32(buf + pos) == 0) and not valid(
+                    buf + pos + RECORD_HEADER, t.value_size):
+                rc = FL_ERANGE
                 break
             at[m] = pos
             pos += n
@@ -707,7 +711,23 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     integer milli-tokens.  A bucket that ends full is not stored: a full
     bucket is indistinguishable from no bucket.  Without `commit` nothing
     is spent or stored and the reply describes the bucket as it stands
-    (the first phase of an all-or-nothing check of several rules)."""
+    (the first phase of an all-or-nothing check of several rules).
+
+    A peek (cost 0) never writes either.  A record's expiry is when it
+    is full under the parameters of the call that wrote it, and from then
+    on every call reads it as full, swept or not; a write under other
+    parameters moves the expiry, a peek must not, or whether a bucket
+    jumped to full would depend on whether some peek happened to come by.
+
+    Bounds (fl_native.h), so that every value is exact: tokens and cost_m
+    <= cap_m <= 10^18 (a loaded value is range-checked the same way);
+    elapsed <= MAX_NOW_MS = 4e12 (a loaded last is in 0..MAX_NOW_MS), so
+    elapsed * refill * 1000 + rem <= 4e12 * 1e15 * 1e3 + 2^32 < 2^127;
+    add is compared with cap_m - tokens before it becomes an i64; a
+    PERIOD change converts the remainder through a 2^-32 fraction (u64
+    maths, below), so no rescaled value exceeds period_ms < 2^32; and
+    ms_until is at most the time to refill a whole bucket, <=
+    MAX_REFILL_TIME_MS = 10^15 (bucket_params_error)."""
     cdef Probe p
     cdef int64_t cap_m = bp.capacity * 1000
     cdef int64_t cost_m = bp.cost * 1000
@@ -759,7 +779,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     invariant(0 <= tokens <= cap_m and rem < bp.period_ms)
     invariant(out.reset_after_ms >= 0 and out.retry_after_ms >= -1)
 
-    if not commit:
+    if not commit or bp.cost == 0:
         return FL_OK
     if tokens == cap_m:
         if p.found:
@@ -780,6 +800,18 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
     if rc == FL_OK:
         note_change(t, &p, key, keylen)
     return rc
+
+
+cdef bint in_range(int64_t v, int64_t low, int64_t high) noexcept nogil:
+    return low <= v <= high
+
+
+cdef bint bucket_value_ok(const char* v, uint32_t value_size) noexcept nogil:
+    """Tokens as a check stores them (0..capacity in milli-tokens) and a
+    time the clock can show; any fraction is a valid u32."""
+    return (value_size == BUCKET_VALUE_SIZE
+            and in_range(fl_get_i64(v), 0, MAX_CAPACITY * 1000)
+            and in_range(fl_get_i64(v + 8), 0, MAX_NOW_MS))
 
 
 cdef uint32_t expire_second(int64_t ms) noexcept nogil:
@@ -983,7 +1015,7 @@ cdef class BucketStore:
     def load(self, const unsigned char[:] data, uint64_t records, bint deletes=False):
         """Adds `records` buckets from a dump (or a drain, whose tombstones
         remove buckets when `deletes`); ValueError if malformed."""
-        load_table(&self.table, data, records, None, deletes)
+        load_table(&self.table, data, records, None, bucket_value_ok, deletes)
 
     def track_changes(self, size_t limit):
         """Starts noting written keys (see ChangeLog), emptying what was
@@ -1057,7 +1089,7 @@ cdef object dump_table(const Table* t, int fd, uint32_t crc):
 
 
 cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
-                    list renumber, bint deletes=False) except -1:
+                    list renumber, value_check valid, bint deletes=False) except -1:
     """table_load over a buffer, with an optional renumbering list."""
     cdef uint32_t* table_map = NULL
     cdef uint32_t map_len = 0, i
@@ -1076,11 +1108,13 @@ cdef int load_table(Table* t, const unsigned char[:] data, uint64_t records,
         for i in range(map_len):
             table_map[i] = UINT32_MAX if renumber[i] is None else renumber[i]
     try:
-        rc = table_load(t, buf, data.shape[0], records, table_map, map_len, deletes)
+        rc = table_load(t, buf, data.shape[0], records, table_map, map_len, deletes, valid)
     finally:
         free(table_map)
     if rc == FL_EFORMAT:
         raise ValueError("malformed bucket records")
+    if rc == FL_ERANGE:
+        raise ValueError("a bucket's value is out of range")
     if rc != FL_OK:
         raise MemoryError()
     return 0

@@ -74,7 +74,15 @@ cdef class RuleEngine:
     cdef readonly Clock clock
     cdef char* keybuf
     cdef size_t keycap
-    cdef dict match_cache         # resource or (resource, tier) -> (packed nums, globs)
+    # The matcher's answers by resource or (resource, tier) -> (packed nums,
+    # globs), in two generations (see select_rules): bounded by bytes.
+    cdef dict match_cache         # the current generation
+    cdef dict match_cache_old     # the previous one: hits move back into the current
+    cdef size_t cache_bytes       # estimated bytes of the current generation
+    cdef size_t cache_old_bytes
+    cdef size_t cache_limit       # both generations together; 0 = no cache
+    cdef readonly uint64_t cache_hits
+    cdef readonly uint64_t cache_misses
     cdef object matcher
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
@@ -99,7 +107,9 @@ cdef class RuleEngine:
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)
     cdef list named_tables(self)
-    cdef tuple compile_match(self, object cache_key, bytes resource, object tier)
+    cdef tuple cached_match(self, object cache_key, bytes resource, object tier)
+    cdef tuple compile_match(self, bytes resource, object tier)
+    cdef void cache_entry(self, object cache_key, tuple entry, size_t nbytes)
     cdef int add_selected(self, uint32_t num, int n) except -1
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost)

@@ -15,10 +15,12 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
                               BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
                               load_table, note_change, table_track, table_untrack,
-                              drain_section, oldest_note, log_overflowed)
+                              drain_section, oldest_note, log_overflowed, value_check,
+                              in_range, bucket_value_ok)
 
 import collections
 import fnmatch
+import hashlib
 import os
 import struct
 
@@ -26,6 +28,8 @@ import struct
 ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window", "gcra", "concurrency")
 # How many recent denials RuleEngine keeps for CL.RULE DENIALS.
 DENIAL_SAMPLE = 128
+# The match cache's default size in bytes (rules-cache-size).
+DEFAULT_MATCH_CACHE_BYTES = 16 * 1024 * 1024
 
 cdef extern from "fl_native.h":
     const int64_t MAX_LIMIT "MAX_CAPACITY"      # 10**15, as for bucket capacity
@@ -36,10 +40,74 @@ cdef extern from "fl_native.h":
 
 cdef enum:
     MAX_LEASE_MS = 86400000                      # a day
+    # Resource and tier bytes up to which a match cache key holds them as
+    # they are; longer ones are keyed by a 16-byte digest.
+    MAX_CACHED_KEY = 256
+    # What a cache entry costs besides its bytes: the dict slot, the key,
+    # entry and packed objects' headers (CPython 3.11, 64-bit), rounded up.
+    CACHE_ENTRY_OVERHEAD = 320
     CONCURRENCY_SHARDS = 16                      # a rule's own table starts small
 
 cdef uint32_t VALUE_SIZES[N_SHARED_TABLES]
 VALUE_SIZES[:] = [BUCKET_VALUE_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE]
+
+
+# ---- loaded values: what each algorithm's writes can store ----------------------
+# (the bounds its arithmetic is proven for; see each *_check)
+
+cdef bint fixed_window_value_ok(const char* v, uint32_t size) noexcept nogil:
+    return in_range(fl_get_i64(v), 0, MAX_LIMIT) and in_range(fl_get_i64(v + 8), 0, MAX_NOW_MS)
+
+
+cdef bint sliding_window_value_ok(const char* v, uint32_t size) noexcept nogil:
+    return (in_range(fl_get_i64(v), 0, MAX_LIMIT) and in_range(fl_get_i64(v + 8), 0, MAX_LIMIT)
+            and in_range(fl_get_i64(v + 16), 0, MAX_NOW_MS))
+
+
+cdef bint gcra_value_ok(const char* v, uint32_t size) noexcept nogil:
+    cdef int64_t count = fl_get_i64(v + 8)
+    return in_range(count, 1, MAX_GCRA_COUNT) and in_range(
+        fl_get_i64(v), 0, MAX_NOW_MS * count + MAX_GCRA_TOLERANCE)
+
+
+cdef bint lease_value_ok(const char* v, uint32_t size) noexcept nogil:
+    cdef uint32_t i
+    for i in range(size // LEASE_SLOT):
+        if not in_range(fl_get_i64(v + i * LEASE_SLOT), 0, MAX_NOW_MS + MAX_LEASE_MS):
+            return False
+    return True
+
+
+cdef value_check VALUE_CHECKS[N_SHARED_TABLES]
+VALUE_CHECKS[<int>ALG_TOKEN_BUCKET] = bucket_value_ok
+VALUE_CHECKS[<int>ALG_FIXED_WINDOW] = fixed_window_value_ok
+VALUE_CHECKS[<int>ALG_SLIDING_WINDOW] = sliding_window_value_ok
+VALUE_CHECKS[<int>ALG_GCRA] = gcra_value_ok
+
+
+cdef bytes long_key_digest(bytes resource, object tier, const uint8_t* seed):
+    """The match cache key of a long resource (and tier): a keyed digest,
+    so clients cannot make two requests share an entry."""
+    h = hashlib.blake2b(digest_size=16, key=(<const char*>seed)[:16])
+    h.update(struct.pack("<QB", len(resource), tier is not None))
+    h.update(resource)
+    if tier is not None:
+        h.update(tier)
+    return h.digest()
+
+
+cdef size_t entry_bytes(object cache_key, tuple entry):
+    """Estimated bytes of a match cache entry: its key's and answer's
+    bytes (globs are the matcher's objects, referenced) plus the fixed
+    overhead."""
+    cdef size_t n = CACHE_ENTRY_OVERHEAD + len(<bytes>entry[0])
+    if entry[1] is not None:
+        n += 8 * len(<tuple>entry[1])
+    if type(cache_key) is bytes:
+        return n + len(<bytes>cache_key)
+    for part in <tuple>cache_key:
+        n += len(<bytes>part) + 8
+    return n
 
 
 cdef inline int64_t ceil_div(fl_i128 a, fl_i128 b) noexcept nogil:
@@ -187,7 +255,21 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
                     CheckResult* out) noexcept nogil:
     """The generic cell rate algorithm as redis-cell runs it, in exact
     integer time: a tick is 1/count ms, so the emission interval
-    (period/count) is period_ms ticks."""
+    (period/count) is period_ms ticks.  As in redis-cell only an allowed
+    request writes, and a peek (COST 0) never does.
+
+    Bounds, so that every value is exact (fl_native.h; i128 where marked):
+      now_t = now_ms * count <= 4e12 * 1e6 = 4e18 ticks
+      dvt = period_ms * (burst + 1) <= 1e18 ticks (MAX_GCRA_TOLERANCE)
+      inc = period_ms * cost <= 4.3e9 * 1e15 < 4.3e24 (i128)
+      a stored tat <= now_t + dvt <= 5e18 < 2^63: only an allowed request
+        writes, and allowed means new_tat <= now_t + dvt (diff >= 0); a
+        loaded one is range-checked to the same bound (gcra_value_ok);
+      rescaled to another count (stored c, new c'): tat * c' <= 5e24
+        (i128), and in ms it stays tat / c <= 4e12 + 1e18;
+      so in ms: ttl <= 4e12 + 1e18, retry <= that + inc / count <= that +
+        dvt (retry is -1 when inc > dvt), reset <= ttl: all < 2.1e18, i64,
+        and expiry now_ms + reset likewise (expire_second saturates)."""
     cdef Probe p
     cdef fl_i128 T = r.period_ms, now_t = <fl_i128>now_ms * r.count
     cdef fl_i128 dvt = T * (r.burst + 1), inc = T * cost
@@ -204,16 +286,14 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     new_tat = (tat if tat > now_t else now_t) + inc
     diff = now_t - (new_tat - dvt)
     out.limit = r.burst + 1
-    if diff < 0:
-        out.allowed = 0
-        out.retry_after_ms = ceil_div(-diff, r.count) if inc <= dvt else -1
-        ttl = tat - now_t if tat > now_t else 0
-    else:
-        out.allowed = 1
+    out.allowed = diff >= 0
+    if out.allowed:
         out.retry_after_ms = 0
-        if commit:
+        if commit and cost > 0:
             tat = new_tat
-        ttl = tat - now_t if tat > now_t else 0
+    else:
+        out.retry_after_ms = ceil_div(-diff, r.count) if inc <= dvt else -1
+    ttl = tat - now_t if tat > now_t else 0
     nxt = dvt - ttl
     # redis-cell: remaining = (dvt - ttl) / emission interval, truncated
     out.remaining = <int64_t>(nxt // T) if nxt > 0 else 0
@@ -221,7 +301,12 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     if not commit:
         return FL_OK
     if ttl <= 0:
+        # nothing owed under any count: as no record (redis-cell's key has
+        # expired by then), so a clock that steps back finds none either
         return drop_record(t, &p, key, keylen)
+    if not out.allowed or cost == 0:
+        return FL_OK
+    invariant(tat <= now_t + dvt)
     fl_put_i64(value, <int64_t>tat)
     fl_put_i64(value + 8, r.count)
     return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
@@ -283,8 +368,8 @@ cdef int concurrency_release(Table* t, const char* key, size_t keylen, const Rul
     cdef int64_t slot = lease_id & 0xFFFF
     cdef char* v
     cdef char* s
-    if lease_id < 0 or slot >= r.limit:
-        return 0
+    if lease_id >> 48 != 0 or slot >= r.limit:
+        return 0        # ids are <u32 generation><u16 slot>: nothing above bit 48
     table_lookup(t, key, keylen, &p)
     if not record_live(t, &p, now_ms):
         return 0
@@ -365,6 +450,8 @@ cdef class RuleEngine:
         self.keybuf = <char*>malloc(256)
         self.keycap = 256 if self.keybuf != NULL else 0
         self.match_cache = {}
+        self.match_cache_old = {}
+        self.cache_limit = DEFAULT_MATCH_CACHE_BYTES
         self.matcher = None
         self.recent_denials = collections.deque(maxlen=DENIAL_SAMPLE)
 
@@ -446,10 +533,12 @@ cdef class RuleEngine:
         glob bytes or None), ...] for the rules whose resource and tier
         match; its answers are cached until invalidate()."""
         self.matcher = matcher
-        self.match_cache.clear()
+        self.invalidate()
 
     def invalidate(self):
-        self.match_cache.clear()
+        self.match_cache = {}
+        self.match_cache_old = {}
+        self.cache_bytes = self.cache_old_bytes = 0
 
     def stats(self, uint32_t num):
         if num >= self.nrules:
@@ -467,18 +556,27 @@ cdef class RuleEngine:
         """Puts the numbers of the rules matching the request in
         self.order; returns how many."""
         # The key is the resource alone without a tier (the common case:
-        # no tuple to build), else (resource, tier); bytes and tuples never
-        # compare equal, so the two cannot stand for each other.
+        # no tuple to build), else (resource, tier); a resource and tier
+        # longer than MAX_CACHED_KEY together stand as a 1-tuple of their
+        # digest, so no entry holds client bytes of any size.  Bytes and
+        # tuples of different lengths never compare equal, so the three
+        # kinds cannot stand for each other.
         cdef object resource_key = PyBytes_FromStringAndSize(resource, rlen)
-        cdef object cache_key = resource_key if tier == NULL else (
-            resource_key, PyBytes_FromStringAndSize(tier, tlen))
-        cdef tuple entry = self.match_cache.get(cache_key)
+        cdef object tier_key = None if tier == NULL else PyBytes_FromStringAndSize(tier, tlen)
+        cdef object cache_key
+        cdef tuple entry
         cdef bytes packed
         cdef const uint32_t* nums
         cdef int n = 0, i, count
+        if rlen + tlen > MAX_CACHED_KEY:
+            cache_key = (long_key_digest(resource_key, tier_key, self.seed),)
+        else:
+            cache_key = resource_key if tier == NULL else (resource_key, tier_key)
+        entry = self.match_cache.get(cache_key)
         if entry is None:
-            entry = self.compile_match(cache_key, resource_key,
-                                       None if tier == NULL else cache_key[1])
+            entry = self.cached_match(cache_key, resource_key, tier_key)
+        else:
+            self.cache_hits += 1
         packed, globs = entry
         nums = <const uint32_t*>PyBytes_AS_STRING(packed)
         count = PyBytes_GET_SIZE(packed) // sizeof(uint32_t)
@@ -488,6 +586,45 @@ cdef class RuleEngine:
                 continue
             n = self.add_selected(nums[i], n)
         return n
+
+    cdef tuple cached_match(self, object cache_key, bytes resource, object tier):
+        """A miss of the current generation: the previous generation's
+        entry moves back into it, else the matcher answers.  Two
+        generations of at most half the limit each: a generation that is
+        full becomes the previous one and the one before is dropped, so
+        entries in use stay and the bytes never pass the limit."""
+        cdef tuple entry = self.match_cache_old.pop(cache_key, None)
+        if entry is None:
+            self.cache_misses += 1
+            entry = self.compile_match(resource, tier)
+        else:
+            self.cache_hits += 1
+        self.cache_entry(cache_key, entry, entry_bytes(cache_key, entry))
+        return entry
+
+    cdef void cache_entry(self, object cache_key, tuple entry, size_t nbytes):
+        if nbytes > self.cache_limit // 2:
+            return     # caching is off (limit 0), or the limit is tiny
+        if self.cache_bytes + nbytes > self.cache_limit // 2:
+            self.match_cache_old = self.match_cache
+            self.cache_old_bytes = self.cache_bytes
+            self.match_cache = {}
+            self.cache_bytes = 0
+        self.match_cache[cache_key] = entry
+        self.cache_bytes += nbytes
+
+    def set_match_cache_limit(self, size_t nbytes):
+        """The most bytes the match cache may hold (rules-cache-size); 0
+        turns it off.  Emptied when lowered."""
+        if nbytes < self.cache_limit:
+            self.invalidate()
+        self.cache_limit = nbytes
+
+    @property
+    def match_cache_info(self):
+        """(entries, estimated bytes, hits, misses) of the match cache."""
+        return (len(self.match_cache) + len(self.match_cache_old),
+                self.cache_bytes + self.cache_old_bytes, self.cache_hits, self.cache_misses)
 
     cdef int add_selected(self, uint32_t num, int n) except -1:
         """Appends rule num to self.order if it takes part; returns the count."""
@@ -502,21 +639,17 @@ cdef class RuleEngine:
         self.order[n] = num
         return n + 1
 
-    cdef tuple compile_match(self, object cache_key, bytes resource, object tier):
-        """Asks the matcher about (resource, tier) and caches the answer as
-        (packed u32 rule numbers, client globs or None when there are none)."""
+    cdef tuple compile_match(self, bytes resource, object tier):
+        """Asks the matcher about (resource, tier): (packed u32 rule
+        numbers, client globs or None when there are none)."""
         cdef list found = []
         if self.matcher is not None:
             for num, glob in self.matcher(resource, tier):
                 if num < self.nrules and self.rules[<uint32_t>num].in_use:
                     found.append((num, glob))
-        if len(self.match_cache) > 65536:   # many distinct resources: start over
-            self.match_cache.clear()
         globs = tuple(glob for _, glob in found)
-        entry = (struct.pack(f"={len(found)}I", *[num for num, _ in found]),
-                 globs if any(g is not None for g in globs) else None)
-        self.match_cache[cache_key] = entry
-        return entry
+        return (struct.pack(f"={len(found)}I", *[num for num, _ in found]),
+                globs if any(g is not None for g in globs) else None)
 
     cdef int select_ids(self, list nums) except -1:
         cdef int n = 0
@@ -607,9 +740,16 @@ cdef class RuleEngine:
                                  now_ms, False, &self.results[i])
             if rc != FL_OK:
                 return rc
+            if cost == 0:
+                # A peek is never denied: a GCRA arrival time or a sliding
+                # window's estimate past the limit (a clock that stepped
+                # back, a lowered limit) shows as 0 remaining and the wait,
+                # as a token bucket or fixed window always show it.
+                self.results[i].allowed = 1
+                self.results[i].retry_after_ms = 0
             if not self.results[i].allowed and not self.rules[self.order[i]].shadow:
                 passed = False
-        if passed:
+        if passed and cost > 0:    # a peek reads and never writes (on a replica too)
             for i in range(n):
                 r = &self.rules[self.order[i]]
                 if r.shadow and not self.results[i].allowed:
@@ -621,7 +761,9 @@ cdef class RuleEngine:
         for i in range(n):
             r = &self.rules[self.order[i]]
             if r.shadow:
-                if not self.results[i].allowed:
+                if self.results[i].allowed:
+                    r.allowed += passed     # counted as an enforcing rule's would be
+                else:
                     r.shadow_denied += 1
                     self.note_denial(now_ms, self.order[i], client, clen, cost)
                 continue
@@ -836,7 +978,8 @@ cdef class RuleEngine:
         None for a rule that is gone).  Returns False when the section has
         no table to go to (its rule is gone or changed shape)."""
         cdef Table* t = NULL
-        cdef uint32_t old
+        cdef uint32_t old, i
+        cdef value_check valid = lease_value_ok
         if name.startswith(b"leases:"):
             digits = name[7:]
             if not digits.isdigit() or len(digits) > 10:
@@ -846,13 +989,15 @@ cdef class RuleEngine:
             if new is None or new >= self.nrules or self.rules[<uint32_t>new].leases == NULL:
                 return False
             t = self.rules[<uint32_t>new].leases
+        elif name == b"throttle":
+            t, valid = &self.throttle_table, gcra_value_ok
         else:
-            for table_name, address in self.named_tables():
-                if table_name == name:
-                    t = <Table*><size_t>address
+            for i in range(N_SHARED_TABLES):
+                if ALGORITHMS[i].encode() == name:
+                    t, valid = &self.tables[i], VALUE_CHECKS[i]
         if t == NULL or t.value_size != value_size:
             return False
-        load_table(t, data, records, None if name == b"throttle" else renumber, deletes)
+        load_table(t, data, records, None if name == b"throttle" else renumber, valid, deletes)
         return True
 
     def sweep(self, now_ms=None, double budget_ms=1.0):

@@ -188,7 +188,8 @@ def test_period_remainder_is_exact(r):
     for now, expected in [(1, [1, 1, 0, 0, 2]), (2, [1, 1, 0, 0, 1]), (3, [1, 1, 1, 0, 0])]:
         clock(r, now)
         assert check(r, "k", 1, 1, "PERIOD", 3, "COST", 0) == expected
-    assert r.dbsize() == 0
+    # the peeks wrote nothing; the remainders add up to a whole token, spent now
+    assert check(r, "k", 1, 1, "PERIOD", 3) == [1, 1, 0, 0, 3]
 
 
 def test_options_are_case_insensitive_and_in_any_order(r):
@@ -207,7 +208,8 @@ def test_period_change_does_not_mint_tokens(make_server):
         p = 4294967295
         assert c.execute_command("CL.CHECK", "k", 1000, 1000, "COST", 1000, "PERIOD", p)[:3] == [1, 1000, 0]
         c.execute_command("DEBUG", "CLOCK", "SET", 4_000_000)
-        assert c.execute_command("CL.CHECK", "k", 1000, 1000, "COST", 0, "PERIOD", p)[:3] == [1, 1000, 0]
+        # denied: spends nothing, but stores the refill (and its remainder)
+        assert c.execute_command("CL.CHECK", "k", 1000, 1000, "COST", 1, "PERIOD", p)[:3] == [0, 1000, 0]
         c.execute_command("DEBUG", "CLOCK", "SET", 4_000_001)
         # 931 milli-tokens carried (the sub-milli-token remainder stays below
         # one milli-token under the new PERIOD), plus 1 ms at 1 token/ms:
@@ -306,9 +308,11 @@ def test_dbsize_counts_stored_buckets(r):
         assert check(r, f"full:{i}", 10, 1, "COST", 0) == [1, 10, 10, 0, 0]
         assert check(r, f"never:{i}", 10, 1, "COST", 11) == [0, 10, 10, -1, 0]
     assert r.dbsize() == 1000
-    clock(r, 1000)   # the first 10 refill; reading them forgets them
+    clock(r, 1000)   # the first 10 refill; spending forgets them (a peek writes nothing)
     for i in range(10):
         assert check(r, f"u:{i}", 10, 1, "COST", 0) == [1, 10, 10, 0, 0]
+        assert check(r, f"u:{i}", 10, 1, "COST", 0, "PERIOD", 1) == [1, 10, 10, 0, 0]
+    r.execute_command("DEBUG", "SWEEP")
     assert r.dbsize() == 990
     r.flushall()
     assert r.dbsize() == 0

@@ -73,6 +73,7 @@ class Server:
         core.output_hard_limit, core.output_soft_limit, core.output_soft_seconds = \
             s.client_output_buffer_limit
         core.maxclients = s.maxclients
+        core.rules.set_match_cache_limit(s.rules_cache_size)
         logging.getLogger().setLevel(cfg.LOGLEVELS[s.loglevel])
 
     def config_set(self, pairs) -> None:

@@ -166,6 +166,7 @@ class Settings:
     repl_timeout: int = 60
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
+    rules_cache_size: int = 16 * 1024**2
 
     def validate(self) -> "Settings":
         """Checks every value with the parser its setting has (so the
@@ -210,6 +211,7 @@ _FIELDS = {
     "repl-timeout": (lambda v: parse_int(v, 1, 86400), str),
     "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
     "repl-buffer-limit": (lambda v: parse_memory(v, 1024), str),
+    "rules-cache-size": (lambda v: parse_memory(v, 0, 2**40), str),
 }
 
 
@@ -227,7 +229,7 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
-                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit"}
+                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit", "rules-cache-size"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -501,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repl-buffer-limit", metavar="SIZE",
                    help="unsent replication output per replica (beyond its full copy) "
                         "past which it is dropped and resyncs (default 256mb)")
+    p.add_argument("--rules-cache-size", metavar="SIZE",
+                   help="bytes the CL.LIMIT match cache may hold (default 16mb; 0: no cache)")
     return p
 
 

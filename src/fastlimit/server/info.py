@@ -70,8 +70,15 @@ def _memory(core, app) -> dict:
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
             "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
+            **_rules_cache_memory(core, app),
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
             "mem_allocator": "libc+mmap"}
+
+
+def _rules_cache_memory(core, app) -> dict:
+    entries, nbytes, _, _ = core.rules.match_cache_info
+    return {"rules_cache_entries": entries, "rules_cache_bytes": nbytes,
+            "rules_cache_max_bytes": app.settings.rules_cache_size}
 
 
 def _persistence(core, app) -> dict:
@@ -93,7 +100,9 @@ def _stats(core, app) -> dict:
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
             "acl_access_denied_auth": app.auth_failures,
-            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms}
+            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms,
+            "rules_cache_hits": core.rules.match_cache_info[2],
+            "rules_cache_misses": core.rules.match_cache_info[3]}
 
 
 def _replication(core, app) -> dict:

@@ -29,6 +29,7 @@ import zlib
 from dataclasses import dataclass
 
 MAGIC = b"FLSNAP\x00\x01"
+BUCKET_VALUE_SIZE = 20      # a "check" record's value (see _core.pxd)
 FOOTER = b"FLSNAPEND"
 _SECTION = struct.Struct("<IQQ")
 
@@ -266,14 +267,16 @@ def load_sections(sections: list[Section], store, engine, renumber: list,
                   deletes: bool = False) -> None:
     """Loads sections (of a snapshot, or of a replication batch, whose
     tombstones delete when `deletes`); SnapshotError if malformed."""
-    try:
-        for s in sections:
+    for s in sections:
+        try:
             if s.name == b"check":
+                if s.value_size != BUCKET_VALUE_SIZE:
+                    raise ValueError(f"value size {s.value_size}, not {BUCKET_VALUE_SIZE}")
                 store.load(s.data, s.records, deletes)
             else:
                 engine.load_section(s.name, s.value_size, s.data, s.records, renumber, deletes)
-    except (ValueError, OverflowError) as e:
-        raise SnapshotError(str(e)) from None
+        except (ValueError, OverflowError) as e:
+            raise SnapshotError(f"section {s.name!r}: {e}") from None
 
 
 def advance_lease_generations(generations: dict[int, int], engine, renumber: list) -> None:
