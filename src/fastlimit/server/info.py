@@ -9,6 +9,7 @@ import sys
 import time
 
 from fastlimit import __version__
+from fastlimit.server.logs import REPEAT_LIMIT
 
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
                     "replication", "cpu", "keyspace", "fastlimit", "rules"]
@@ -100,6 +101,7 @@ def _stats(core, app) -> dict:
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
             "acl_access_denied_auth": app.auth_failures,
+            "log_lines_suppressed": REPEAT_LIMIT.suppressed_total,
             "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms,
             "rules_cache_hits": core.rules.match_cache_info[2],
             "rules_cache_misses": core.rules.match_cache_info[3]}

@@ -6,17 +6,7 @@ import logging
 import sys
 
 from fastlimit.server import config as cfg
-
-
-def setup_logging(level: str) -> None:
-    logging.addLevelName(15, "VERBOSE")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        "%(process)d:M %(asctime)s.%(msecs)03d %(levelname)s %(message)s",
-        datefmt="%d %b %Y %H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(cfg.LOGLEVELS[level])
+from fastlimit.server.logs import setup_logging
 
 
 def main(argv=None) -> None:
