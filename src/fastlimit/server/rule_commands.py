@@ -29,6 +29,7 @@ this module at its top without an import cycle.
 
 from __future__ import annotations
 
+from fastlimit._protocol import READONLY_ERROR
 from fastlimit._resp import ReplyError, SimpleString, parse_integer
 from fastlimit.rules.model import E15, RuleError
 from fastlimit.server.arguments import integer
@@ -142,8 +143,11 @@ def cmd_apply(conn, args):
     options = _options(args, 3, {"resource", "cost", "detail"})
     ids = [_rule_id(part) for part in args[1].split(b",")]
     nums = [_number(conn, rule_id) for rule_id in ids]
+    cost = _cost(options)
+    if conn.core.readonly and cost != 0:
+        raise ReplyError(READONLY_ERROR)    # a replica answers peeks only
     try:
-        result = conn.core.rules.apply(nums, args[2], _cost(options),
+        result = conn.core.rules.apply(nums, args[2], cost,
                                        options.get("resource", b""),
                                        detail=options.get("detail", False))
     except ValueError as e:
