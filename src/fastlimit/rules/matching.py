@@ -24,6 +24,8 @@ import fnmatch
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 
 from fastlimit.rules.model import MAX_RULES_PER_REQUEST
 
@@ -177,49 +179,63 @@ def _rule_id(row: MatchRow) -> str:
     return row.rule_id
 
 
-def _resource_view(row: MatchRow) -> tuple[bytes, bool]:
-    return row.key, row.exact
-
-
-def _client_view(row: MatchRow) -> tuple[bytes, bool]:
-    return row.client_key, row.client_exact
+_RESOURCE_VIEW = (attrgetter("key"), attrgetter("exact"))
+_CLIENT_VIEW = (attrgetter("client_key"), attrgetter("client_exact"))
 
 
 def _crowds(rows: list[MatchRow], view, limit: int):
     """Sweeps one dimension: yields each group of more than `limit` rows
     whose views share a string (the cones whose prefix starts a key, plus
-    the points equal to it), over every key of `rows`."""
+    the points equal to it), over every key of `rows`.  Sorted keys put a
+    prefix before what it starts, so the cones containing the current key
+    are a stack."""
     if len(rows) <= limit:
         return
-    by_key: dict[bytes, tuple[list, list]] = {}
-    for row in rows:
-        key, exact = view(row)
-        by_key.setdefault(key, ([], []))[exact].append(row)
-    stack: list[tuple[bytes, list]] = []    # cone groups whose keys start the current key
+    key_of, exact_of = view
+    stack: list[tuple[bytes, list]] = []
     depth = 0
-    for key in sorted(by_key):
+    for key, group in groupby(sorted(rows, key=key_of), key_of):
         while stack and not key.startswith(stack[-1][0]):
             depth -= len(stack.pop()[1])
-        cones, points = by_key[key]
-        if cones:
+        group = list(group)
+        points = [row for row in group if exact_of(row)]
+        if len(points) < len(group):
+            cones = [row for row in group if not exact_of(row)]
             stack.append((key, cones))
             depth += len(cones)
         if depth + len(points) > limit:
-            yield [row for _, group in stack for row in group] + points
+            yield [row for _, cones in stack for row in cones] + points
 
 
-def _tier_crowds(rows: list[MatchRow], limit: int):
-    """Groups of rows that one tier (or no tier) would select together."""
-    if len(rows) <= limit:
-        return
-    any_tier = [row for row in rows if row.tier is None]
-    by_tier: dict[bytes, list] = {}
+def _depth(rows: list[MatchRow]) -> int:
+    """The most rows one (resource, client) can share, whatever the tier."""
+    best = min(len(rows), 1)
+    for by_resource in _crowds(rows, _RESOURCE_VIEW, 0):
+        if len(by_resource) > best:     # the client can only split it further
+            best = max([best, *map(len, _crowds(by_resource, _CLIENT_VIEW, best))])
+    return best
+
+
+def _tier_groups(rows: list[MatchRow], limit: int) -> list[list[MatchRow]]:
+    """The groups of rows a request's tier selects together that might hold
+    more than `limit` sharing one request: the rules of any tier alone (a
+    request without a tier, or of a tier no rule names), and with each
+    tier's own rules where the depths of the two parts may add up to more."""
+    any_tier, by_tier = [], {}
     for row in rows:
-        if row.tier is not None:
+        if row.tier is None:
+            any_tier.append(row)
+        else:
             by_tier.setdefault(row.tier, []).append(row)
-    yield any_tier
-    for group in by_tier.values():
-        yield any_tier + group
+    groups, any_depth = [any_tier], None
+    for own in by_tier.values():
+        if len(any_tier) + len(own) <= limit:
+            continue
+        if any_depth is None:
+            any_depth = _depth(any_tier)
+        if any_depth + _depth(own) > limit:
+            groups.append(any_tier + own)
+    return groups
 
 
 def crowding(rows: list[MatchRow], changed: set[str],
@@ -228,9 +244,11 @@ def crowding(rows: list[MatchRow], changed: set[str],
     `limit` others counted by CL.LIMIT, if the rows allow one: (a changed
     rule id, how many rules, a resource prefix of such a request)."""
     counted = [row for row in rows if row.counted]
-    for by_resource in _crowds(counted, _resource_view, limit):
-        for by_tier in _tier_crowds(by_resource, limit):
-            for group in _crowds(by_tier, _client_view, limit):
+    if len(counted) <= limit:
+        return None
+    for by_tier in _tier_groups(counted, limit):
+        for by_resource in _crowds(by_tier, _RESOURCE_VIEW, limit):
+            for group in _crowds(by_resource, _CLIENT_VIEW, limit):
                 ids = sorted(row.rule_id for row in group if row.rule_id in changed)
                 if ids:
                     prefix = max((row.key for row in group), key=len)
