@@ -157,6 +157,30 @@ class MatchIndex:
         rows.sort(key=_rule_id)
         return rows
 
+    def sharing_bound(self, row: MatchRow) -> int:
+        """At most how many rows (row included, if indexed) one resource
+        that `row` matches can match, by resource alone: a cheap sweep of
+        the index's counts under row's prefix, no rows touched."""
+        if row.exact:
+            return len(self.candidates(row.key))
+        key, keys, cones, points = row.key, self._keys, self._cones, self._points
+        depth = sum(len(cones.get(key[:length], ())) for length in self._lengths
+                    if length <= len(key))
+        best = depth + len(points.get(key, ()))
+        stack: list[tuple[bytes, int]] = []     # cones under key that start the current key
+        i = bisect.bisect_right(keys, key)
+        while i < len(keys) and keys[i].startswith(key):
+            current = keys[i]
+            while stack and not current.startswith(stack[-1][0]):
+                depth -= stack.pop()[1]
+            here = len(cones.get(current, ()))
+            if here:
+                stack.append((current, here))
+                depth += here
+            best = max(best, depth + len(points.get(current, ())))
+            i += 1
+        return best
+
     def overlapping(self, row: MatchRow) -> list[MatchRow]:
         """Every row whose resource view may share a string with `row`'s:
         cones whose prefix starts row's key, and (for a cone) the rows

@@ -296,13 +296,15 @@ class RuleRegistry:
         enforceable.  Only requests that a changed rule matches are looked
         at; a rule only ever meets the rules whose resource globs overlap
         its own."""
-        changed = {c.rule_id for c in changes if c.new is not None}
-        if not changed:
-            return
         index = self._index
-        if len(changed) > MAX_RULES_PER_REQUEST:
+        changed = {c.rule_id for c in changes if c.new is not None}
+        if len(changed) > MAX_RULES_PER_REQUEST:    # a load or reload: one sweep of all
             rows = list(index.rows.values())
         else:
+            # Most rules cannot reach the limit even counting every rule
+            # their resource glob may meet: only the others need the sweep.
+            changed = {rule_id for rule_id in changed
+                       if index.sharing_bound(index.rows[rule_id]) > MAX_RULES_PER_REQUEST}
             seen = {}
             for rule_id in changed:
                 for row in index.overlapping(index.rows[rule_id]):
@@ -311,10 +313,11 @@ class RuleRegistry:
         crowded = crowding(rows, changed)
         if crowded is not None:
             rule_id, count, prefix = crowded
-            where = show(prefix.decode("utf-8", "replace")) or "any"
+            where = (f"resource '{show(prefix.decode('utf-8', 'replace'))}...'" if prefix
+                     else "any resource")
             raise RuleError(
                 f"invalid rule '{rule_id}': {count} rules could match one request "
-                f"(resource '{where}...'), and a request is checked against at most "
+                f"({where}), and a request is checked against at most "
                 f"{MAX_RULES_PER_REQUEST}: narrow the match of this rule or of the "
                 "rules it overlaps")
 
