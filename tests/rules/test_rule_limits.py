@@ -251,11 +251,37 @@ def test_a_rule_change_compiles_only_the_changed_rule(mem_reg, monkeypatch):
 
 def test_a_lookup_runs_globs_only_of_rules_whose_prefix_fits():
     index = MatchIndex()
-    for i in range(5000):
-        index.add(compile_row(parse_rule(f"r{i}", tb(f"GET /api/v1/thing{i}/*/x")), i))
-    index.add(compile_row(parse_rule("all", tb("GET /*")), 5000))
+    index.update([], [compile_row(parse_rule(f"r{i}", tb(f"GET /api/v1/thing{i}/*/x")), i)
+                      for i in range(5000)])
+    index.update([], [compile_row(parse_rule("all", tb("GET /*")), 5000)])
     candidates = index.candidates(b"GET /api/v1/thing42/a/x")
     assert sorted(row.rule_id for row in candidates) == ["all", "r42"]
     assert [row.rule_id for row in index.lookup(b"GET /api/v1/thing42/a/x", None)] == [
         "all", "r42"]
     assert [row.rule_id for row in index.lookup(b"GET /api/v1/thing42/a/y", None)] == ["all"]
+    index.update(["r42"], [])
+    assert [row.rule_id for row in index.lookup(b"GET /api/v1/thing42/a/x", None)] == ["all"]
+    assert [row.rule_id for row in index.lookup(b"GET /api/v1/thing43/a/x", None)] == [
+        "all", "r43"]
+
+
+def test_the_index_keeps_its_keys_sorted_through_small_and_large_batches():
+    index = MatchIndex()
+    rng = random.Random(7)
+    live = {}
+    for step in range(60):
+        size = rng.choice([1, 2, 200])
+        removes = rng.sample(sorted(live), min(len(live), rng.randrange(0, size + 1)))
+        adds = []
+        for _ in range(size):
+            glob = rng.choice(["a", "ab", "abc", "b", "ba"]) + rng.choice(["", "*", "?x", "*y"])
+            rule_id = f"r{step}-{len(adds)}"
+            adds.append(compile_row(parse_rule(rule_id, tb(glob)), len(live) + len(adds)))
+            live[rule_id] = glob
+        for rule_id in removes:
+            del live[rule_id]
+        index.update(removes, adds)
+        assert index._keys == sorted(set(index._cones) | set(index._points))
+        for text in ["a", "ab", "abc", "abcy", "ba?x", "bax", "b"]:
+            assert {row.rule_id for row in index.lookup(text.encode(), None)} == {
+                rule_id for rule_id, glob in live.items() if fnmatch.fnmatchcase(text, glob)}

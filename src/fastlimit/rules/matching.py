@@ -30,6 +30,7 @@ from operator import attrgetter
 from fastlimit.rules.model import MAX_RULES_PER_REQUEST
 
 GLOB_METACHARACTERS = re.compile(rb"[*?\[]")
+BATCH_RESORT = 64     # changes in one batch above which the index re-sorts its keys once
 
 
 def compile_glob(glob: bytes):
@@ -85,8 +86,8 @@ def compile_row(rule, num: int) -> MatchRow:
 
 class MatchIndex:
     """The rows of the rules in force, by rule id, indexed by resource
-    prefix.  add/remove are O(log n) plus the row; lookup is O(distinct
-    prefix lengths + candidates)."""
+    prefix.  A change costs O(log n) plus a list insertion per row (a
+    memmove); a lookup O(distinct prefix lengths + candidates)."""
 
     def __init__(self):
         self.rows: dict[str, MatchRow] = {}
@@ -99,26 +100,38 @@ class MatchIndex:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row: MatchRow) -> None:
+    def update(self, removes: list[str], adds: list[MatchRow]) -> list[MatchRow]:
+        """Takes the rows of `removes` (rule ids) out and puts `adds` in;
+        returns the rows taken out.  A large batch (a load) sorts the keys
+        once instead of inserting each, which would be quadratic."""
+        one_by_one = len(removes) + len(adds) <= BATCH_RESORT
+        removed = [self._remove(rule_id, one_by_one) for rule_id in removes]
+        for row in adds:
+            self._add(row, one_by_one)
+        if not one_by_one:
+            self._keys = sorted(self._cones.keys() | self._points.keys())
+        return removed
+
+    def _add(self, row: MatchRow, keep_sorted: bool) -> None:
         self.rows[row.rule_id] = row
         table = self._points if row.exact else self._cones
         group = table.get(row.key)
         if group is None:
             group = table[row.key] = {}
-            if row.key not in (self._cones if row.exact else self._points):
+            if keep_sorted and row.key not in (self._cones if row.exact else self._points):
                 bisect.insort(self._keys, row.key)
             if not row.exact:
                 self._use_length(len(row.key), 1)
         group[row.rule_id] = row
 
-    def remove(self, rule_id: str) -> MatchRow:
+    def _remove(self, rule_id: str, keep_sorted: bool) -> MatchRow:
         row = self.rows.pop(rule_id)
         table = self._points if row.exact else self._cones
         group = table[row.key]
         del group[rule_id]
         if not group:
             del table[row.key]
-            if row.key not in (self._cones if row.exact else self._points):
+            if keep_sorted and row.key not in (self._cones if row.exact else self._points):
                 del self._keys[bisect.bisect_left(self._keys, row.key)]
             if not row.exact:
                 self._use_length(len(row.key), -1)

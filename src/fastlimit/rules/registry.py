@@ -277,16 +277,10 @@ class RuleRegistry:
         before anything changes, so compiling cannot leave half a batch);
         returns the function that takes them out again."""
         rows = [compile_row(c.new.rule, c.new.num) for c in changes if c.new is not None]
-        index = self._index
-        removed = [index.remove(c.rule_id) for c in changes if c.old is not None]
-        for row in rows:
-            index.add(row)
+        removed = self._index.update([c.rule_id for c in changes if c.old is not None], rows)
 
         def undo():
-            for row in rows:
-                index.remove(row.rule_id)
-            for row in removed:
-                index.add(row)
+            self._index.update([row.rule_id for row in rows], removed)
         return undo
 
     def _check_crowding(self, changes: list[Change]) -> None:
