@@ -97,9 +97,6 @@ class MatchIndex:
         self._length_uses: dict[int, int] = defaultdict(int)   # cone prefix length -> keys
         self._lengths: tuple[int, ...] = ()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     def update(self, removes: list[str], adds: list[MatchRow]) -> list[MatchRow]:
         """Takes the rows of `removes` (rule ids) out and puts `adds` in;
         returns the rows taken out.  A large batch (a load) sorts the keys
