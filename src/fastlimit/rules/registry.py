@@ -5,13 +5,17 @@ Every change (CL.RULE SET or DEL, a reload, the load at start) is a batch
 that happens all or nothing, in this order:
 
 1. validate every rule (model.parse_rule);
-2. stage it in the engine (``define``), undone if the engine refuses one;
-3. persist the batch in one database transaction, undoing the engine
-   stage if that fails, so what is acknowledged is durable and what is
-   in force is what is stored;
-4. publish: swap the match table and clear the engine's match cache, so
-   the next check sees the new rules; only then retire dropped rules'
-   numbers.
+2. compile the changed rules' rows into the match index (matching.py),
+   and refuse the batch if some request could then match more rules than
+   the engine evaluates;
+3. stage it in the engine (``define``), undone if the engine refuses one;
+4. persist the batch in one database transaction, so what is
+   acknowledged is durable and what is in force is what is stored;
+5. publish: clear the engine's match cache, so the next check sees the
+   new rules; only then retire dropped rules' numbers.
+
+Any failure in 2-4, expected or not, undoes the index and the engine
+stage: a failed change leaves the old rules in force everywhere.
 
 All of it runs on the event loop's thread between two checks, so no
 check ever sees half a batch, and none runs while a stage is undone.
