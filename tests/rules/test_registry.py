@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from fastlimit.rules.model import RuleError, parse_rule
-from fastlimit.rules.registry import RuleRegistry, compile_glob
+from fastlimit.rules.matching import compile_glob
+from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore, StoreError
 
 TB = {"capacity": 20, "refill_per_second": 10}
@@ -255,7 +256,7 @@ def test_matcher_follows_every_change(reg, fake_engine):
 ])
 def test_globs(glob, yes, no):
     import fnmatch
-    match = compile_glob(glob)
+    match = compile_glob(glob.encode())
     for s in yes:
         assert match(s) and fnmatch.fnmatchcase(s, glob.encode())
     for s in no:
@@ -408,7 +409,8 @@ def test_info(reg, fake_engine):
     reg.set("api:orders", TB)
     reg.set("b", tb(mode="shadow"))
     fake_engine.counts[reg.num_by_id["b"]] = {"allowed": 3, "denied": 0, "shadow_denied": 2}
-    info = reg.info()
+    assert "rule0" not in reg.info()
+    info = reg.info(per_rule=True)
     assert info == {
         "rules": 2, "rules_version": 2, "rules_last_change_ms": reg.last_change_ms,
         "rules_file": "", "rules_db": reg.store.path,

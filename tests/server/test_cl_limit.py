@@ -796,7 +796,8 @@ def test_lease_errors(c, rules):
     assert error_of(c, "CL.ACQUIRE", "nope", "u") == "no such rule 'nope'"
     assert error_of(c, "CL.ACQUIRE", "le-tb", "u") == "rule 'le-tb' is not a concurrency rule"
     assert error_of(c, "CL.RELEASE", "le-tb", "u", 1) == "rule 'le-tb' is not a concurrency rule"
-    assert error_of(c, "CL.RELEASE", "le", "u", "abc") == "lease id is not an integer"
+    assert error_of(c, "CL.RELEASE", "le", "u", "abc") == (
+        "lease id is not an integer or out of range")
     assert error_of(c, "CL.ACQUIRE", "le", "u", "COST", 1) == "syntax error at 'COST'"
     assert error_of(c, "CL.RELEASE", "le", "u") == (
         "wrong number of arguments for 'cl.release' command")

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import tomllib
 
-from fastlimit.rules.model import Rule, RuleError, load_json, parse_rule, show
+from fastlimit.rules.model import (NESTED_TOO_DEEPLY, Rule, RuleError, load_json, parse_rule,
+                                   show)
 
 
 def load_rules_file(path: str) -> dict[str, Rule]:
@@ -65,15 +66,13 @@ def is_json(path: str, text: str) -> bool:
 
 
 def _parse(path: str, text: str):
-    if is_json(path, text):
-        try:
-            return load_json(text)
-        except ValueError as e:
-            raise RuleError(f"rules file {path} is not valid JSON: {show(str(e), 200)}") from None
+    json_text = is_json(path, text)
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise RuleError(f"rules file {path} is not valid TOML: {show(str(e), 200)}") from None
+        return load_json(text) if json_text else tomllib.loads(text)
+    except (ValueError, RecursionError) as e:    # TOMLDecodeError is a ValueError
+        reason = NESTED_TOO_DEEPLY if isinstance(e, RecursionError) else show(str(e), 200)
+        raise RuleError(f"rules file {path} is not valid {'JSON' if json_text else 'TOML'}: "
+                        f"{reason}") from None
 
 
 def _rules_table(path: str, data) -> dict:

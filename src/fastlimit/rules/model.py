@@ -24,6 +24,7 @@ MAX_LEASE_MS = 86_400_000           # a day: a crashed caller's lease must end
 MAX_CONCURRENCY = 1024              # the engine keeps a slot per lease in each record
 MAX_REFILL_TIME_MS = E15            # refilling a whole bucket must be representable
 MAX_GCRA_TOLERANCE = E18            # period_ms * (burst + 1)
+MAX_RULES_PER_REQUEST = 64         # the engine evaluates at most this many (_rules.pxd)
 MAX_PATTERN_LEN = 1024
 MAX_DOCUMENT_BYTES = 65536
 
@@ -52,6 +53,9 @@ NUMBER_FIELDS: dict[str, dict[str, _Bound]] = {
                     "lease_ms": (1, MAX_LEASE_MS, f"from 1 to {MAX_LEASE_MS}")},
 }
 ALL_NUMBER_FIELDS = {name for fields in NUMBER_FIELDS.values() for name in fields}
+
+
+NESTED_TOO_DEEPLY = "nested too deeply"
 
 
 class RuleError(ValueError):
@@ -179,6 +183,19 @@ def _load_json(rule_id: str, text: str | bytes):
         return load_json(text)
     except ValueError as e:   # JSONDecodeError, duplicates, NaN, 4300+ digit ints
         raise _invalid(rule_id, None, f"not valid JSON: {show(str(e), 200)}") from None
+    except RecursionError:
+        raise _invalid(rule_id, None, f"not valid JSON: {NESTED_TOO_DEEPLY}") from None
+
+
+def is_utf8(text: str) -> bool:
+    """Whether text can be written as UTF-8 (the database, replies and the
+    engine's globs all need it): JSON's "\\ud800" gives a lone surrogate,
+    which cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # What "required" means where a field has an alternative or a partner.
@@ -241,6 +258,8 @@ class _RuleParser:
             if not isinstance(value, str) or not 1 <= len(value) <= MAX_PATTERN_LEN:
                 raise self.fail(f"match.{field}",
                                 f"must be a string of 1 to {MAX_PATTERN_LEN} characters")
+            if not is_utf8(value):
+                raise self.fail(f"match.{field}", "not valid UTF-8")
             values[field] = value
         return Match(**values)
 

@@ -5,13 +5,17 @@ Every change (CL.RULE SET or DEL, a reload, the load at start) is a batch
 that happens all or nothing, in this order:
 
 1. validate every rule (model.parse_rule);
-2. stage it in the engine (``define``), undone if the engine refuses one;
-3. persist the batch in one database transaction, undoing the engine
-   stage if that fails, so what is acknowledged is durable and what is
-   in force is what is stored;
-4. publish: swap the match table and clear the engine's match cache, so
-   the next check sees the new rules; only then retire dropped rules'
-   numbers.
+2. compile the changed rules' rows into the match index (matching.py),
+   and refuse the batch if some request could then match more rules than
+   the engine evaluates;
+3. stage it in the engine (``define``), undone if the engine refuses one;
+4. persist the batch in one database transaction, so what is
+   acknowledged is durable and what is in force is what is stored;
+5. publish: clear the engine's match cache, so the next check sees the
+   new rules; only then retire dropped rules' numbers.
+
+Any failure in 2-4, expected or not, undoes the index and the engine
+stage: a failed change leaves the old rules in force everywhere.
 
 All of it runs on the event loop's thread between two checks, so no
 check ever sees half a batch, and none runs while a stage is undone.
@@ -26,14 +30,13 @@ changes, because its old buckets would mean something else.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass
 
 from fastlimit.rules.files import load_rules_file
-from fastlimit.rules.model import Rule, RuleError, parse_rule
+from fastlimit.rules.matching import MatchIndex, compile_row, crowding
+from fastlimit.rules.model import MAX_RULES_PER_REQUEST, Rule, RuleError, parse_rule, show
 from fastlimit.rules.store import RuleStore, StoredRule, StoreError, wall_ms
 
 SOURCE_COMMAND = "command"
@@ -70,27 +73,6 @@ class Change:
         return None
 
 
-@dataclass(frozen=True)
-class _MatchRow:
-    """One rule as the matcher sees it, compiled once per change."""
-    num: int
-    resource: object            # compiled bytes-glob .match, or None for any
-    tier: bytes | None
-    client: bytes | None        # glob the engine matches per call, or None for any
-
-
-def compile_glob(glob: str):
-    """fnmatch.fnmatchcase on bytes, compiled once: the pattern is read
-    byte for byte (as ISO-8859-1), exactly as fnmatch does for bytes."""
-    pattern = fnmatch.translate(glob.encode("utf-8").decode("iso-8859-1"))
-    return re.compile(pattern.encode("iso-8859-1")).match
-
-
-def _glob_or_any(glob: str | None) -> str | None:
-    # "*" matches every string: say "any" so nothing is matched per call.
-    return None if glob is None or glob == "*" else glob
-
-
 class RuleRegistry:
     def __init__(self, engine, store: RuleStore | None = None,
                  rules_file: str | None = None, *, now_ms=wall_ms):
@@ -101,7 +83,8 @@ class RuleRegistry:
         self.version = 0
         self.last_change_ms = 0
         self._entries: dict[str, Entry] = {}
-        self._table: tuple[_MatchRow, ...] = ()
+        self._entry_by_num: dict[int, Entry] = {}
+        self._index = MatchIndex()
         self._next_num = 1
         # Every number ever given, so a denial sampled before a rule was
         # deleted or replaced still names it.
@@ -234,6 +217,11 @@ class RuleRegistry:
     def rule_by_num(self) -> dict[int, Rule]:
         return {e.num: e.rule for e in self._entries.values()}
 
+    def rule_for_num(self, num: int) -> Rule | None:
+        """The rule in force with this engine number, if any."""
+        entry = self._entry_by_num.get(num)
+        return entry.rule if entry is not None else None
+
     def num_for(self, rule_id: str) -> int | None:
         """The engine number of a rule in force (for checks by rule id)."""
         entry = self._entries.get(rule_id)
@@ -260,19 +248,76 @@ class RuleRegistry:
         return num
 
     def _commit(self, changes: list[Change], persist: bool = True) -> None:
+        """Applies a batch all or nothing: on any failure (a rule the
+        engine refuses, too many rules per request, the database, or
+        anything unforeseen) the match index, the engine and the database
+        are as they were, and the error is a RuleError."""
         if not changes:
             return
-        self._stage(changes)
-        if persist and self.store is not None:
-            try:
+        undo_index = self._index_batch(changes)
+        staged = False
+        try:
+            self._check_crowding(changes)
+            self._stage(changes)
+            staged = True
+            if persist and self.store is not None:
                 self.store.write(
                     puts=[StoredRule(c.new.rule, c.new.source, c.new.updated_ms)
                           for c in changes if c.new is not None],
                     deletes=[c.rule_id for c in changes if c.new is None])
-            except StoreError:
+        except BaseException as e:
+            if staged:
                 self._unstage(changes)
+            undo_index()
+            if isinstance(e, RuleError) or not isinstance(e, Exception):
                 raise
+            log.exception("rule change failed; the rules in force are unchanged")
+            raise RuleError(f"the rule change failed ({show(str(e), 200)}); "
+                            "the rules in force are unchanged") from None
         self._publish(changes)
+
+    def _index_batch(self, changes: list[Change]):
+        """Puts the batch's rows in the match index (each compiled once,
+        before anything changes, so compiling cannot leave half a batch);
+        returns the function that takes them out again."""
+        rows = [compile_row(c.new.rule, c.new.num) for c in changes if c.new is not None]
+        removed = self._index.update([c.rule_id for c in changes if c.old is not None], rows)
+
+        def undo():
+            self._index.update([row.rule_id for row in rows], removed)
+        return undo
+
+    def _check_crowding(self, changes: list[Change]) -> None:
+        """Refuses a batch after which some request could match more than
+        the engine's MAX_RULES_PER_REQUEST rules (CL.LIMIT would then fail
+        for it, and clients fail open): what is acknowledged must be
+        enforceable.  Only requests that a changed rule matches are looked
+        at; a rule only ever meets the rules whose resource globs overlap
+        its own."""
+        index = self._index
+        changed = {c.rule_id for c in changes if c.new is not None}
+        if len(changed) > MAX_RULES_PER_REQUEST:    # a load or reload: one sweep of all
+            rows = list(index.rows.values())
+        else:
+            # Most rules cannot reach the limit even counting every rule
+            # their resource glob may meet: only the others need the sweep.
+            changed = {rule_id for rule_id in changed
+                       if index.sharing_bound(index.rows[rule_id]) > MAX_RULES_PER_REQUEST}
+            seen = {}
+            for rule_id in changed:
+                for row in index.overlapping(index.rows[rule_id]):
+                    seen[row.rule_id] = row
+            rows = list(seen.values())
+        crowded = crowding(rows, changed)
+        if crowded is not None:
+            rule_id, count, prefix = crowded
+            where = (f"resource '{show(prefix.decode('utf-8', 'replace'))}...'" if prefix
+                     else "any resource")
+            raise RuleError(
+                f"invalid rule '{rule_id}': {count} rules could match one request "
+                f"({where}), and a request is checked against at most "
+                f"{MAX_RULES_PER_REQUEST}: narrow the match of this rule or of the "
+                "rules it overlaps")
 
     def _stage(self, changes: list[Change]) -> None:
         """Defines every new or changed rule in the engine.  New numbers are
@@ -284,9 +329,11 @@ class RuleRegistry:
                 continue
             try:
                 self.engine.define(change.new.num, change.new.rule.engine_spec())
-            except ValueError as e:
+            except BaseException as e:
                 self._unstage(staged)
-                raise RuleError(f"invalid rule '{change.rule_id}': {e}") from None
+                if isinstance(e, ValueError):
+                    raise RuleError(f"invalid rule '{change.rule_id}': {e}") from None
+                raise
             staged.append(change)
 
     def _unstage(self, changes: list[Change]) -> None:
@@ -303,16 +350,19 @@ class RuleRegistry:
                 self.engine.define(change.old.num, change.old.rule.engine_spec())
 
     def _publish(self, changes: list[Change]) -> None:
+        # Plain dict updates only: nothing here can fail halfway.
         for change in changes:
+            if change.old is not None:
+                del self._entry_by_num[change.old.num]
             if change.new is None:
                 del self._entries[change.rule_id]
                 self._stats_base.pop(change.rule_id, None)
             else:
                 self._entries[change.rule_id] = change.new
+                self._entry_by_num[change.new.num] = change.new
                 self._id_by_num[change.new.num] = change.rule_id
                 if change.retired is not None:
                     self._carry_stats(change.rule_id, change.retired)
-        self._table = self._build_table()
         self.engine.invalidate()
         for change in changes:
             if change.retired is not None:
@@ -328,27 +378,11 @@ class RuleRegistry:
 
     # ---- matching -----------------------------------------------------------------------
 
-    def _build_table(self) -> tuple[_MatchRow, ...]:
-        rows = []
-        for rule_id in sorted(self._entries):
-            entry = self._entries[rule_id]
-            match = entry.rule.match
-            resource = _glob_or_any(match.resource)
-            client = _glob_or_any(match.client)
-            rows.append(_MatchRow(
-                num=entry.num,
-                resource=compile_glob(resource) if resource is not None else None,
-                tier=match.tier.encode("utf-8") if match.tier is not None else None,
-                client=client.encode("utf-8") if client is not None else None))
-        return tuple(rows)
-
     def matcher(self, resource: bytes, tier: bytes | None) -> list[tuple[int, bytes | None]]:
         """The engine's matcher: (number, client glob) of every rule whose
         resource glob and tier match, in rule id order.  A rule without a
         tier matches any tier and none; a rule with one only that tier."""
-        return [(row.num, row.client) for row in self._table
-                if (row.tier is None or row.tier == tier)
-                and (row.resource is None or row.resource(resource) is not None)]
+        return [(row.num, row.client) for row in self._index.lookup(resource, tier)]
 
     # ---- observing ------------------------------------------------------------------------
 
@@ -356,9 +390,9 @@ class RuleRegistry:
         entry = self._entries.get(rule_id)
         if entry is None:
             return None
-        counts = Counter(self._stats_base.get(rule_id, {}))
-        counts.update(self.engine.stats(entry.num))
-        return {name: counts[name] for name in STAT_FIELDS}
+        counts = self.engine.stats(entry.num)
+        base = self._stats_base.get(rule_id)
+        return {name: counts[name] + (base[name] if base else 0) for name in STAT_FIELDS}
 
     def denials(self, count: int | None = None) -> list[tuple[int, str, bytes, int]]:
         """Recent denials, newest first: (time_ms, rule id, key, cost)."""
@@ -370,19 +404,22 @@ class RuleRegistry:
         return [(time_ms, self.rule_id(num), key, cost)
                 for time_ms, num, key, cost in sample]
 
-    def info(self) -> dict:
-        """The INFO "rules" section.  One rule<i> line per rule, as Redis
-        does for replicas (slave0:...), because rule ids may hold ':'
-        and an INFO field name may not."""
+    def info(self, per_rule: bool = False) -> dict:
+        """The INFO "rules" section: counts, and with per_rule one rule<i>
+        line per rule (only for INFO rules: with many rules they are
+        large), as Redis does for replicas (slave0:...), because rule ids
+        may hold ':' and an INFO field name may not."""
         out = {"rules": len(self._entries), "rules_version": self.version,
                "rules_last_change_ms": self.last_change_ms,
                "rules_file": self.rules_file or "",
                "rules_db": self.store.path if self.store is not None else ""}
-        for i, rule in enumerate(self.list()):
-            stats = self.stats(rule.id)
-            out[f"rule{i}"] = (f"id={rule.id},algorithm={rule.algorithm},mode={rule.mode},"
-                               f"source={self._entries[rule.id].source},"
-                               + ",".join(f"{k}={stats[k]}" for k in STAT_FIELDS))
+        if per_rule:
+            for i, rule_id in enumerate(sorted(self._entries)):
+                entry = self._entries[rule_id]
+                stats = self.stats(rule_id)
+                out[f"rule{i}"] = (f"id={rule_id},algorithm={entry.rule.algorithm},"
+                                   f"mode={entry.rule.mode},source={entry.source},"
+                                   + ",".join(f"{k}={stats[k]}" for k in STAT_FIELDS))
         return out
 
 

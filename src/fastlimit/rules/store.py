@@ -163,7 +163,7 @@ class RuleStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as e:
+        except Exception as e:   # sqlite3.Error, or a row it cannot hold
             raise StoreError(f"rules database {self.path}: cannot write ({e}); "
                              "nothing was changed") from None
         return max(deleted, 0)

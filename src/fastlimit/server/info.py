@@ -127,8 +127,8 @@ def _fastlimit(core, app) -> dict:
             "buckets_expired": core.store.expired_total + core.rules.expired_total}
 
 
-def _rules(core, app) -> dict:
-    return app.rules.info() if app.rules is not None else {}
+def _rules(core, app, per_rule: bool = False) -> dict:
+    return app.rules.info(per_rule) if app.rules is not None else {}
 
 
 def _commandstats(core, app) -> dict:
@@ -162,7 +162,12 @@ def render_info(core, requested: list[str]) -> str:
         names = [n for n in ALL_SECTIONS if n in requested]
     parts = []
     for name in names:
-        fields = SECTIONS[name](core, core.app)
+        if name == "rules" and "rules" in requested:
+            # One line per rule only when asked for by name: with 10,000
+            # rules they are a megabyte, too much for every INFO poll.
+            fields = _rules(core, core.app, per_rule=True)
+        else:
+            fields = SECTIONS[name](core, core.app)
         title = "CPU" if name == "cpu" else name.capitalize()
         lines = [f"# {title}"] + [f"{k}:{v}" for k, v in fields.items()]
         parts.append("\r\n".join(lines) + "\r\n")

@@ -29,8 +29,10 @@ this module at its top without an import cycle.
 
 from __future__ import annotations
 
-from fastlimit._resp import ReplyError, SimpleString
-from fastlimit.rules.model import RuleError
+from fastlimit._protocol import READONLY_ERROR
+from fastlimit._resp import ReplyError, SimpleString, parse_integer
+from fastlimit.rules.model import E15, RuleError
+from fastlimit.server.arguments import integer
 
 OK = SimpleString("OK")
 
@@ -130,18 +132,22 @@ def _number(conn, rule_id: str) -> int:
 
 
 def _cost(options: dict) -> int:
-    raw = options.get("cost", b"1")
-    if not raw.isdigit() or len(raw) > 16 or int(raw) > 10**15:
+    # The same rules and text as CL.LIMIT's COST.
+    cost = parse_integer(options.get("cost", b"1"))
+    if cost is None or not 0 <= cost <= E15:
         raise ReplyError("ERR COST must be an integer from 0 to 10^15")
-    return int(raw)
+    return cost
 
 
 def cmd_apply(conn, args):
     options = _options(args, 3, {"resource", "cost", "detail"})
     ids = [_rule_id(part) for part in args[1].split(b",")]
     nums = [_number(conn, rule_id) for rule_id in ids]
+    cost = _cost(options)
+    if conn.core.readonly and cost != 0:
+        raise ReplyError(READONLY_ERROR)    # a replica answers peeks only
     try:
-        result = conn.core.rules.apply(nums, args[2], _cost(options),
+        result = conn.core.rules.apply(nums, args[2], cost,
                                        options.get("resource", b""),
                                        detail=options.get("detail", False))
     except ValueError as e:
@@ -154,7 +160,7 @@ def cmd_apply(conn, args):
 
 def _lease_rule(conn, arg: bytes) -> int:
     num = _number(conn, _rule_id(arg))
-    if _rules(conn).rule_by_num[num].algorithm != "concurrency":
+    if _rules(conn).rule_for_num(num).algorithm != "concurrency":
         raise ReplyError(f"ERR rule '{_rule_id(arg)}' is not a concurrency rule")
     return num
 
@@ -168,12 +174,7 @@ def cmd_acquire(conn, args):
 def cmd_release(conn, args):
     options = _options(args, 4, {"resource"})
     num = _lease_rule(conn, args[1])
-    try:
-        lease_id = int(args[3])
-    except ValueError:
-        raise ReplyError("ERR lease id is not an integer") from None
-    if not -2**63 <= lease_id < 2**63:
-        return 0    # no lease has such an id
+    lease_id = integer(args[3], "lease id")
     return int(conn.core.rules.release(num, args[2], lease_id, options.get("resource", b"")))
 
 
