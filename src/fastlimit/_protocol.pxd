@@ -44,6 +44,7 @@ cdef class Command:
     cdef readonly bint no_auth
     cdef readonly bint no_multi
     cdef readonly bint is_write
+    cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls

@@ -141,7 +141,7 @@ cdef str options_error(int status, const Arg* option, str expected):
 cdef class Command:
     def __init__(self, str name, int arity, flags=(), handler=None, *,
                  int first_key=0, int last_key=0, int key_step=0, int fast=FAST_NONE,
-                 subcommands=None, doc=None, acl_categories=()):
+                 subcommands=None, doc=None, acl_categories=(), bint replica_peeks=False):
         self.name = name
         self.arity = arity
         self.flags = tuple(flags)
@@ -156,6 +156,7 @@ cdef class Command:
         self.no_auth = "no-auth" in self.flags
         self.no_multi = "no-multi" in self.flags
         self.is_write = "write" in self.flags
+        self.replica_peeks = replica_peeks
 
     cdef bint arity_ok(self, int argc) noexcept:
         if self.arity >= 0:
@@ -436,7 +437,7 @@ cdef class Connection:
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
         elif self.core.readonly and cmd.is_write and (
-                cmd.fast == FAST_NONE or self.multi_queue is not None and self.queued_write(cmd)):
+                not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
         elif self.multi_queue is not None and cmd.no_multi:
             self.reject(cmd, "ERR Command not allowed inside a transaction")
@@ -465,7 +466,9 @@ cdef class Connection:
     cdef bint queued_write(self, Command cmd):
         """Whether a fast command queued in MULTI on a replica would write:
         CL.CHECK and CL.LIMIT with COST 0 are peeks, so they may run.  One
-        whose options do not parse is queued, to fail at EXEC."""
+        whose options do not parse is queued, to fail at EXEC, and so is
+        a peeking command with a Python handler, which refuses its own
+        writes when it runs."""
         cdef BucketParams bp
         cdef LimitArgs la
         cdef int bad
@@ -475,7 +478,7 @@ cdef class Connection:
         if cmd.fast == FAST_CL_LIMIT:
             return read_limit_args(self.parser.argv, self.parser.argc, &la, &bad) == OPT_OK \
                 and la.cost != 0
-        return cmd.is_write
+        return False
 
     cdef void reject(self, Command cmd, str msg):
         """Refuses a command before it runs; inside MULTI that dooms the
@@ -663,7 +666,7 @@ cdef class Connection:
             self.multi_dirty = False
             self.reply_error("EXECABORT Transaction discarded because of previous errors.")
             return
-        if self.core.readonly and any(c.is_write and c.fast == FAST_NONE for c, _ in queued):
+        if self.core.readonly and any(c.is_write and not c.replica_peeks for c, _ in queued):
             # queued before the server became a replica (as Redis answers)
             self.reply_error("ERR Transaction contains write commands but instance is now "
                              "a read-only replica. EXEC aborted.")

@@ -28,6 +28,9 @@ import struct
 ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window", "gcra", "concurrency")
 # How many recent denials RuleEngine keeps for CL.RULE DENIALS.
 DENIAL_SAMPLE = 128
+# Rules one request is checked against at most; rules are refused when set
+# if some request could match more (fastlimit.rules.registry).
+MAX_RULES_PER_REQUEST = MAX_RULES_PER_CHECK
 # The match cache's default size in bytes (rules-cache-size).
 DEFAULT_MATCH_CACHE_BYTES = 16 * 1024 * 1024
 

@@ -18,13 +18,14 @@ import json
 import re
 from dataclasses import dataclass
 
+from fastlimit._rules import MAX_RULES_PER_REQUEST  # noqa: F401  (rules refer to it here)
+
 E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
 MAX_PERIOD_MS = 4294967295          # the engine keeps refill remainders in a u32
 MAX_LEASE_MS = 86_400_000           # a day: a crashed caller's lease must end
 MAX_CONCURRENCY = 1024              # the engine keeps a slot per lease in each record
 MAX_REFILL_TIME_MS = E15            # refilling a whole bucket must be representable
 MAX_GCRA_TOLERANCE = E18            # period_ms * (burst + 1)
-MAX_RULES_PER_REQUEST = 64         # the engine evaluates at most this many (_rules.pxd)
 MAX_PATTERN_LEN = 1024
 MAX_DOCUMENT_BYTES = 65536
 

@@ -597,22 +597,27 @@ def sub(parent: str, name: str, arity: int, handler, summary: str, flags=(), arg
 
 # ---- the table --------------------------------------------------------------------
 
-def ratelimit_command(name: str, arity: int, handler, summary: str, arguments) -> Command:
-    """A write command of the ratelimit group whose key is its second argument."""
+def ratelimit_command(name: str, arity: int, handler, summary: str, arguments,
+                      replica_peeks: bool = False) -> Command:
+    """A write command of the ratelimit group whose key is its second argument;
+    replica_peeks when its handler answers a COST 0 peek on a replica."""
     return _cmd(name, arity, ("write", "denyoom", "fast"), handler, keys=(2, 2, 1),
                 acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.2.0",
-                summary=summary, arguments=arguments)
+                replica_peeks=replica_peeks, summary=summary, arguments=arguments)
 
 
-def _cmd(name, arity, flags, handler=None, *, fast=0, keys=(0, 0, 0), acl=(), **doc):
+def _cmd(name, arity, flags, handler=None, *, fast=0, keys=(0, 0, 0), acl=(),
+         replica_peeks=False, **doc):
     return Command(name, arity, flags, handler, first_key=keys[0], last_key=keys[1],
-                   key_step=keys[2], fast=fast, doc=doc, acl_categories=acl)
+                   key_step=keys[2], fast=fast, doc=doc, acl_categories=acl,
+                   replica_peeks=replica_peeks)
 
 
 def build_table() -> dict[bytes, Command]:
     conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
     commands = [
         _cmd("cl.check", -4, ("write", "denyoom", "fast"), fast=FAST_CL_CHECK, keys=(1, 1, 1),
+             replica_peeks=True,
              acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
              summary="Spends COST tokens from a token bucket if it holds them; replies "
                      "[allowed, limit, remaining, retry_after_ms, reset_after_ms].",
@@ -624,6 +629,7 @@ def build_table() -> dict[bytes, Command]:
              summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
              arguments=[("key", "key")]),
         _cmd("cl.limit", -3, ("write", "denyoom", "fast"), fast=FAST_CL_LIMIT, keys=(1, 1, 1),
+             replica_peeks=True,
              acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
              summary="Checks every rule matching the client, resource and tier, all or "
                      "nothing; replies like CL.CHECK for the binding rule.",

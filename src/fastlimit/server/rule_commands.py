@@ -185,7 +185,7 @@ def rule_check_commands() -> list:
     return [
         ratelimit_command("cl.apply", -3, cmd_apply,
                           "Checks the named rules all or nothing; replies like CL.LIMIT.",
-                          [("rule_ids", "string"), ("client_key", "key")]),
+                          [("rule_ids", "string"), ("client_key", "key")], replica_peeks=True),
         ratelimit_command("cl.acquire", -3, cmd_acquire,
                           "Takes a lease of a concurrency rule: [allowed, limit, remaining, "
                           "retry_after_ms, lease_id].",
