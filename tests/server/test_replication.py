@@ -315,7 +315,7 @@ def test_sync_needs_auth_and_never_writes(make_server):
 
 def test_replica_does_not_serve_replicas(make_server):
     primary, replica, p, r = start_pair(make_server)
-    with pytest.raises(redis.ResponseError, match="replicas sync from the primary"):
+    with pytest.raises(redis.ResponseError, match="chained replicas are not supported"):
         r.execute_command("CL.SYNC")
 
 

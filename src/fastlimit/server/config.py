@@ -93,6 +93,10 @@ class Settings:
     rules_file: str | None = None
     replicaof: tuple[str, int] | None = None
     masterauth: str | None = None
+    masteruser: str | None = None
+    repl_user: str = "replica"
+    repl_password: str | None = None
+    repl_max_full_copies: int = 2
     repl_timeout: int = 60
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
@@ -126,6 +130,16 @@ class Settings:
             raise ConfigError("repl-flush-ms must be from 0.1 to 1000")
         if self.repl_buffer_limit < 1024:
             raise ConfigError("repl-buffer-limit must be at least 1kb")
+        if not 1 <= self.repl_max_full_copies <= 64:
+            raise ConfigError("repl-max-full-copies must be from 1 to 64")
+        if self.repl_password == "":
+            self.repl_password = None
+        if self.masteruser == "":
+            self.masteruser = None
+        if not self.repl_user:
+            raise ConfigError("repl-user must not be empty")
+        if self.masteruser and not self.masterauth:
+            raise ConfigError("masteruser needs masterauth (its password)")
         return self
 
 
@@ -154,6 +168,10 @@ _FIELDS = {
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
     "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
+    "masteruser": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-user": (str, str),
+    "repl-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-max-full-copies": (lambda v: parse_int(v, 1, 64, "repl-max-full-copies"), str),
     "repl-timeout": (lambda v: parse_int(v, 1, 86400, "repl-timeout"), str),
     "repl-flush-ms": (float, str),
     "repl-buffer-limit": (parse_memory, str),
@@ -173,6 +191,7 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
+                    "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
                     "repl-timeout", "repl-flush-ms", "repl-buffer-limit"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
@@ -257,7 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "SIGHUP and CL.RULE RELOAD")
     p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
                    help="start as a read-only replica of this primary")
-    p.add_argument("--masterauth", metavar="PW", help="password for the primary's requirepass")
+    p.add_argument("--masterauth", metavar="PW",
+                   help="password a replica gives its primary: its requirepass, or with "
+                        "masteruser its repl-password")
+    p.add_argument("--masteruser", metavar="USER",
+                   help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+    p.add_argument("--repl-user", metavar="USER",
+                   help="user name replicas give with repl-password (default replica)")
+    p.add_argument("--repl-password", metavar="PW",
+                   help="CL.SYNC needs <repl-user> <repl-password>, which also stand in "
+                        "for requirepass on that connection (default: none)")
+    p.add_argument("--repl-max-full-copies", metavar="N",
+                   help="full copies (a fork and a dataset-sized memory file each) in "
+                        "flight at once; replicas arriving meanwhile share one (default 2)")
     p.add_argument("--repl-timeout", type=int,
                    help="seconds of silence after which a replication link is dropped (default 60)")
     p.add_argument("--repl-flush-ms", type=float,

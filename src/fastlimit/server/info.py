@@ -66,7 +66,7 @@ def _memory(core, app) -> dict:
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
-            "mem_allocator": "libc+mmap"}
+            "mem_allocator": "libc+mmap", **app.replication.memory_info()}
 
 
 def _persistence(core, app) -> dict:
