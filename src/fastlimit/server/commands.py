@@ -313,8 +313,12 @@ def cmd_replconf(conn, args):
     """REPLCONF <option> <value> ...: what a replica tells its primary.
     ACK <offset> gets no reply, as in Redis.  On a replica link (after
     CL.SYNC) nothing does, as a reply would land amid the stream's
-    frames: a malformed REPLCONF there closes the link instead."""
+    frames: a malformed REPLCONF there closes the link instead.  It runs
+    before AUTH only on a link CL.SYNC opened with replication
+    credentials."""
     if conn.replica is None:
+        if not conn.authenticated:
+            raise ReplyError("NOAUTH Authentication required.")
         return _replconf(conn, args)
     try:
         _replconf(conn, args)
@@ -351,7 +355,8 @@ def cmd_cl_sync(conn, args):
     replica's: a full copy follows the reply, then the stream (see
     replstream.py).  It only reads: nothing a client sends here can
     change a bucket.  With repl-password set, the credentials are
-    required, and they stand in for requirepass on this connection."""
+    required; they stand in for requirepass for CL.SYNC and REPLCONF on
+    this connection, and for nothing else."""
     app = conn.core.app
     settings = app.settings
     if len(args) not in (1, 3):
@@ -371,7 +376,6 @@ def cmd_cl_sync(conn, args):
                          f"supported: replicate from its primary")
     if conn.replica is not None:
         raise ReplyError("ERR this connection is already a replica's")
-    conn.authenticated = True     # a replica link: only REPLCONF runs on it now
     conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
     asyncio.get_running_loop().call_soon(app.replication.attach, conn)
     return SimpleString(f"FULLSYNC {app.replication.replid} {app.replication.offset}")
@@ -749,7 +753,8 @@ def build_table() -> dict[bytes, Command]:
         _cmd("role", 1, ("noscript", "loading", "stale", "fast", "sentinel"), cmd_role,
              acl=("@admin", "@fast", "@dangerous"), group="server",
              summary="Returns the replication role."),
-        _cmd("replconf", -1, ("admin", "noscript", "loading", "stale", "allow-busy"),
+        _cmd("replconf", -1,
+             ("admin", "noscript", "loading", "stale", "allow-busy", "no-auth"),
              cmd_replconf, acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="An internal command a replica sends its primary."),
         _cmd("cl.sync", -1, ("admin", "noscript", "no-multi", "no-auth"), cmd_cl_sync,

@@ -467,9 +467,26 @@ class Replication:
                                 f"behind_bytes={self.offset - f.ack_offset}")
         out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
                     "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
+                    "repl_full_copies_written": self.copies_written,
+                    "repl_full_copies_in_flight": len(self.copies),
+                    "repl_full_copy_bytes": self._copy_bytes(),
+                    "repl_max_full_copies": self.app.settings.repl_max_full_copies,
                     "repl_dropped_replicas": self.dropped,
                     "repl_buffer_limit": self.app.settings.repl_buffer_limit})
         return out
+
+    def _copy_bytes(self) -> int:
+        return sum(copy.memory_bytes() for copy in self.copies)
+
+    def memory_info(self) -> dict:
+        """INFO memory's view: the full copies in flight (memory files,
+        outside RSS), the frames waiting behind them, and the replicas'
+        unsent output."""
+        return {"mem_clients_slaves": sum(f.conn.output_buffer_len
+                                          for f in self.followers.values()),
+                "mem_repl_waiting_frames": sum(c.frames_bytes for c in self.copies),
+                "mem_repl_full_copies": self._copy_bytes(),
+                "repl_full_copies": len(self.copies)}
 
     def role_reply(self) -> list:
         if self.link is not None:
