@@ -274,17 +274,15 @@ class Replication:
             self.copies.remove(copy)
             copy.release()
 
-    def _within_limit(self, follower: Follower) -> bool:
+    def _within_limit(self, follower: Follower) -> None:
         """Redis's client-output-buffer-limit for replicas: everything a
         replica has not read, in every phase, is bounded by
         repl-buffer-limit; past it the replica is dropped (and resyncs)."""
         limit = self.app.settings.repl_buffer_limit
         pending = follower.output_bytes
-        if pending <= limit:
-            return True
-        self._drop(follower, f"its unsent output ({pending} bytes) passed "
-                             f"repl-buffer-limit ({limit} bytes)")
-        return False
+        if pending > limit:
+            self._drop(follower, f"its unsent output ({pending} bytes) passed "
+                                 f"repl-buffer-limit ({limit} bytes)")
 
     def check_output(self, conn) -> None:
         """The output bound of a replica connection (see _within_limit),
