@@ -353,7 +353,8 @@ WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 def cmd_cl_sync(conn, args):
     """CL.SYNC [<repl-user> <repl-password>]: makes this connection a
     replica's: a full copy follows the reply, then the stream (see
-    replstream.py).  It only reads: nothing a client sends here can
+    replstream.py); a replica in sync serves it too, relaying its
+    primary's stream.  It only reads: nothing a client sends here can
     change a bucket.  With repl-password set, the credentials are
     required; they stand in for requirepass for CL.SYNC and REPLCONF on
     this connection, and for nothing else."""
@@ -369,16 +370,16 @@ def cmd_cl_sync(conn, args):
     elif settings.repl_password is not None:
         raise ReplyError("NOPERM this primary requires replication credentials: "
                          "CL.SYNC <repl-user> <repl-password>")
-    if conn.core.readonly:
-        link = app.replication.link
-        of = f" of {link.host}:{link.port}" if link is not None else ""
-        raise ReplyError(f"ERR this server is a replica{of}; chained replicas are not "
-                         f"supported: replicate from its primary")
+    link = app.replication.link
+    if link is not None and link.state != "connected":   # a replica relays once in sync
+        raise ReplyError("NOMASTERLINK Can't SYNC while not connected with my master")
     if conn.replica is not None:
         raise ReplyError("ERR this connection is already a replica's")
     conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
     asyncio.get_running_loop().call_soon(app.replication.attach, conn)
-    return SimpleString(f"FULLSYNC {app.replication.replid} {app.replication.offset}")
+    repl = app.replication
+    replid, offset = (link.master_replid, link.offset) if link else (repl.replid, repl.offset)
+    return SimpleString(f"FULLSYNC {replid} {offset}")
 
 
 def _replication_credentials_ok(settings, user: bytes, password: bytes) -> bool:

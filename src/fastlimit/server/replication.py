@@ -11,8 +11,10 @@ is attached, every table notes the keys its writes touch; every
 written to every replica.  A replica whose unsent output (its socket's
 buffer plus the batches waiting behind its copy) passes
 `repl-buffer-limit`, or that has not acknowledged for `repl-timeout`
-seconds, is dropped; it reconnects and gets a full copy.
-Format: replstream.py.
+seconds, is dropped; it reconnects and gets a full copy.  A replica in
+sync serves replicas too: a full copy of its own state, then every frame
+of its primary's stream relayed as it came (so offsets agree down the
+chain).  Format: replstream.py.
 """
 
 from __future__ import annotations
@@ -156,8 +158,8 @@ class Replication:
         follower = conn.replica
         if follower is None or conn.id not in self.app.core.clients:
             return    # it left before its turn
-        if self.app.core.readonly:   # this server became a replica meanwhile
-            conn.abort()
+        if self.link is not None and self.link.state != "connected":
+            conn.abort()             # this server became a replica meanwhile
             return
         self.flush()   # the others get what changed up to the copy (or are dropped)
         if not self.followers:
@@ -197,6 +199,12 @@ class Replication:
         """A child writing the rules and every bucket as they are now."""
         app = self.app
         rules, offset = self._rules_payload(), self.offset
+        if self.link is not None:
+            # A replica relays its primary's frames, which number the rules
+            # as the primary does: so do the rules its copy starts with.
+            # (The buckets in the copy carry its own numbers with their
+            # rule ids, and are matched by id.)
+            rules, offset = self.link.rules_payload, self.link.offset
         numbers, now = snapshot.rule_numbers(app.rules), app.clock.now()
         copy = FullCopy(offset, os.memfd_create("fastlimit-full-copy"))
 
@@ -307,6 +315,8 @@ class Replication:
 
     def _track(self, on: bool) -> None:
         app = self.app
+        if on and self.link is not None:
+            return    # a replica relays its primary's batches: it has none of its own
         if on:
             limit = app.settings.repl_buffer_limit
             app.store.track_changes(limit)
@@ -335,7 +345,7 @@ class Replication:
     def flush(self) -> None:
         """Sends what changed since the last batch (or a heartbeat when
         nothing did and one is due)."""
-        if not self.followers:
+        if not self.followers or self.link is not None:
             return
         app = self.app
         if app.store.changes_overflowed() or app.rule_engine.changes_overflowed():
@@ -363,14 +373,14 @@ class Replication:
             self._within_limit(follower)
 
     def rules_changed(self) -> None:
-        if self.followers:
+        if self.followers and self.link is None:
             self.flush()
             self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
 
     def flushed_all(self) -> None:
         """Called before FLUSHALL clears the tables: what changed before
         it goes first, then the flush itself."""
-        if self.followers:
+        if self.followers and self.link is None:
             self.flush()
             self.broadcast(rs.frame(rs.FLUSH))
 
@@ -428,6 +438,11 @@ class Replication:
         self.offset = self.link.offset     # the stream goes on counting from here
         self.stop_following()
         self.app.core.readonly = False
+        if self.followers:
+            # They go on, now with this server's own batches, which number
+            # the rules as it does: its rules tell them how.
+            self._track(True)
+            self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
         self.replid = os.urandom(20).hex()
         self.log.warning("promoted to primary; serving from the state replicated so far")
 
@@ -457,12 +472,7 @@ class Replication:
         if self.link is not None:
             return self.link.info()
         self.flush()    # the offset then covers every write before this INFO
-        out = {"role": "master", "connected_slaves": len(self.followers)}
-        now = time.monotonic()
-        for i, f in enumerate(self.followers.values()):
-            out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
-                                f"offset={f.ack_offset},lag={int(now - f.last_ack)},"
-                                f"behind_bytes={self.offset - f.ack_offset}")
+        out = {"role": "master", **self.follower_info(self.offset)}
         out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
                     "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
                     "repl_full_copies_written": self.copies_written,
@@ -471,6 +481,16 @@ class Replication:
                     "repl_max_full_copies": self.app.settings.repl_max_full_copies,
                     "repl_dropped_replicas": self.dropped,
                     "repl_buffer_limit": self.app.settings.repl_buffer_limit})
+        return out
+
+    def follower_info(self, offset: int) -> dict:
+        """connected_slaves and a slave<i> line per follower."""
+        out = {"connected_slaves": len(self.followers)}
+        now = time.monotonic()
+        for i, f in enumerate(self.followers.values()):
+            out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
+                                f"offset={f.ack_offset},lag={int(now - f.last_ack)},"
+                                f"behind_bytes={offset - f.ack_offset}")
         return out
 
     def _copy_bytes(self) -> int:
@@ -546,6 +566,7 @@ class PrimaryLink(asyncio.Protocol):
         self.down_since = time.monotonic()
         self.batches = 0
         self.records = 0
+        self.rules_payload = b""   # the primary's last rules, for our replicas' copies
         self.failures = FailureLog(repl.log)
         self._ends = ("", "")      # this end's and the primary's address
         self._stopped = False
@@ -701,18 +722,25 @@ class PrimaryLink(asyncio.Protocol):
     # ---- applying frames ----------------------------------------------------------------
 
     def _apply(self, kind: int, payload: memoryview) -> None:
+        """Applies a frame and relays it, as it came, to this replica's
+        own replicas (all but a full copy, which they do not share)."""
         app = self.app
         if kind == rs.RULES:
             rows = rs.parse_rules(payload)
             app.rules.mirror([row[1:] for row in rows])
             self.renumber = _renumber(rows, app.rules)
+            self.rules_payload = bytes(payload)
         elif kind == rs.SNAPSHOT:
+            self.repl._drop_all("its own primary sent a new full copy")
             offset, body = rs.parse_snapshot(payload)
             copy = snapshot.decode(body)
             app.flush_buckets()
-            snapshot.load_sections(copy.sections, app.store, app.rule_engine, self.renumber)
+            # the copy's buckets by their own rule numbers (a replica's
+            # differ from the primary's that its stream carries)
+            renumber = snapshot.renumber_map(copy.rules, app.rules)
+            snapshot.load_sections(copy.sections, app.store, app.rule_engine, renumber)
             snapshot.advance_lease_generations(copy.lease_generations, app.rule_engine,
-                                               self.renumber)
+                                               renumber)
             self.offset = offset
             self.state = "connected"
             self.failures.recovered()
@@ -732,6 +760,8 @@ class PrimaryLink(asyncio.Protocol):
         elif kind == rs.FLUSH:
             app.flush_buckets()
         self.offset += rs.FRAME.size + len(payload)
+        if self.repl.followers:
+            self.repl.broadcast(rs.frame(kind, payload))
 
     def _ack(self) -> None:
         if self.transport is not None and self.state == "connected":
@@ -760,7 +790,8 @@ class PrimaryLink(asyncio.Protocol):
                 "slave_read_repl_offset": self.offset, "slave_repl_offset": self.offset,
                 "master_link_down_since_seconds": -1 if up else int(now - self.down_since),
                 "slave_priority": 100, "slave_read_only": 1, "replica_announced": 1,
-                "connected_slaves": 0, "master_failover_state": "no-failover",
+                **self.repl.follower_info(self.offset),
+                "master_failover_state": "no-failover",
                 "master_replid": self.master_replid, "master_repl_offset": self.offset,
                 "master_link_failures": self.failures.run,
                 "repl_batches_applied": self.batches, "repl_records_applied": self.records,
