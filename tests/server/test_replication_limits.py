@@ -168,10 +168,10 @@ def write_until_dropped(p: redis.Redis, port: int) -> int:
     """Writes new buckets until the primary drops its replica; the stream
     bytes written meanwhile."""
     start = p.info("replication")["master_repl_offset"]
-    for i in range(60):
+    for i in range(400):
         if p.info("replication")["repl_dropped_replicas"]:
             return p.info("replication")["master_repl_offset"] - start
-        populate(port, 20_000, prefix=f"flood{i}")
+        populate(port, 5_000, prefix=f"flood{i}")
     raise AssertionError("the replica was never dropped")
 
 

@@ -42,8 +42,12 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-SEND_CHUNK = 1 << 20       # a full copy goes out this much at a time...
-SEND_AHEAD = 4 * SEND_CHUNK  # ...while less than this is unsent (or half repl-buffer-limit)
+# A full copy goes out this much at a time, while less than SEND_AHEAD (or
+# half repl-buffer-limit) is unsent: what each follower reading it holds of
+# its own (the stream's frames are the same objects for all of them), and
+# still 500 MB/s at one refill per repl-flush-ms.
+SEND_CHUNK = 256 * 1024
+SEND_AHEAD = 1 << 20
 
 
 @dataclass
