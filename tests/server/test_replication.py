@@ -314,10 +314,60 @@ def test_sync_needs_auth_and_never_writes(make_server):
     assert peek(p, "k") == [1, 10, 5, 0, 5000]
 
 
-def test_replica_does_not_serve_replicas(make_server):
-    primary, replica, p, r = start_pair(make_server)
-    with pytest.raises(redis.ResponseError, match="replicas sync from the primary"):
-        r.execute_command("CL.SYNC")
+def test_a_replica_serves_replicas_by_relaying_its_primary(make_server):
+    primary = make_server("--manual-clock")
+    p = primary.client()
+    p.execute_command("DEBUG", "CLOCK", "SET", T0)
+    rules = {"tb": {"match": {"resource": "GET /a"}, "capacity": 5, "refill_per_second": 1},
+             "gc": {"match": {"resource": "GET /a"}, "algorithm": "gcra", "count": 3,
+                    "period_ms": 1000, "burst": 2}}
+    for rule_id, rule in rules.items():
+        p.execute_command("CL.RULE", "SET", rule_id, json.dumps(rule))
+    keys = [f"k{i}" for i in range(200)]
+    for k in keys[:100]:
+        p.execute_command("CL.CHECK", k, 10, 1, "COST", 3)
+        p.execute_command("CL.LIMIT", k, "GET /a")
+    # The middle one numbers its rules otherwise (it had rules of its own),
+    # so the copy it makes and the stream it relays must not be confused.
+    middle = make_server("--manual-clock")
+    r = middle.client()
+    r.execute_command("DEBUG", "CLOCK", "SET", T0)
+    for i in range(3):
+        r.execute_command("CL.RULE", "SET", f"own{i}", json.dumps(
+            {"match": {"resource": "GET /a"}, "capacity": 1, "refill_per_second": 1}))
+    r.execute_command("REPLICAOF", "127.0.0.1", primary.port)
+    wait_link_up(r)
+    sub = make_server("--manual-clock", "--replicaof", "127.0.0.1", str(middle.port))
+    s = sub.client()
+    s.execute_command("DEBUG", "CLOCK", "SET", T0)
+    wait_link_up(s)
+    for k in keys[50:]:
+        p.execute_command("CL.CHECK", k, 10, 1, "COST", 3)
+        p.execute_command("CL.LIMIT", k, "GET /a")
+    wait_caught_up(p, s)          # the same offsets down the chain
+    assert s.dbsize() == p.dbsize()
+    wait_equal(p, s, keys)
+    for k in keys[::10]:
+        args = ("CL.LIMIT", k, "GET /a", "COST", 0, "DETAIL")
+        assert (k, r.execute_command(*args)) == (k, p.execute_command(*args))
+        assert (k, s.execute_command(*args)) == (k, p.execute_command(*args))
+    assert sorted(s.execute_command("CL.RULE", "LIST")) == [b"gc", b"tb"]
+    assert r.info("replication")["connected_slaves"] == 1
+    # FLUSHALL and rule changes go down the chain in order
+    p.flushall()
+    p.execute_command("CL.RULE", "DEL", "gc")
+    p.execute_command("CL.CHECK", "after", 10, 1)
+    wait_caught_up(p, s)
+    assert s.dbsize() == 1 and s.execute_command("CL.RULE", "LIST") == [b"tb"]
+    # promoted, the middle one streams its own writes to the one below
+    r.execute_command("REPLICAOF", "NO", "ONE")
+    r.execute_command("CL.CHECK", "on-r", 10, 1, "COST", 4)
+    r.execute_command("CL.LIMIT", "u", "GET /a")
+    wait_caught_up(r, s)
+    assert peek(s, "on-r") == peek(r, "on-r") == [1, 10, 6, 0, 4000]
+    args = ("CL.LIMIT", "u", "GET /a", "COST", 0, "DETAIL")
+    assert s.execute_command(*args) == r.execute_command(*args)
+    assert r.info("replication")["repl_full_syncs"] == 1    # no resync was needed
 
 
 def test_replica_connections_are_listed_and_can_be_killed(make_server):

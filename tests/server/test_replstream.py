@@ -5,6 +5,7 @@ whatever is malformed."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -99,3 +100,25 @@ def test_random_bytes_never_raise_anything_but_snapshot_error():
 def test_sections_are_what_snapshots_use():
     stamp, _, sections = rs.parse_batch(memoryview(rs.batch_head(1, {}) + SECTION * 2))
     assert all(isinstance(s, Section) for s in sections) and len(sections) == 2
+
+
+def cpu_to_feed(size: int, chunk: int) -> float:
+    """CPU seconds for a reader to take one frame of size bytes, chunk
+    bytes at a time."""
+    data = rs.frame(rs.BATCH, bytes(size))
+    reader, got = rs.FrameReader(), []
+    start = time.process_time()
+    for pos in range(0, len(data), chunk):
+        got += reader.feed(data[pos:pos + chunk])
+    spent = time.process_time() - start
+    assert len(got) == 1 and reader.pending == 0
+    return spent
+
+
+def test_a_large_frame_fed_in_small_pieces_is_not_rescanned():
+    """Each read costs what it adds: a frame 8 times larger takes about 8
+    times the CPU (a reader re-copying or re-parsing its buffer per read
+    would take 64 times)."""
+    small = min(cpu_to_feed(1 << 20, 512) for _ in range(3))
+    large = min(cpu_to_feed(8 << 20, 512) for _ in range(3))
+    assert large < 24 * max(small, 1e-3), (small, large)

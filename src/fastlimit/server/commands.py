@@ -313,7 +313,23 @@ def cmd_role(conn, args):
 
 def cmd_replconf(conn, args):
     """REPLCONF <option> <value> ...: what a replica tells its primary.
-    ACK <offset> gets no reply, as in Redis."""
+    ACK <offset> gets no reply, as in Redis.  On a replica link (after
+    CL.SYNC) nothing does, as a reply would land amid the stream's
+    frames: a malformed REPLCONF there closes the link instead.  It runs
+    before AUTH only on a link CL.SYNC opened with replication
+    credentials."""
+    if conn.replica is None:
+        if not conn.authenticated:
+            raise ReplyError("NOAUTH Authentication required.")
+        return _replconf(conn, args)
+    try:
+        _replconf(conn, args)
+    except ReplyError:
+        conn.close()
+    return NO_REPLY
+
+
+def _replconf(conn, args):
     if len(args) % 2 == 0:
         raise ReplyError("ERR syntax error")
     for i in range(1, len(args), 2):
@@ -326,23 +342,55 @@ def cmd_replconf(conn, args):
             if not 0 <= port <= 65535:
                 raise ReplyError("ERR Invalid listening port")
             conn.replica_port = port
+            if conn.replica is not None:
+                conn.replica.port = port
         elif option not in ("ip-address", "capa", "getack"):
             raise ReplyError(f"ERR Unrecognized REPLCONF option: {option[:64]}")
     return OK
 
 
+WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
+
+
 def cmd_cl_sync(conn, args):
-    """Makes this connection a replica's: a full copy follows the reply,
-    then the stream (see replstream.py).  It only reads: nothing a client
-    sends here can change a bucket."""
+    """CL.SYNC [<repl-user> <repl-password>]: makes this connection a
+    replica's: a full copy follows the reply, then the stream (see
+    replstream.py); a replica in sync serves it too, relaying its
+    primary's stream.  It only reads: nothing a client sends here can
+    change a bucket.  With repl-password set, the credentials are
+    required; they stand in for requirepass for CL.SYNC and REPLCONF on
+    this connection, and for nothing else."""
     app = conn.core.app
-    if conn.core.readonly:
-        raise ReplyError("ERR this server is a replica; replicas sync from the primary")
+    settings = app.settings
+    if len(args) not in (1, 3):
+        raise ReplyError("ERR syntax error")
+    if len(args) == 3:
+        if not _replication_credentials_ok(settings, args[1], args[2]):
+            raise ReplyError(WRONGPASS)
+    elif not conn.authenticated:
+        raise ReplyError("NOAUTH Authentication required.")
+    elif settings.repl_password is not None:
+        raise ReplyError("NOPERM this primary requires replication credentials: "
+                         "CL.SYNC <repl-user> <repl-password>")
+    link = app.replication.link
+    if link is not None and link.state != "connected":   # a replica relays once in sync
+        raise ReplyError("NOMASTERLINK Can't SYNC while not connected with my master")
     if conn.replica is not None:
         raise ReplyError("ERR this connection is already a replica's")
     conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
     asyncio.get_running_loop().call_soon(app.replication.attach, conn)
-    return SimpleString(f"FULLSYNC {app.replication.replid} {app.replication.offset}")
+    repl = app.replication
+    replid, offset = (link.master_replid, link.offset) if link else (repl.replid, repl.offset)
+    return SimpleString(f"FULLSYNC {replid} {offset}")
+
+
+def _replication_credentials_ok(settings, user: bytes, password: bytes) -> bool:
+    expected = settings.repl_password
+    if expected is None:
+        return False
+    # both compared, so the time taken says nothing about which was wrong
+    user_ok = hmac.compare_digest(user, settings.repl_user.encode())
+    return hmac.compare_digest(password, expected.encode()) and user_ok
 
 
 def cmd_cl_throttle(conn, args):
@@ -709,13 +757,16 @@ def build_table() -> dict[bytes, Command]:
         _cmd("role", 1, ("noscript", "loading", "stale", "fast", "sentinel"), cmd_role,
              acl=("@admin", "@fast", "@dangerous"), group="server",
              summary="Returns the replication role."),
-        _cmd("replconf", -1, ("admin", "noscript", "loading", "stale", "allow-busy"),
+        _cmd("replconf", -1,
+             ("admin", "noscript", "loading", "stale", "allow-busy", "no-auth"),
              cmd_replconf, acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="An internal command a replica sends its primary."),
-        _cmd("cl.sync", 1, ("admin", "noscript", "no-multi"), cmd_cl_sync,
+        _cmd("cl.sync", -1, ("admin", "noscript", "no-multi", "no-auth"), cmd_cl_sync,
              acl=("@admin", "@slow", "@dangerous"), group="server", since="0.4.0",
              summary="An internal command: a replica asks for a full copy and the "
-                     "stream of changes."),
+                     "stream of changes.",
+             arguments=[("repl-user", "string", {"optional": True}),
+                        ("repl-password", "string", {"optional": True})]),
         container("client", -2, ("sentinel",), [
             sub("client", "id", 2, cmd_client_id, "Returns the connection's unique ID."),
             sub("client", "getname", 2, cmd_client_getname, "Returns the connection's name."),

@@ -163,6 +163,10 @@ class Settings:
     rules_file: str | None = None
     replicaof: tuple[str, int] | None = None
     masterauth: str | None = None
+    masteruser: str | None = None
+    repl_user: str = "replica"
+    repl_password: str | None = None
+    repl_max_full_copies: int = 2
     repl_timeout: int = 60
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
@@ -179,6 +183,10 @@ class Settings:
                 setattr(self, attr, _parse(key, parse, value))
         if not self.bind:
             raise ConfigError("bind needs at least one address")
+        if not self.repl_user:
+            raise ConfigError("repl-user must not be empty")
+        if self.masteruser and not self.masterauth:
+            raise ConfigError("masteruser needs masterauth (its password)")
         return self
 
 
@@ -208,6 +216,10 @@ _FIELDS = {
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
     "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
+    "masteruser": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-user": (str, str),
+    "repl-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-max-full-copies": (lambda v: parse_int(v, 1, 64), str),
     "repl-timeout": (lambda v: parse_int(v, 1, 86400), str),
     "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
     "repl-buffer-limit": (lambda v: parse_memory(v, 1024), str),
@@ -229,6 +241,7 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
+                    "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
                     "repl-timeout", "repl-flush-ms", "repl-buffer-limit", "rules-cache-size"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
@@ -495,7 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "SIGHUP and CL.RULE RELOAD")
     p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
                    help="start as a read-only replica of this primary")
-    p.add_argument("--masterauth", metavar="PW", help="password for the primary's requirepass")
+    p.add_argument("--masterauth", metavar="PW",
+                   help="password a replica gives its primary: its requirepass, or with "
+                        "masteruser its repl-password")
+    p.add_argument("--masteruser", metavar="USER",
+                   help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+    p.add_argument("--repl-user", metavar="USER",
+                   help="user name replicas give with repl-password (default replica)")
+    p.add_argument("--repl-password", metavar="PW",
+                   help="CL.SYNC needs <repl-user> <repl-password>, which also stand in "
+                        "for requirepass on that connection (default: none)")
+    p.add_argument("--repl-max-full-copies", metavar="N",
+                   help="full copies (a fork and a dataset-sized memory file each) in "
+                        "flight at once; replicas arriving meanwhile share one (default 2)")
     p.add_argument("--repl-timeout", metavar="N",
                    help="seconds of silence after which a replication link is dropped (default 60)")
     p.add_argument("--repl-flush-ms", metavar="N",

@@ -73,7 +73,7 @@ def _memory(core, app) -> dict:
             "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
             **_rules_cache_memory(core, app),
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
-            "mem_allocator": "libc+mmap"}
+            "mem_allocator": "libc+mmap", **app.replication.memory_info()}
 
 
 def _rules_cache_memory(core, app) -> dict:

@@ -4,17 +4,23 @@ replicas; a replica follows one primary and refuses writes until promoted.
 The primary never waits for a replica.  A full copy is written by a
 forked child into a memory file (the fork is the only pause), then sent
 a chunk at a time as the replica's socket drains, while the batches made
-meanwhile wait for it.  While a replica is attached, every table notes the
-keys its writes touch; every `repl-flush-ms` the notes are drained into one
-batch of current states written to every replica.  A replica whose unsent
-output or waiting batches pass `repl-buffer-limit`, or that has not
-acknowledged for `repl-timeout` seconds, is dropped; it reconnects and
-gets a full copy.  Format: replstream.py.
+meanwhile wait behind it.  Replicas that arrive while a copy is in flight
+share it (at most `repl-max-full-copies` exist at once).  While a replica
+is attached, every table notes the keys its writes touch; every
+`repl-flush-ms` the notes are drained into one batch of current states
+written to every replica.  A replica whose unsent output (its socket's
+buffer plus the batches waiting behind its copy) passes
+`repl-buffer-limit`, or that has not acknowledged for `repl-timeout`
+seconds, is dropped; it reconnects and gets a full copy.  A replica in
+sync serves replicas too: a full copy of its own state, then every frame
+of its primary's stream relayed as it came (so offsets agree down the
+chain).  Format: replstream.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -26,7 +32,9 @@ from fastlimit.server.snapshot import SnapshotError
 
 HEARTBEAT_S = 1.0          # an empty batch this often keeps an idle link alive
 ACK_S = 1.0                # a replica reports its offset this often
-RECONNECT_S = 0.5          # a replica retries its primary this often
+RECONNECT_S = 0.5          # a replica retries its primary after this long...
+RECONNECT_MAX_S = 4.0      # ...doubled on each failure in a row, up to this
+FAILURE_LOG_S = 60.0       # a run of link failures is logged at most this often
 LAG_BUCKETS_MS = 1000      # lag histogram: 1 ms buckets, then one for the rest
 
 
@@ -34,8 +42,42 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-SEND_CHUNK = 1 << 20       # a full copy goes out this much at a time...
-SEND_AHEAD = 4 * SEND_CHUNK  # ...while less than this is unsent
+# A full copy goes out this much at a time, while less than SEND_AHEAD (or
+# half repl-buffer-limit) is unsent: what each follower reading it holds of
+# its own (the stream's frames are the same objects for all of them), and
+# still 500 MB/s at one refill per repl-flush-ms.
+SEND_CHUNK = 256 * 1024
+SEND_AHEAD = 1 << 20
+
+
+@dataclass
+class FullCopy:
+    """One full copy, shared by every follower that starts from it: the
+    state at stream offset `offset`, written by a forked child into a
+    memory file, and every frame broadcast since, which each of its
+    followers gets after the copy itself (so joining a copy already made,
+    even one being sent, gives a consistent state)."""
+    offset: int
+    fd: int
+    child: int = 0                  # pid writing it; 0 once written
+    size: int = 0                   # known once written
+    frames: list = field(default_factory=list)    # broadcast since `offset`
+    frames_bytes: int = 0
+    followers: int = 0              # followers it is still being sent to
+
+    def memory_bytes(self) -> int:
+        try:
+            return os.fstat(self.fd).st_size
+        except OSError:
+            return 0
+
+    def release(self) -> None:
+        if self.child:
+            _reap(self.child, kill=True)
+            self.child = 0
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
@@ -48,20 +90,15 @@ class Follower:
     state: str = "wait_bgsave"
     ack_offset: int = 0
     last_ack: float = field(default_factory=time.monotonic)
-    child: int = 0                  # pid writing the full copy
-    copy_fd: int = -1               # the memory file it writes
+    copy: FullCopy | None = None    # until online
     copy_sent: int = 0
-    copy_size: int = 0
-    waiting: list = field(default_factory=list)   # batches made before it is online
-    waiting_bytes: int = 0
 
-    def release_copy(self) -> None:
-        if self.child:
-            _reap(self.child, kill=True)
-            self.child = 0
-        if self.copy_fd >= 0:
-            os.close(self.copy_fd)
-            self.copy_fd = -1
+    @property
+    def output_bytes(self) -> int:
+        """What it has not yet read: its socket's unsent output plus,
+        before it is online, the frames waiting behind its copy."""
+        waiting = self.copy.frames_bytes if self.copy is not None else 0
+        return self.conn.output_buffer_len + waiting
 
 
 class LagStats:
@@ -107,9 +144,11 @@ class Replication:
         self.replid = os.urandom(20).hex()
         self.offset = 0
         self.followers: dict[int, Follower] = {}
+        self.copies: list[FullCopy] = []     # in flight, oldest first
         self.link: PrimaryLink | None = None
         self.lag = LagStats()
         self.full_syncs = 0
+        self.copies_written = 0
         self.dropped = 0
         self._flush_handle = None
         self._last_batch_ms = wall_ms()
@@ -118,37 +157,63 @@ class Replication:
     # ---- primary ------------------------------------------------------------------
 
     def attach(self, conn) -> None:
-        """Starts a replica off: a forked child writes its full copy; the
-        batches from now on wait for it (see advance_copies)."""
+        """Starts a replica off from a full copy, shared with the others
+        being started if there is one to share (see _copy_to_join)."""
         follower = conn.replica
         if follower is None or conn.id not in self.app.core.clients:
             return    # it left before its turn
-        if self.app.core.readonly:   # this server became a replica meanwhile
-            conn.abort()
+        if self.link is not None and self.link.state != "connected":
+            conn.abort()             # this server became a replica meanwhile
             return
         self.flush()   # the others get what changed up to the copy (or are dropped)
         if not self.followers:
             self._track(True)
         self.followers[conn.id] = follower
         try:
-            self._start_copy(follower)
+            copy = self._copy_to_join()
         except (OSError, MemoryError) as e:
             self._drop(follower, f"its full copy could not be started: {e}")
             return
+        follower.copy, follower.ack_offset = copy, copy.offset
+        follower.state = "wait_bgsave" if copy.child else "send_bulk"
+        copy.followers += 1
         self.full_syncs += 1
         self._schedule_flush()
-        self.log.info("replica %s:%d: full copy being written by pid %d (offset %d)",
-                      follower.ip, follower.port, follower.child, follower.ack_offset)
+        self.log.info("replica %s:%d: full copy of offset %d (%s, shared by %d)",
+                      follower.ip, follower.port, copy.offset,
+                      f"being written by pid {copy.child}" if copy.child else "written",
+                      copy.followers)
+        self.advance_copies()
 
-    def _start_copy(self, follower: Follower) -> None:
+    def _copy_to_join(self) -> FullCopy:
+        """The newest copy in flight while the frames behind it are under
+        half repl-buffer-limit; else a new one, unless repl-max-full-copies
+        are in flight already (then the newest, however far behind: at
+        worst its followers pass the limit and start over)."""
+        settings = self.app.settings
+        if self.copies and (self.copies[-1].frames_bytes <= settings.repl_buffer_limit // 2
+                            or len(self.copies) >= settings.repl_max_full_copies):
+            return self.copies[-1]
+        copy = self._start_copy()
+        self.copies.append(copy)
+        self.copies_written += 1
+        return copy
+
+    def _start_copy(self) -> FullCopy:
         """A child writing the rules and every bucket as they are now."""
         app = self.app
         rules, offset = self._rules_payload(), self.offset
+        if self.link is not None:
+            # A replica relays its primary's frames, which number the rules
+            # as the primary does: so do the rules its copy starts with.
+            # (The buckets in the copy carry its own numbers with their
+            # rule ids, and are matched by id.)
+            rules, offset = self.link.rules_payload, self.link.offset
         numbers, now = snapshot.rule_numbers(app.rules), app.clock.now()
-        follower.copy_fd = os.memfd_create("fastlimit-full-copy")
+        copy = FullCopy(offset, os.memfd_create("fastlimit-full-copy"))
 
         def write_copy():
-            fd = follower.copy_fd
+            fd = copy.fd
             snapshot.write_all(fd, rs.frame(rs.RULES, rules) +
                                rs.frame(rs.SNAPSHOT, rs.snapshot_payload(offset, b"")))
             snapshot.write_to(fd, app.store, app.rule_engine, numbers, now)
@@ -156,50 +221,92 @@ class Replication:
             size = os.lseek(fd, 0, os.SEEK_CUR) - len(rules) - 2 * rs.FRAME.size
             os.pwrite(fd, rs.FRAME.pack(rs.SNAPSHOT, size), len(rules) + rs.FRAME.size)
 
-        follower.child = snapshot.fork_worker(write_copy)
-        follower.ack_offset = offset
+        try:
+            copy.child = snapshot.fork_worker(write_copy)
+        except BaseException:
+            copy.release()
+            raise
+        return copy
 
     def advance_copies(self) -> None:
-        """Moves each replica that is being started along: reaps the child
-        that wrote its copy, sends the copy as the socket drains, then the
-        batches that waited."""
-        for follower in list(self.followers.values()):
-            if follower.state == "wait_bgsave":
-                status = _reap(follower.child)
-                if status is None:
-                    continue
-                follower.child = 0
-                if status != 0:
+        """Moves the replicas being started along: reaps the children that
+        wrote their copies, sends each copy as its socket drains, then the
+        frames that waited behind it."""
+        for copy in [c for c in self.copies if c.child]:
+            status = _reap(copy.child)
+            if status is None:
+                continue
+            copy.child = 0
+            if status != 0:
+                for follower in self._followers_of(copy):
                     self._drop(follower, "writing its full copy failed")
-                    continue
-                follower.copy_size = os.fstat(follower.copy_fd).st_size
+                continue
+            copy.size = os.fstat(copy.fd).st_size
+            for follower in self._followers_of(copy):
                 follower.state = "send_bulk"
+        for follower in list(self.followers.values()):
             if follower.state == "send_bulk":
                 self._send_copy(follower)
 
+    def _followers_of(self, copy: FullCopy) -> list[Follower]:
+        return [f for f in self.followers.values() if f.copy is copy]
+
     def _send_copy(self, follower: Follower) -> None:
-        conn = follower.conn
-        while follower.copy_sent < follower.copy_size and conn.output_buffer_len < SEND_AHEAD:
-            chunk = os.pread(follower.copy_fd, SEND_CHUNK, follower.copy_sent)
+        conn, copy = follower.conn, follower.copy
+        # All of a replica's output counts against repl-buffer-limit, so the
+        # copy runs at most half of it ahead of the socket.
+        ahead = min(SEND_AHEAD, self.app.settings.repl_buffer_limit // 2)
+        chunk_size = min(SEND_CHUNK, ahead)
+        while follower.copy_sent < copy.size and conn.output_buffer_len < ahead:
+            chunk = os.pread(copy.fd, chunk_size, follower.copy_sent)
             if not chunk:
                 self._drop(follower, "its full copy could not be read back")
                 return
             conn.send(chunk)
             follower.copy_sent += len(chunk)
             follower.last_ack = time.monotonic()   # it is reading: alive
-        if follower.copy_sent < follower.copy_size:
+        if follower.copy_sent < copy.size:
+            self._within_limit(follower)
             return
-        follower.release_copy()
-        conn.send(b"".join(follower.waiting))
-        follower.waiting, follower.waiting_bytes = [], 0
+        for data in copy.frames:      # the same objects for every follower
+            conn.send(data)
+        self._leave_copy(follower)
         follower.state = "online"
         self.log.info("replica %s:%d: full copy sent (%d bytes); streaming",
-                      follower.ip, follower.port, follower.copy_size)
+                      follower.ip, follower.port, copy.size)
+        self._within_limit(follower)
+
+    def _leave_copy(self, follower: Follower) -> None:
+        """The follower no longer needs its copy; the last one out frees it."""
+        copy, follower.copy = follower.copy, None
+        if copy is None:
+            return
+        copy.followers -= 1
+        if copy.followers <= 0:
+            self.copies.remove(copy)
+            copy.release()
+
+    def _within_limit(self, follower: Follower) -> None:
+        """Redis's client-output-buffer-limit for replicas: everything a
+        replica has not read, in every phase, is bounded by
+        repl-buffer-limit; past it the replica is dropped (and resyncs)."""
+        limit = self.app.settings.repl_buffer_limit
+        pending = follower.output_bytes
+        if pending > limit:
+            self._drop(follower, f"its unsent output ({pending} bytes) passed "
+                                 f"repl-buffer-limit ({limit} bytes)")
+
+    def check_output(self, conn) -> None:
+        """The output bound of a replica connection (see _within_limit),
+        for whatever else writes to it."""
+        follower = self.followers.get(conn.id)
+        if follower is not None:
+            self._within_limit(follower)
 
     def detach(self, conn) -> None:
         follower = self.followers.pop(conn.id, None)
         if follower is not None:
-            follower.release_copy()
+            self._leave_copy(follower)
             self.log.warning("replica %s:%d lost", follower.ip, follower.port)
         if not self.followers:
             self._track(False)
@@ -212,6 +319,8 @@ class Replication:
 
     def _track(self, on: bool) -> None:
         app = self.app
+        if on and self.link is not None:
+            return    # a replica relays its primary's batches: it has none of its own
         if on:
             limit = app.settings.repl_buffer_limit
             app.store.track_changes(limit)
@@ -240,7 +349,7 @@ class Replication:
     def flush(self) -> None:
         """Sends what changed since the last batch (or a heartbeat when
         nothing did and one is due)."""
-        if not self.followers:
+        if not self.followers or self.link is not None:
             return
         app = self.app
         if app.store.changes_overflowed() or app.rule_engine.changes_overflowed():
@@ -259,27 +368,23 @@ class Replication:
 
     def broadcast(self, data: bytes) -> None:
         self.offset += len(data)
-        limit = self.app.settings.repl_buffer_limit
+        for copy in self.copies:     # once per copy, however many share it
+            copy.frames.append(data)
+            copy.frames_bytes += len(data)
         for follower in list(self.followers.values()):
-            if follower.state != "online":
-                follower.waiting.append(data)
-                follower.waiting_bytes += len(data)
-                pending = follower.waiting_bytes
-            else:
+            if follower.state == "online":
                 follower.conn.send(data)
-                pending = follower.conn.output_buffer_len
-            if pending > limit:
-                self._drop(follower, f"its unsent output passed repl-buffer-limit ({limit} bytes)")
+            self._within_limit(follower)
 
     def rules_changed(self) -> None:
-        if self.followers:
+        if self.followers and self.link is None:
             self.flush()
             self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
 
     def flushed_all(self) -> None:
         """Called before FLUSHALL clears the tables: what changed before
         it goes first, then the flush itself."""
-        if self.followers:
+        if self.followers and self.link is None:
             self.flush()
             self.broadcast(rs.frame(rs.FLUSH))
 
@@ -293,7 +398,7 @@ class Replication:
                          follower.ip, follower.port, why)
         self.dropped += 1
         self.followers.pop(follower.conn.id, None)
-        follower.release_copy()
+        self._leave_copy(follower)
         follower.conn.abort()
         if not self.followers:
             self._track(False)
@@ -310,6 +415,8 @@ class Replication:
         for follower in list(self.followers.values()):
             if now - follower.last_ack > timeout:
                 self._drop(follower, f"no acknowledgement for {timeout} s")
+            else:
+                self._within_limit(follower)
         if self.link is not None:
             self.link.cron()
 
@@ -335,6 +442,11 @@ class Replication:
         self.offset = self.link.offset     # the stream goes on counting from here
         self.stop_following()
         self.app.core.readonly = False
+        if self.followers:
+            # They go on, now with this server's own batches, which number
+            # the rules as it does: its rules tell them how.
+            self._track(True)
+            self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
         self.replid = os.urandom(20).hex()
         self.log.warning("promoted to primary; serving from the state replicated so far")
 
@@ -348,8 +460,9 @@ class Replication:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        for follower in self.followers.values():
-            follower.release_copy()
+        for copy in self.copies:
+            copy.release()
+        self.copies.clear()
         task = self.stop_following()
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
@@ -363,17 +476,39 @@ class Replication:
         if self.link is not None:
             return self.link.info()
         self.flush()    # the offset then covers every write before this INFO
-        out = {"role": "master", "connected_slaves": len(self.followers)}
+        out = {"role": "master", **self.follower_info(self.offset)}
+        out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
+                    "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
+                    "repl_full_copies_written": self.copies_written,
+                    "repl_full_copies_in_flight": len(self.copies),
+                    "repl_full_copy_bytes": self._copy_bytes(),
+                    "repl_max_full_copies": self.app.settings.repl_max_full_copies,
+                    "repl_dropped_replicas": self.dropped,
+                    "repl_buffer_limit": self.app.settings.repl_buffer_limit})
+        return out
+
+    def follower_info(self, offset: int) -> dict:
+        """connected_slaves and a slave<i> line per follower."""
+        out = {"connected_slaves": len(self.followers)}
         now = time.monotonic()
         for i, f in enumerate(self.followers.values()):
             out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
                                 f"offset={f.ack_offset},lag={int(now - f.last_ack)},"
-                                f"behind_bytes={self.offset - f.ack_offset}")
-        out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
-                    "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
-                    "repl_dropped_replicas": self.dropped,
-                    "repl_buffer_limit": self.app.settings.repl_buffer_limit})
+                                f"behind_bytes={offset - f.ack_offset}")
         return out
+
+    def _copy_bytes(self) -> int:
+        return sum(copy.memory_bytes() for copy in self.copies)
+
+    def memory_info(self) -> dict:
+        """INFO memory's view: the full copies in flight (memory files,
+        outside RSS), the frames waiting behind them, and the replicas'
+        unsent output."""
+        return {"mem_clients_slaves": sum(f.conn.output_buffer_len
+                                          for f in self.followers.values()),
+                "mem_repl_waiting_frames": sum(c.frames_bytes for c in self.copies),
+                "mem_repl_full_copies": self._copy_bytes(),
+                "repl_full_copies": len(self.copies)}
 
     def role_reply(self) -> list:
         if self.link is not None:
@@ -384,9 +519,39 @@ class Replication:
                  for f in self.followers.values()]]
 
 
+class FailureLog:
+    """A run of link failures: the first is logged, then at most one line
+    per FAILURE_LOG_S saying how many there were, so a link that cannot
+    come up never writes a line per retry; the retry backs off alike."""
+
+    def __init__(self, log):
+        self.log = log
+        self.run = 0            # failures since the link last came up
+        self.unlogged = 0
+        self.logged_at = 0.0
+
+    def failed(self, level: int, message: str) -> None:
+        self.run += 1
+        now = time.monotonic()
+        if self.run > 1 and now - self.logged_at < FAILURE_LOG_S:
+            self.unlogged += 1
+            return
+        more = (f" ({self.unlogged} more failures since the last report)"
+                if self.unlogged else "")
+        self.log.log(level, "%s%s", message, more)
+        self.logged_at, self.unlogged = now, 0
+
+    def recovered(self) -> None:
+        self.run = self.unlogged = 0
+
+    @property
+    def retry_after(self) -> float:
+        return min(RECONNECT_MAX_S, RECONNECT_S * 2 ** max(self.run - 1, 0))
+
+
 class PrimaryLink(asyncio.Protocol):
     """A replica's connection to its primary: handshake, full copy, then
-    batches; reconnects every RECONNECT_S while down."""
+    batches; reconnects while down, backing off (see FailureLog)."""
 
     def __init__(self, repl: Replication, host: str, port: int):
         self.repl = repl
@@ -405,6 +570,9 @@ class PrimaryLink(asyncio.Protocol):
         self.down_since = time.monotonic()
         self.batches = 0
         self.records = 0
+        self.rules_payload = b""   # the primary's last rules, for our replicas' copies
+        self.failures = FailureLog(repl.log)
+        self._ends = ("", "")      # this end's and the primary's address
         self._stopped = False
         self._retry = None
         self._task = None
@@ -423,18 +591,22 @@ class PrimaryLink(asyncio.Protocol):
             await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self, self.host, self.port), self.app.settings.repl_timeout)
         except asyncio.TimeoutError:
-            self.repl.log.warning("cannot reach primary %s:%d: connect timed out",
-                                  self.host, self.port)
-            self._later()
+            self._failed(logging.WARNING, "connect timed out", reach=True)
         except OSError as e:
-            self.repl.log.warning("cannot reach primary %s:%d: %s", self.host, self.port,
-                                  e.strerror or e)
+            self._failed(logging.WARNING, str(e.strerror or e), reach=True)
+
+    def _failed(self, level: int, why: str, reach: bool = False) -> None:
+        what = "cannot reach" if reach else "replication from"
+        self.failures.failed(level, f"{what} primary {self.host}:{self.port}"
+                                    f"{'' if reach else ' failed'}: {why}")
+        if reach:
             self._later()
 
     def _later(self) -> None:
         self.state = "connect"
         if not self._stopped and self._retry is None:
-            self._retry = asyncio.get_running_loop().call_later(RECONNECT_S, self.start)
+            self._retry = asyncio.get_running_loop().call_later(
+                self.failures.retry_after, self.start)
 
     def stop(self):
         """Ends the link for good: no connect still in flight may complete
@@ -460,13 +632,22 @@ class PrimaryLink(asyncio.Protocol):
         self.last_io = time.monotonic()
         self.reader = rs.FrameReader()
         self.handshake = bytearray()
-        commands = []
-        if self.app.settings.masterauth:
-            commands.append([b"AUTH", self.app.settings.masterauth.encode()])
-        commands.append([b"REPLCONF", b"listening-port", str(self.app.port).encode()])
-        commands.append([b"CL.SYNC"])
+        self._ends = (_address(transport.get_extra_info("sockname")),
+                      _address(transport.get_extra_info("peername")))
+        settings = self.app.settings
+        listening_port = [b"REPLCONF", b"listening-port", str(self.app.port).encode()]
+        if settings.masteruser:
+            # CL.SYNC's own credentials (the primary's repl-user) stand in
+            # for AUTH; the port follows, unanswered, on the replica link.
+            commands = [[b"CL.SYNC", settings.masteruser.encode(),
+                         settings.masterauth.encode()]]
+            after = [listening_port]
+        else:
+            commands = [[b"AUTH", settings.masterauth.encode()]] if settings.masterauth else []
+            commands += [listening_port, [b"CL.SYNC"]]
+            after = []
         self.replies_due = len(commands)
-        transport.write(b"".join(_resp_command(c) for c in commands))
+        transport.write(b"".join(_resp_command(c) for c in commands + after))
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -486,9 +667,10 @@ class PrimaryLink(asyncio.Protocol):
                 data = self._handshake_replies(data)
             for kind, payload in self.reader.feed(data):
                 self._apply(kind, payload)
+        except _Stopped:
+            pass
         except (SnapshotError, ValueError) as e:    # RuleError is a ValueError
-            self.repl.log.error("replication from %s:%d failed: %s; resyncing",
-                                self.host, self.port, e)
+            self._failed(logging.ERROR, f"{e}; resyncing")
             self.transport.abort()
         except Exception:
             # A bug must cost a resync, never the replica process.
@@ -510,7 +692,7 @@ class PrimaryLink(asyncio.Protocol):
             del self.handshake[:end + 2]
             self.replies_due -= 1
             if not line.startswith("+"):
-                raise ValueError(f"the primary refused the handshake: {line}")
+                self._refused(line)
             if line.startswith("+FULLSYNC"):
                 parts = line.split()
                 self.master_replid = parts[1] if len(parts) > 1 else "?"
@@ -518,23 +700,54 @@ class PrimaryLink(asyncio.Protocol):
         rest, self.handshake = bytes(self.handshake), bytearray()
         return rest
 
+    def _refused(self, line: str) -> None:
+        """A refused handshake: if the primary is this very server (its
+        answer comes from one of our own connections), the link stops for
+        good, as it could never succeed; else it is retried."""
+        if self._to_myself():
+            self.failures.failed(logging.ERROR, (
+                f"REPLICAOF {self.host} {self.port} is this server itself: can't "
+                f"replicate from myself; not retrying (REPLICAOF NO ONE, or another "
+                f"primary)"))
+            self._stopped = True
+            self.state = "connect"
+            self.transport.abort()
+            raise _Stopped()
+        raise ValueError(f"the primary refused the handshake: {line}")
+
+    def _to_myself(self) -> bool:
+        """Whether a connection of this server's has our link's ends,
+        swapped: then we dialled ourselves (whatever name or address led
+        here)."""
+        mine, theirs = self._ends
+        return any(c.addr == mine and c.laddr == theirs
+                   for c in self.app.core.clients.values())
+
     # ---- applying frames ----------------------------------------------------------------
 
     def _apply(self, kind: int, payload: memoryview) -> None:
+        """Applies a frame and relays it, as it came, to this replica's
+        own replicas (all but a full copy, which they do not share)."""
         app = self.app
         if kind == rs.RULES:
             rows = rs.parse_rules(payload)
             app.rules.mirror([row[1:] for row in rows])
             self.renumber = _renumber(rows, app.rules)
+            self.rules_payload = bytes(payload)
         elif kind == rs.SNAPSHOT:
+            self.repl._drop_all("its own primary sent a new full copy")
             offset, body = rs.parse_snapshot(payload)
             copy = snapshot.decode(body)
             app.flush_buckets()
-            snapshot.load_sections(copy.sections, app.store, app.rule_engine, self.renumber)
+            # the copy's buckets by their own rule numbers (a replica's
+            # differ from the primary's that its stream carries)
+            renumber = snapshot.renumber_map(copy.rules, app.rules)
+            snapshot.load_sections(copy.sections, app.store, app.rule_engine, renumber)
             snapshot.advance_lease_generations(copy.lease_generations, app.rule_engine,
-                                               self.renumber)
+                                               renumber)
             self.offset = offset
             self.state = "connected"
+            self.failures.recovered()
             self.repl.log.warning("full copy from primary %s:%d loaded: %d buckets",
                                   self.host, self.port, app.bucket_count())
             self._ack()
@@ -551,6 +764,8 @@ class PrimaryLink(asyncio.Protocol):
         elif kind == rs.FLUSH:
             app.flush_buckets()
         self.offset += rs.FRAME.size + len(payload)
+        if self.repl.followers:
+            self.repl.broadcast(rs.frame(kind, payload))
 
     def _ack(self) -> None:
         if self.transport is not None and self.state == "connected":
@@ -579,8 +794,10 @@ class PrimaryLink(asyncio.Protocol):
                 "slave_read_repl_offset": self.offset, "slave_repl_offset": self.offset,
                 "master_link_down_since_seconds": -1 if up else int(now - self.down_since),
                 "slave_priority": 100, "slave_read_only": 1, "replica_announced": 1,
-                "connected_slaves": 0, "master_failover_state": "no-failover",
+                **self.repl.follower_info(self.offset),
+                "master_failover_state": "no-failover",
                 "master_replid": self.master_replid, "master_repl_offset": self.offset,
+                "master_link_failures": self.failures.run,
                 "repl_batches_applied": self.batches, "repl_records_applied": self.records,
                 "repl_lag_last_ms": lag.last_ms, "repl_lag_p50_ms": lag.percentile(0.50),
                 "repl_lag_p99_ms": lag.percentile(0.99), "repl_lag_max_ms": lag.max_ms,
@@ -588,6 +805,18 @@ class PrimaryLink(asyncio.Protocol):
 
     def role_reply(self) -> list:
         return [b"slave", self.host.encode(), self.port, self.state.encode(), self.offset]
+
+
+class _Stopped(Exception):
+    """The link stopped itself while reading (it dialled itself)."""
+
+
+def _address(addr) -> str:
+    """host:port as connections show theirs (Connection.addr/laddr)."""
+    if not isinstance(addr, tuple):
+        return str(addr or "")
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _reap(pid: int, kill: bool = False) -> int | None:
