@@ -705,7 +705,8 @@ cdef class Connection:
         cdef int64_t pending = self.transport.get_write_buffer_size()
         cdef double now
         if self.replica is not None:
-            return     # the replication stream has its own limit
+            core.app.replication.check_output(self)   # the stream's own bound
+            return
         if pending == 0:
             self.soft_limit_since = 0
             return
@@ -754,6 +755,11 @@ cdef class Connection:
         """Periodic checks for a connection that may have gone quiet."""
         if self.transport is not None and not self.closed:
             self.check_output_limits()
+
+    @property
+    def is_closed(self):
+        """Closed, or closing once its last replies are sent."""
+        return self.closed or self.close_after_reply
 
     @property
     def query_buffer_len(self):

@@ -122,3 +122,14 @@ def test_a_replica_queues_a_peek_in_multi(replica, queued):
     replies = transaction(replica.port, queued)
     assert replies[:2] == [b"+OK\r\n", b"+QUEUED\r\n"]
     assert replies[2].startswith(b"*1\r\n*")
+
+
+def test_a_link_refused_in_the_same_read_as_its_cl_sync_never_forks_a_copy(make_server):
+    server = make_server("--manual-clock")
+    client = server.client()
+    client.execute_command("CL.CHECK", "k", 10, 1)
+    with Wire.to(server.port) as w:
+        w.send(command("CL.SYNC") + command("PING"))
+        assert w.read_line().startswith(b"+FULLSYNC ")
+        wait_until(lambda: client.info("clients")["connected_clients"] == 1)
+    assert client.info("replication")["repl_full_copies_written"] == 0

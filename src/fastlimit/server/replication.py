@@ -160,8 +160,8 @@ class Replication:
         """Starts a replica off from a full copy, shared with the others
         being started if there is one to share (see _copy_to_join)."""
         follower = conn.replica
-        if follower is None or conn.id not in self.app.core.clients:
-            return    # it left before its turn
+        if follower is None or conn.is_closed or conn.id not in self.app.core.clients:
+            return    # it left, or was refused, before its turn
         if self.link is not None and self.link.state != "connected":
             conn.abort()             # this server became a replica meanwhile
             return
