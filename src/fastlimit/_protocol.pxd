@@ -97,6 +97,11 @@ cdef class Connection:
     cdef bint multi_dirty
     cdef bint closed
     cdef bint busy             # inside process(): replies not sent yet
+    cdef size_t read_this_turn # bytes taken since the loop last gave others a turn
+    cdef bint input_held       # reading paused: for others' turn, or a sliced reply
+    cdef bint more_input       # whole commands wait in inbuf for this connection's next turn
+    cdef object sliced         # a Sliced reply being made (its later commands wait)
+    cdef Command sliced_cmd
     cdef readonly int64_t id
     cdef public int proto
     cdef public bint authenticated
@@ -113,6 +118,8 @@ cdef class Connection:
     cdef public object replica        # set when a replica syncs over this connection
     cdef public int replica_port      # REPLCONF listening-port
 
+    cdef void receive(self, bytes data)
+    cdef void hold_input(self)
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)
@@ -126,6 +133,7 @@ cdef class Connection:
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)
+    cdef bint may_slice(self)
     cdef void cl_check(self)
     cdef void cl_limit(self)
     cdef void write_check(self, const CheckResult* r, int extra=*)

@@ -7,7 +7,8 @@ from libc.string cimport memcpy, memmove
 
 from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
-                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
+                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
+                              FL_MAX_KEY_LEN)
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parser_release,
                               parser_memory, parse_command,
@@ -16,10 +17,11 @@ from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               encode_reply, PARSE_COMMAND,
                               PARSE_EMPTY, PARSE_ERROR, PARSE_INCOMPLETE)
 
+import asyncio
 import logging
 import time
 
-from fastlimit._resp import ReplyError
+from fastlimit._resp import ReplyError, Sliced
 
 # All replies of one read are gathered here and sent with one write.
 # The server is single-threaded and a read is handled to completion
@@ -30,6 +32,13 @@ if writer_init(&OUT, 16384) != 0:
 
 cdef enum:
     INBUF_KEEP = 65536    # a larger idle input buffer is released
+    # A connection's commands are run this many bytes of them per event-loop
+    # turn, then the others get theirs: uvloop hands over up to 256 KB per
+    # read, and up to 32 reads per turn.  Redis reads 16 KB per turn.
+    TURN_BYTES = 16384
+
+# A Sliced reply gets this much time per event-loop turn.
+SLICE_BUDGET_S = 0.0005
 
 
 cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
@@ -255,6 +264,7 @@ cdef class Connection:
 
     def connection_lost(self, exc):
         self.closed = True
+        self.sliced = self.sliced_cmd = None
         self.core.clients.pop(self.id, None)
         if self.replica is not None:
             self.core.app.replication.detach(self)
@@ -273,6 +283,40 @@ cdef class Connection:
         pass
 
     def data_received(self, bytes data):
+        self.read_this_turn += PyBytes_GET_SIZE(data)
+        self.receive(data)
+        if (self.more_input or self.read_this_turn >= TURN_BYTES) and not self.input_held \
+                and not self.closed:
+            self.hold_input()
+            asyncio.get_running_loop().call_soon(self.next_turn)
+
+    def next_turn(self):
+        """This connection's next share of the loop: the commands left
+        waiting in its buffer, then reading again."""
+        self.read_this_turn = 0
+        if self.closed:
+            return
+        if self.more_input and self.sliced is None:
+            self.more_input = False
+            self.process(self.inbuf, self.inlen)
+            if self.more_input:
+                asyncio.get_running_loop().call_soon(self.next_turn)
+                return
+        self.release_input()
+
+    cdef void hold_input(self):
+        self.input_held = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def release_input(self):
+        """Reads again, unless a sliced reply still holds the input."""
+        if self.input_held and self.sliced is None and not self.closed \
+                and self.transport is not None:
+            self.input_held = False
+            self.transport.resume_reading()
+
+    cdef void receive(self, bytes data):
         cdef size_t n = PyBytes_GET_SIZE(data)
         cdef char* grown
         cdef size_t cap
@@ -311,6 +355,9 @@ cdef class Connection:
             self.run_commands(buf, n)
             self.busy = False
             self.flush()
+            if self.sliced is not None and not self.closed:
+                self.hold_input()
+                asyncio.get_running_loop().call_soon(self.run_slices)
         except Exception:
             self.core.log.exception("client id=%d addr=%s: internal error; closing it",
                                     self.id, self.addr)
@@ -318,6 +365,41 @@ cdef class Connection:
         finally:
             writer_reset(&OUT)
             self.busy = False
+
+    def run_slices(self):
+        """One turn of a sliced reply; once it is sent, the commands that
+        arrived after it run."""
+        cdef Command cmd = self.sliced_cmd
+        cdef int64_t started = fl_mono_ns()
+        if self.sliced is None or self.closed or self.transport is None:
+            return
+        self.busy = True
+        try:
+            if not self.sliced.advance(SLICE_BUDGET_S):
+                asyncio.get_running_loop().call_soon(self.run_slices)
+                return
+            reply, self.sliced, self.sliced_cmd = self.sliced.reply, None, None
+            encode_reply(&OUT, reply, self.proto)
+        except ReplyError as e:
+            self.sliced = self.sliced_cmd = None
+            writer_reset(&OUT)
+            cmd.failed_calls += 1
+            self.reply_error(str(e))
+        except Exception:
+            self.sliced = self.sliced_cmd = None
+            writer_reset(&OUT)
+            cmd.failed_calls += 1
+            self.core.log.exception("command %s failed", cmd.name)
+            self.reply_error(f"ERR internal error while running '{cmd.name}'")
+        finally:
+            cmd.nsec += fl_mono_ns() - started
+            self.busy = False
+        try:
+            self.flush()
+        finally:
+            writer_reset(&OUT)
+        self.more_input = self.inlen > 0
+        self.next_turn()
 
     cdef void run_commands(self, const char* buf, size_t n):
         cdef size_t pos = 0, used = 0
@@ -346,6 +428,11 @@ cdef class Connection:
                     self.last_cmd.nsec += t_now - t_prev
                 t_prev = t_now
             pos += used
+            if self.sliced is not None:
+                break    # its reply comes first: the rest waits in the buffer
+            if pos >= TURN_BYTES and pos < n:
+                self.more_input = True
+                break    # the rest waits for this connection's next turn
         parser_release(&self.parser)
         if self.close_after_reply or pos >= n:
             self.inlen = 0
@@ -524,13 +611,18 @@ cdef class Connection:
 
     cdef void run_python(self, Command cmd, list args):
         cdef size_t mark = OUT.len
-        if args is None:
-            args = self.args_as_bytes()
+        cdef bint queued = args is not None
         try:
-            reply = cmd.handler(self, args)
+            reply = cmd.handler(self, args if queued else self.args_as_bytes())
             # Python commands may move the manual clock (DEBUG CLOCK) for
             # the commands after them in this read.
             self.now_ms = self.core.clock.now_ms()
+            if type(reply) is Sliced:
+                if queued or not self.may_slice():
+                    reply = reply.finish()     # EXEC runs as one
+                else:
+                    self.sliced, self.sliced_cmd = reply, cmd
+                    return
             encode_reply(&OUT, reply, self.proto)
         except ReplyError as e:
             OUT.len = mark
@@ -541,6 +633,15 @@ cdef class Connection:
             cmd.failed_calls += 1
             self.core.log.exception("command %s failed", cmd.name)
             self.reply_error(f"ERR internal error while running '{cmd.name}'")
+
+    cdef bint may_slice(self):
+        """A sliced reply needs an event loop to come back on (a test
+        double of a transport may run without one)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return self.transport is not None
 
     cdef void reply_error(self, str msg):
         cdef bytes b = msg.encode("utf-8", "surrogateescape")
@@ -601,6 +702,11 @@ cdef class Connection:
             self.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
             return
         if self.refuse_write(la.cost):
+            return
+        if a[2].len > FL_MAX_KEY_LEN or la.tlen > FL_MAX_KEY_LEN:
+            # Refused before matching: a bucket key holds at most this much,
+            # and a huge resource would cost its size in hashing and globs.
+            self.reply_error("ERR resource and tier must be at most 65535 bytes")
             return
         try:
             n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen)

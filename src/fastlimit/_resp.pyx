@@ -11,6 +11,8 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memchr
 from libc.stdio cimport snprintf
 
+import time
+
 
 class SimpleString(str):
     """A reply sent as a RESP simple string (+OK)."""
@@ -22,6 +24,40 @@ class Verbatim(str):
 
 # A handler returns this when the command sends no reply (SHUTDOWN).
 NO_REPLY = object()
+
+
+class Sliced:
+    """A reply that takes long to compute, made in slices so that other
+    clients are served in between (Redis would block everyone instead).
+
+    A handler returns ``Sliced(steps)``, where steps is a generator: each
+    ``next()`` does a bounded piece of work, and its return value is the
+    reply (or it raises ReplyError).  The connection runs slices for a time
+    budget per event-loop turn and holds its own later commands until the
+    reply is sent; inside EXEC it runs them all at once."""
+
+    __slots__ = ("steps", "reply")
+
+    def __init__(self, steps):
+        self.steps = steps
+        self.reply = None
+
+    def advance(self, double budget_s):
+        """Runs slices for about budget_s; True once the reply is made."""
+        cdef double deadline = time.perf_counter() + budget_s
+        try:
+            while True:
+                next(self.steps)
+                if time.perf_counter() >= deadline:
+                    return False
+        except StopIteration as done:
+            self.reply = done.value
+            return True
+
+    def finish(self):
+        """Runs every slice left; the reply."""
+        self.advance(float("inf"))
+        return self.reply
 
 
 class ReplyError(Exception):

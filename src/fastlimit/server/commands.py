@@ -15,7 +15,7 @@ import time
 
 from fastlimit import __version__
 from fastlimit._protocol import READONLY_ERROR, Command
-from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Verbatim
+from fastlimit._resp import NO_REPLY, ReplyError, SimpleString, Sliced, Verbatim
 from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.arguments import integer
@@ -471,7 +471,7 @@ def _debug_clock(conn, args):
 # ---- CONFIG ----------------------------------------------------------------------
 
 def cmd_config_get(conn, args):
-    return cfg.get_matching(conn.core.app.settings, args[2:])
+    return Sliced(cfg.get_matching(conn.core.app.settings, args[2:]))
 
 
 def cmd_config_set(conn, args):

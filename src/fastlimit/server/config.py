@@ -309,29 +309,55 @@ def get_all(settings: Settings) -> dict[str, str]:
     return out
 
 
-def get_matching(settings: Settings, patterns) -> dict:
+PATTERNS_PER_SLICE = 128
+
+
+def get_matching(settings: Settings, patterns):
     """CONFIG GET <pattern> ...: the settings any pattern matches, as Redis
-    answers.  A pattern without ``*``, ``?`` or ``[`` names one setting
-    (any case) and is answered under the name as sent; the others are
-    globs.  Linear in the patterns' size, whatever they hold: each distinct
-    pattern is read once (see NameMatcher), and reading stops when every
-    setting has matched."""
-    values = get_all(settings)
-    matcher = _matcher()
-    found: dict[str, bytes | str] = {}      # setting -> the name to answer with
-    tried, classes = set(), {}
-    for pattern in patterns:
-        if len(found) == len(values):
+    answers, as a generator for fastlimit._resp.Sliced.  It yields every
+    PATTERNS_PER_SLICE patterns, so a command with a million of them is
+    answered between other clients' commands instead of stalling them, and
+    returns the reply (see SettingsQuery)."""
+    query = SettingsQuery(settings)
+    for start in range(0, len(patterns), PATTERNS_PER_SLICE):
+        if query.take(patterns[start:start + PATTERNS_PER_SLICE]):
             break
-        if not _GLOB_CHARS.search(pattern):
-            key = pattern.lower().decode("utf-8", "replace")
-            if key in values and key not in found:
-                found[key] = pattern
-        elif pattern not in tried:
-            tried.add(pattern)
-            for key in matcher.match(pattern, classes):
-                found.setdefault(key, key)
-    return {name: values[key] for key, name in found.items()}
+        yield
+    return query.answer()
+
+
+class SettingsQuery:
+    """A pattern without ``*``, ``?`` or ``[`` names one setting (any case)
+    and is answered under the name as sent; the others are globs.  Linear
+    in the patterns' size, whatever they hold: each distinct pattern is
+    read once (see NameMatcher), and reading stops when every setting has
+    matched."""
+
+    def __init__(self, settings: Settings):
+        self.values = get_all(settings)
+        self.matcher = _matcher()
+        self.found: dict[str, bytes | str] = {}      # setting -> the name to answer with
+        self.tried: set[bytes] = set()
+        self.classes: dict = {}
+
+    def take(self, patterns) -> bool:
+        """Matches some patterns; True once every setting has matched."""
+        values, found = self.values, self.found
+        for pattern in patterns:
+            if len(found) == len(values):
+                return True
+            if not _GLOB_CHARS.search(pattern):
+                key = pattern.lower().decode("utf-8", "replace")
+                if key in values and key not in found:
+                    found[key] = pattern
+            elif pattern not in self.tried:
+                self.tried.add(pattern)
+                for key in self.matcher.match(pattern, self.classes):
+                    found.setdefault(key, key)
+        return len(found) == len(values)
+
+    def answer(self) -> dict:
+        return {name: self.values[key] for key, name in self.found.items()}
 
 
 _GLOB_CHARS = re.compile(rb"[*?\[]")
