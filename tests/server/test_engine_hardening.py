@@ -9,6 +9,7 @@ import json
 import random
 
 import pytest
+import redis
 
 from wire import wait_until
 
@@ -26,7 +27,7 @@ def info(c, section):
 # ---- the match cache ----------------------------------------------------------------
 
 def test_match_cache_memory_stays_within_its_setting(make_server):
-    """300 distinct 400 KB resources used to keep 120 MB for good (every
+    """2,000 distinct 60 KB resources used to keep 120 MB for good (every
     resource's bytes were cache keys); now the cache holds digests of long
     resources, within rules-cache-size, and RSS stays near where it was."""
     s = make_server("--manual-clock", "--rules-cache-size", "1mb")
@@ -34,8 +35,8 @@ def test_match_cache_memory_stays_within_its_setting(make_server):
     rule(c, "r", RULE_DOC)
     rss_before = s.rss_bytes()
     p = c.pipeline(transaction=False)
-    for i in range(300):
-        p.execute_command("CL.LIMIT", "c", b"GET /%d" % i + b"y" * 400_000)
+    for i in range(2000):
+        p.execute_command("CL.LIMIT", "c", b"GET /%d" % i + b"y" * 60_000, "COST", 0)
         if i % 10 == 9:
             assert all(reply[0] == 1 for reply in p.execute())
     grown = s.rss_bytes() - rss_before
@@ -44,7 +45,18 @@ def test_match_cache_memory_stays_within_its_setting(make_server):
     assert memory["rules_cache_entries"] > 0
     assert grown < 60 * 1024 * 1024, f"RSS grew by {grown >> 20} MB"
     stats = info(c, "stats")
-    assert stats["rules_cache_misses"] == 300
+    assert stats["rules_cache_misses"] == 2000
+
+
+def test_a_resource_no_bucket_key_could_hold_is_refused_before_matching(make_server):
+    s = make_server("--manual-clock")
+    c = s.client(protocol=2)
+    rule(c, "r", RULE_DOC)
+    for resource, tier in ((b"y" * 65_536, b"t"), (b"GET /x", b"t" * 65_536)):
+        with pytest.raises(redis.ResponseError, match="at most 65535 bytes"):
+            c.execute_command("CL.LIMIT", "c", resource, "TIER", tier)
+    assert info(c, "stats")["rules_cache_misses"] == 0     # refused before matching
+    assert c.execute_command("CL.LIMIT", "c", b"y" * 65_535)[0] == 1
 
 
 def test_match_cache_hits_and_a_full_cache_keep_the_entries_in_use(make_server):
