@@ -252,6 +252,15 @@ def test_cl_sync_on_a_requirepass_server_needs_auth(make_server):
     assert primary.client(password="pw").info("replication")["connected_slaves"] == 0
 
 
+def replica_in_sync(make_server, primary, *args):
+    """A manual-clock replica of primary, at T0, once its link is up."""
+    replica = make_server("--manual-clock", "--replicaof", "127.0.0.1", str(primary.port), *args)
+    r = replica.client()
+    r.execute_command("DEBUG", "CLOCK", "SET", T0)
+    wait_until(lambda: r.info("replication")["master_link_status"] == "up", WAIT, "link up")
+    return replica
+
+
 def test_repl_password_is_required_by_cl_sync(make_server):
     primary = make_server("--manual-clock", "--repl-user", "rep", "--repl-password", "s3cret")
     p = primary.client()
@@ -266,12 +275,8 @@ def test_repl_password_is_required_by_cl_sync(make_server):
 
     wrong = make_server("--replicaof", "127.0.0.1", str(primary.port),
                         "--masteruser", "rep", "--masterauth", "nope")
-    right = make_server("--manual-clock", "--replicaof", "127.0.0.1", str(primary.port),
-                        "--masteruser", "rep", "--masterauth", "s3cret")
-    r = right.client()
-    r.execute_command("DEBUG", "CLOCK", "SET", T0)
-    wait_until(lambda: r.info("replication")["master_link_status"] == "up", WAIT, "link up")
-    assert peek(r, "k") == peek(p, "k")
+    right = replica_in_sync(make_server, primary, "--masteruser", "rep", "--masterauth", "s3cret")
+    assert peek(right.client(), "k") == peek(p, "k")
     info = p.info("replication")
     assert info["connected_slaves"] == 1 and info["slave0"]["port"] == right.port
     assert wrong.client().info("replication")["master_link_status"] == "down"
@@ -293,12 +298,9 @@ def test_replication_credentials_stand_in_for_requirepass_only_to_replicate(make
         w.send(command("CL.RESET", "k") + command("FLUSHALL"))
         time.sleep(0.5)
     assert peek(p, "k") == [1, 100, 93, 0, 7000]
-    replica = make_server("--manual-clock", "--replicaof", "127.0.0.1", str(primary.port),
-                          "--masteruser", "replica", "--masterauth", "replpw")
-    r = replica.client()
-    r.execute_command("DEBUG", "CLOCK", "SET", T0)
-    wait_until(lambda: r.info("replication")["master_link_status"] == "up", WAIT, "link up")
-    assert peek(r, "k") == peek(p, "k")
+    replica = replica_in_sync(make_server, primary, "--masteruser", "replica",
+                              "--masterauth", "replpw")
+    assert peek(replica.client(), "k") == peek(p, "k")
 
 
 # ---- links that can never come up ------------------------------------------------------------
