@@ -1,6 +1,6 @@
 .PHONY: serve test bench soak build clean
 
-serve:          ## build everything, start the server on 127.0.0.1:6380
+serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
 
 test:           ## build everything (release and debug), run the whole test suite
