@@ -29,8 +29,8 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterable, Union
 
 import redis
 import redis.asyncio
@@ -61,7 +61,7 @@ FAILED_RETRY_MS = 1000
 UNKNOWN_LIMIT = -1
 FAILURE_LOG_INTERVAL_S = 1.0
 
-Servers = Union[str, Iterable[str]]
+Servers = str | Iterable[str]
 
 
 @dataclass
@@ -201,7 +201,7 @@ class _Request:
         self.on_failure = on_failure
         self.local = local            # the LocalFallback's answer, if there is one
 
-    def with_command(self, command: tuple) -> "_Request":
+    def with_command(self, command: tuple) -> _Request:
         """Another command for the same call (a pre-fetch batch): the
         fallback still charges the caller's own cost."""
         return _Request(self.route_key, command, self.limit, self.on_failure, self.local)
@@ -478,7 +478,7 @@ class Client(_ClientBase):
         for node in self._nodes.values():
             node.redis.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -532,7 +532,7 @@ class _Pipeliner:
     (connect, HELLO, AUTH, pooling) and hiredis parses the replies.
     """
 
-    def __init__(self, client: "AsyncClient", node: _Node):
+    def __init__(self, client: AsyncClient, node: _Node):
         self._client = client
         self._node = node
         self._queue: list[tuple[tuple, asyncio.Future]] = []
@@ -571,7 +571,7 @@ class _Pipeliner:
                     future.set_exception(e)
             return
         self._client._round_trip_ok(self._node, len(batch))
-        for (_, future), reply in zip(batch, replies):
+        for (_, future), reply in zip(batch, replies, strict=False):
             if not future.done():          # its caller may have been cancelled
                 future.set_result(reply)
 
@@ -689,7 +689,7 @@ class AsyncClient(_ClientBase):
             await node.pipeliner.drain()
             await node.redis.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -172,7 +172,7 @@ class Settings:
     repl_buffer_limit: int = 256 * 1024**2
     rules_cache_size: int = 16 * 1024**2
 
-    def validate(self) -> "Settings":
+    def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
         bounds are the same however the settings were made) and
         normalises it; the empty password is no password."""
@@ -238,7 +238,8 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
+RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
+                    "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
                     "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
@@ -296,7 +297,7 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
             raise ConfigError("duplicate parameter", key)
         keys.append(key)
     trial = replace(settings)
-    for key, (_, value) in zip(keys, pairs):
+    for key, (_, value) in zip(keys, pairs, strict=True):
         if key in RUNTIME_SETTABLE:
             apply(trial, key, value, RUNTIME_PARSERS.get(key))
     return trial.validate()
@@ -364,7 +365,7 @@ _GLOB_CHARS = re.compile(rb"[*?\[]")
 
 
 @cache
-def _matcher() -> "NameMatcher":
+def _matcher() -> NameMatcher:
     return NameMatcher(list(_FIELDS) + list(FIXED))
 
 
@@ -505,10 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastlimit-server",
         description="Rate-limiting counter server that speaks the Redis protocol.")
     p.add_argument("--config", metavar="FILE", help="TOML config file (command line wins)")
-    p.add_argument("--port", metavar="N", help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
-    p.add_argument("--bind", nargs="+", metavar="ADDR", help="addresses to listen on (default 127.0.0.1)")
+    p.add_argument("--port", metavar="N",
+                   help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--bind", nargs="+", metavar="ADDR",
+                   help="addresses to listen on (default 127.0.0.1)")
     p.add_argument("--requirepass", metavar="PW", help="password clients must AUTH with")
-    p.add_argument("--shards", metavar="N", help="bucket table shards, a power of two (default 256)")
+    p.add_argument("--shards", metavar="N",
+                   help="bucket table shards, a power of two (default 256)")
     p.add_argument("--manual-clock", action="store_true", default=None,
                    help="start the clock at 0 and move it only with DEBUG CLOCK (tests)")
     p.add_argument("--maxclients", metavar="N")

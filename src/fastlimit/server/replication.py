@@ -590,7 +590,7 @@ class PrimaryLink(asyncio.Protocol):
             # kernel's connect timeout (minutes).
             await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self, self.host, self.port), self.app.settings.repl_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._failed(logging.WARNING, "connect timed out", reach=True)
         except OSError as e:
             self._failed(logging.WARNING, str(e.strerror or e), reach=True)
