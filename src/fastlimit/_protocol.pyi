@@ -1,0 +1,128 @@
+"""Type stubs for the compiled connection layer (fastlimit/_protocol.pyx):
+the command table's entries, the server state shared by connections, and
+the asyncio protocol of one client connection."""
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastlimit._core import BucketStore, Clock
+from fastlimit._rules import RuleEngine
+
+READONLY_ERROR: str
+LOG_VERBOSE: int
+
+class Command:
+    name: str
+    arity: int
+    flags: tuple[str, ...]
+    handler: Callable[..., Any] | None
+    first_key: int
+    last_key: int
+    key_step: int
+    fast: int
+    subcommands: dict[bytes, Command]
+    doc: dict[str, Any]
+    acl_categories: tuple[str, ...]
+    no_auth: bool
+    no_multi: bool
+    is_write: bool
+    replica_peeks: bool
+    calls: int
+    nsec: int
+    failed_calls: int
+    rejected_calls: int
+
+    def __init__(self, name: str, arity: int, flags: Iterable[str] = (),
+                 handler: Callable[..., Any] | None = None, *, first_key: int = 0,
+                 last_key: int = 0, key_step: int = 0, fast: int = ...,
+                 subcommands: Iterable[Command] | None = None,
+                 doc: dict[str, Any] | None = None, acl_categories: Iterable[str] = (),
+                 replica_peeks: bool = False) -> None: ...
+    def check_arity(self, argc: int) -> bool: ...
+    @property
+    def usec(self) -> int: ...
+    def reset_stats(self) -> None: ...
+
+class ServerCore:
+    store: BucketStore
+    rules: RuleEngine
+    clock: Clock
+    commands: dict[bytes, Command]
+    requirepass: bytes | None
+    query_buffer_limit: int
+    output_hard_limit: int
+    output_soft_limit: int
+    output_soft_seconds: float
+    maxclients: int
+    clients: dict[int, Connection]
+    next_client_id: int
+    total_commands: int
+    total_connections: int
+    rejected_connections: int
+    total_error_replies: int
+    protocol_errors: int
+    error_counts: dict[str, int]
+    net_input_bytes: int
+    net_output_bytes: int
+    readonly: bool
+    app: Any
+    log: logging.Logger
+    max_bulk_len: int
+    max_multibulk_len: int
+
+    def __init__(self, store: BucketStore, rules: RuleEngine, commands: dict[bytes, Command],
+                 *, requirepass: bytes | None = None, max_bulk_len: int = ...,
+                 max_multibulk_len: int = ..., query_buffer_limit: int = ...,
+                 output_hard_limit: int = ..., output_soft_limit: int = ...,
+                 output_soft_seconds: float = 60.0, maxclients: int = 10000, app: Any = None,
+                 log: logging.Logger | None = None) -> None: ...
+
+class Connection:
+    """One client connection; an asyncio protocol (it has the callbacks,
+    though it is not a subclass of asyncio.Protocol)."""
+
+    core: ServerCore
+    id: int
+    proto: int
+    authenticated: bool
+    close_after_reply: bool
+    name: Any
+    lib_name: Any
+    lib_ver: Any
+    addr: str
+    laddr: str
+    created: float
+    last_interaction: float
+    multi_queue: list[Any] | None
+    last_subcommand: str | None
+    replica: Any
+    replica_port: int
+
+    def __init__(self, core: ServerCore) -> None: ...
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+    def connection_lost(self, exc: Exception | None) -> None: ...
+    def eof_received(self) -> bool | None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+    def data_received(self, data: bytes) -> None: ...
+    def next_turn(self) -> None: ...
+    def release_input(self) -> None: ...
+    def run_slices(self) -> None: ...
+    def abort(self) -> None: ...
+    def close(self) -> None: ...
+    def send(self, data: bytes) -> None: ...
+    def cron(self) -> None: ...
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def query_buffer_len(self) -> int: ...
+    @property
+    def input_memory(self) -> int: ...
+    @property
+    def output_buffer_len(self) -> int: ...
+    @property
+    def in_multi(self) -> bool: ...
+    @property
+    def last_command(self) -> str: ...
