@@ -134,6 +134,7 @@ class RateLimitPolicy:
     def _limit_for(self, tier: str | None) -> Limit:
         if isinstance(self.limit, Limit):
             return self.limit
+        assert not isinstance(self.limit, Rules)     # start() asks the server for Rules
         # Unknown tiers get the default (None) entry, normally the strictest.
         return self.limit.get(tier) or self.limit[None]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -38,7 +38,7 @@ class Request:
         self.user = user
         self.raw = raw
         self._resolve_route = resolve_route
-        self._route: str | None | bool = False  # False: not resolved yet
+        self._route: str | None | Literal[False] = False  # False: not resolved yet
 
     @property
     def route(self) -> str | None:

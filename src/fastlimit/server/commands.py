@@ -599,7 +599,7 @@ def cmd_command_getkeys(conn, args):
 def container(name: str, arity: int, flags, subcommands, doc, default=None) -> Command:
     """A command whose second argument names a subcommand (CLIENT LIST);
     `default` answers the bare command, where Redis allows one."""
-    holder = []
+    holder: list[Command] = []
 
     def dispatch(conn, args):
         if len(args) == 1:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
+from typing import Any
 
 from fastlimit._resp import parse_integer
 
@@ -194,7 +196,7 @@ LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
 
 # name -> (parse from text or a TOML value, format for CONFIG GET).  Every
 # size fits the C fields it ends in (int64); ConfigError says what is wrong.
-_FIELDS = {
+_FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
     "port": (lambda v: parse_int(v, 0, 65535), str),
     "requirepass": (lambda v: str(v) or None, lambda v: v or ""),
@@ -422,7 +424,7 @@ class NameMatcher:
         while i < n and state:
             ch = pattern[i]
             if ch == _STAR:
-                i = _STARS.match(pattern, i).end()
+                i = _must_match(_STARS, pattern, i).end()
                 for shift in self.fill_shifts:
                     state |= (state << shift) & self.valid
                 continue
@@ -441,7 +443,7 @@ class NameMatcher:
     def _class(self, pattern: bytes, i: int, classes: dict) -> tuple[int, int]:
         """The positions the ``[...]`` token at pattern[i] admits, and
         where the token ends."""
-        end = _CLASS.match(pattern, i).end()
+        end = _must_match(_CLASS, pattern, i).end()
         text = pattern[i:end]
         end += pattern[end:end + 1] == b"]"      # a closing "]"; else the pattern ended
         positions = classes.get(text)
@@ -473,6 +475,15 @@ class NameMatcher:
 
 _STAR, _QUESTION, _OPEN, _BACKSLASH = b"*?[\\"
 _STARS = re.compile(rb"\*+")
+
+
+def _must_match(regex: re.Pattern[bytes], text: bytes, pos: int) -> re.Match[bytes]:
+    """regex.match where the caller knows it matches (the token starts there)."""
+    m = regex.match(text, pos)
+    assert m is not None
+    return m
+
+
 # A class as stringmatchlen reads it: "[", an optional "^", then items in
 # this order of preference: an escaped byte, a range "a-z" (whose end may
 # be "]" or "\\"), any byte but "]"; then "]", or the end of the pattern.
