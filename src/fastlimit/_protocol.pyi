@@ -14,21 +14,36 @@ READONLY_ERROR: str
 LOG_VERBOSE: int
 
 class Command:
-    name: str
-    arity: int
-    flags: tuple[str, ...]
-    handler: Callable[..., Any] | None
-    first_key: int
-    last_key: int
-    key_step: int
-    fast: int
-    subcommands: dict[bytes, Command]
-    doc: dict[str, Any]
-    acl_categories: tuple[str, ...]
-    no_auth: bool
-    no_multi: bool
-    is_write: bool
-    replica_peeks: bool
+    @property
+    def name(self) -> str: ...
+    @property
+    def arity(self) -> int: ...
+    @property
+    def flags(self) -> tuple[str, ...]: ...
+    @property
+    def handler(self) -> Callable[..., Any] | None: ...
+    @property
+    def first_key(self) -> int: ...
+    @property
+    def last_key(self) -> int: ...
+    @property
+    def key_step(self) -> int: ...
+    @property
+    def fast(self) -> int: ...
+    @property
+    def subcommands(self) -> dict[bytes, Command]: ...
+    @property
+    def doc(self) -> dict[str, Any]: ...
+    @property
+    def acl_categories(self) -> tuple[str, ...]: ...
+    @property
+    def no_auth(self) -> bool: ...
+    @property
+    def no_multi(self) -> bool: ...
+    @property
+    def is_write(self) -> bool: ...
+    @property
+    def replica_peeks(self) -> bool: ...
     calls: int
     nsec: int
     failed_calls: int
@@ -83,18 +98,24 @@ class Connection:
     """One client connection; an asyncio protocol (it has the callbacks,
     though it is not a subclass of asyncio.Protocol)."""
 
-    core: ServerCore
-    id: int
+    @property
+    def core(self) -> ServerCore: ...
+    @property
+    def id(self) -> int: ...
     proto: int
     authenticated: bool
     close_after_reply: bool
     name: Any
     lib_name: Any
     lib_ver: Any
-    addr: str
-    laddr: str
-    created: float
-    last_interaction: float
+    @property
+    def addr(self) -> str: ...
+    @property
+    def laddr(self) -> str: ...
+    @property
+    def created(self) -> float: ...
+    @property
+    def last_interaction(self) -> float: ...
     multi_queue: list[Any] | None
     last_subcommand: str | None
     replica: Any

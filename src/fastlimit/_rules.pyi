@@ -14,11 +14,16 @@ class RuleEngine:
     """The buckets of named rules, one table per algorithm, and the
     all-or-nothing evaluation of every rule matching a request."""
 
-    clock: Clock
-    cache_hits: int
-    cache_misses: int
-    recent_denials: deque[tuple[int, int, bytes, int]]
-    denials_total: int
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def cache_hits(self) -> int: ...
+    @property
+    def cache_misses(self) -> int: ...
+    @property
+    def recent_denials(self) -> deque[tuple[int, int, bytes, int]]: ...
+    @property
+    def denials_total(self) -> int: ...
 
     def __init__(self, clock: Clock | None = None, shards: int = 256,
                  seed: bytes | None = None) -> None: ...
