@@ -3,7 +3,7 @@
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
 
-test:           ## build everything (release and debug), run the whole test suite
+test:           ## build everything (release and debug), ruff and mypy on src/, run the whole test suite
 	scripts/test.sh
 
 bench:          ## fastlimit vs redis-server, the clients vs the limits library, replication (bench/README.md)

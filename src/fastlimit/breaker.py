@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 CLOSED = "closed"
 OPEN = "open"
@@ -37,7 +37,7 @@ class CircuitBreaker:
         self._next_probe = 0.0
         self._lock = threading.Lock()
 
-    def copy(self) -> "CircuitBreaker":
+    def copy(self) -> CircuitBreaker:
         """A fresh, closed breaker with the same settings."""
         return CircuitBreaker(self.failures, self.window_s, self.probe_every_s, self.clock)
 

@@ -29,8 +29,8 @@ import math
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterable, Union
 
 import redis
 import redis.asyncio
@@ -61,7 +61,7 @@ FAILED_RETRY_MS = 1000
 UNKNOWN_LIMIT = -1
 FAILURE_LOG_INTERVAL_S = 1.0
 
-Servers = Union[str, Iterable[str]]
+Servers = str | Iterable[str]
 
 
 @dataclass
@@ -201,7 +201,7 @@ class _Request:
         self.on_failure = on_failure
         self.local = local            # the LocalFallback's answer, if there is one
 
-    def with_command(self, command: tuple) -> "_Request":
+    def with_command(self, command: tuple) -> _Request:
         """Another command for the same call (a pre-fetch batch): the
         fallback still charges the caller's own cost."""
         return _Request(self.route_key, command, self.limit, self.on_failure, self.local)
@@ -222,7 +222,7 @@ class _Node:
 def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
                   period_ms: int) -> tuple:
     """CL.CHECK's arguments; the defaults are left off the wire."""
-    command = ("CL.CHECK", key, capacity, refill_per_sec)
+    command: tuple[str | bytes | int, ...] = ("CL.CHECK", key, capacity, refill_per_sec)
     if cost != 1:
         command += ("COST", cost)
     if period_ms != 1000:
@@ -300,10 +300,16 @@ class _ClientBase:
 
     def server_for(self, key: Key) -> str:
         """The server that owns ``key`` (the client key, for ``limit``)."""
-        return self._only or self._ring.node_for(key_bytes(key))
+        if self._only is not None:
+            return self._only
+        assert self._ring is not None       # more than one server
+        return self._ring.node_for(key_bytes(key))
 
     def _node_for(self, route_key: bytes) -> _Node:
-        return self._nodes[self._only or self._ring.node_for(route_key)]
+        if self._only is not None:
+            return self._nodes[self._only]
+        assert self._ring is not None       # more than one server
+        return self._nodes[self._ring.node_for(route_key)]
 
     # ---- requests -----------------------------------------------------
 
@@ -320,7 +326,7 @@ class _ClientBase:
                        cost: int, on_failure: str) -> _Request:
         check_on_failure(on_failure)
         client_key = key_bytes(client_key)
-        command = ("CL.LIMIT", client_key, resource)
+        command: tuple[str | bytes | int, ...] = ("CL.LIMIT", client_key, resource)
         if tier is not None:
             command += ("TIER", tier)
         if cost != 1:
@@ -336,7 +342,9 @@ class _ClientBase:
         return self._prefetch is not None and 0 < cost <= self._prefetch.batch
 
     def _spend_prefetched(self, bucket: tuple, cost: int) -> Decision | None:
-        decision = self._prefetch.spend(bucket, cost)
+        prefetch = self._prefetch
+        assert prefetch is not None         # callers ask _prefetchable() first
+        decision = prefetch.spend(bucket, cost)
         if decision is not None:
             self.stats.incr("prefetched")
             self.stats.incr("server")
@@ -345,20 +353,24 @@ class _ClientBase:
     def _batch_request(self, request: _Request, bucket: tuple) -> _Request | None:
         """The request for a whole batch, or None near the limit (ask for
         the call's own cost instead)."""
-        if self._prefetch.near_limit(bucket):
+        prefetch = self._prefetch
+        assert prefetch is not None         # callers ask _prefetchable() first
+        if prefetch.near_limit(bucket):
             return None
         key, capacity, refill_per_sec, period_ms = bucket
         return request.with_command(check_command(key, capacity, refill_per_sec,
-                                                  self._prefetch.batch, period_ms))
+                                                  prefetch.batch, period_ms))
 
     def _batch_answered(self, bucket: tuple, cost: int, granted: Decision) -> Decision | None:
         """The call's decision from a batch's answer, or None: the batch did
         not fit, ask for the call's own cost."""
         if granted.source != SERVER:
             return granted                  # the failure policy has answered
+        prefetch = self._prefetch
+        assert prefetch is not None         # callers ask _prefetchable() first
         if granted.allowed:
-            return self._prefetch.keep(bucket, self._prefetch.batch - cost, granted)
-        self._prefetch.refused(bucket, granted)
+            return prefetch.keep(bucket, prefetch.batch - cost, granted)
+        prefetch.refused(bucket, granted)
         return None
 
     # ---- outcomes -----------------------------------------------------
@@ -478,7 +490,7 @@ class Client(_ClientBase):
         for node in self._nodes.values():
             node.redis.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -532,7 +544,7 @@ class _Pipeliner:
     (connect, HELLO, AUTH, pooling) and hiredis parses the replies.
     """
 
-    def __init__(self, client: "AsyncClient", node: _Node):
+    def __init__(self, client: AsyncClient, node: _Node):
         self._client = client
         self._node = node
         self._queue: list[tuple[tuple, asyncio.Future]] = []
@@ -571,7 +583,7 @@ class _Pipeliner:
                     future.set_exception(e)
             return
         self._client._round_trip_ok(self._node, len(batch))
-        for (_, future), reply in zip(batch, replies):
+        for (_, future), reply in zip(batch, replies, strict=False):
             if not future.done():          # its caller may have been cancelled
                 future.set_result(reply)
 
@@ -678,18 +690,21 @@ class AsyncClient(_ClientBase):
             # while the breaker is open.
             await asyncio.sleep(0)
             return self._skipped(node, request)
+        pipeliner = node.pipeliner
+        assert pipeliner is not None        # AsyncClient gives every node one
         try:
-            reply = await node.pipeliner.submit(request.command)
+            reply = await pipeliner.submit(request.command)
         except Exception as e:  # noqa: BLE001 - counted by the pipeliner
             return self._degraded(node, request, e)
         return self._answered(node, request, reply)
 
     async def aclose(self) -> None:
         for node in self._nodes.values():
+            assert node.pipeliner is not None
             await node.pipeliner.drain()
             await node.redis.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -7,12 +7,12 @@ enforces on its own while the server is failing; it runs on a Limiter.
 
 from __future__ import annotations
 
-from typing import Mapping, Union
+from collections.abc import Mapping
 
 from fastlimit._core import BucketStore, Clock
 from fastlimit.decision import LOCAL, LOCAL_FALLBACK, Decision
 
-Key = Union[str, bytes]
+Key = str | bytes
 
 MAX_PERIOD_MS = 2**32 - 1      # CL.CHECK's bound on PERIOD
 
@@ -110,7 +110,7 @@ def divide_limit(capacity: int, refill_per_sec: int, period_ms: int,
     return capacity, max(1, refill_per_sec // divisor), period_ms
 
 
-RuleValue = Union[tuple[int, int], tuple[int, int, int]]
+RuleValue = tuple[int, int] | tuple[int, int, int]
 
 
 class LocalFallback:

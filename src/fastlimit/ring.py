@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 DEFAULT_VNODES = 160
 

@@ -11,7 +11,8 @@ headers. Only HTTP is limited; websocket and lifespan traffic pass untouched.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastlimit.middleware.headers import Headers, denied_response, quota_headers
 from fastlimit.middleware.policy import RateLimitPolicy

@@ -15,8 +15,9 @@ of one, and the middleware awaits it when it can.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, NamedTuple
 
 from fastlimit.middleware.request import KeyFunc, Request, client_ip, method_and_route
 
@@ -39,15 +40,15 @@ class Limit:
                 raise ValueError(f"Limit.{name} must be a positive integer, not {value!r}")
 
     @classmethod
-    def per_second(cls, n: int, burst: int | None = None) -> "Limit":
+    def per_second(cls, n: int, burst: int | None = None) -> Limit:
         return cls(burst or n, n, 1000)
 
     @classmethod
-    def per_minute(cls, n: int, burst: int | None = None) -> "Limit":
+    def per_minute(cls, n: int, burst: int | None = None) -> Limit:
         return cls(burst or n, n, 60_000)
 
     @classmethod
-    def per_hour(cls, n: int, burst: int | None = None) -> "Limit":
+    def per_hour(cls, n: int, burst: int | None = None) -> Limit:
         return cls(burst or n, n, 3_600_000)
 
     @property
@@ -66,7 +67,7 @@ class Rules:
     window_seconds: int | None = None
 
 
-LimitSource = Union[Limit, Mapping[Optional[str], Limit], Rules]
+LimitSource = Limit | Mapping[str | None, Limit] | Rules
 
 
 class PendingCheck(NamedTuple):
@@ -97,7 +98,7 @@ class RateLimitPolicy:
     def __init__(self, limiter: Any, limit: LimitSource, *,
                  key: KeyFunc | None = None,
                  resource: Callable[[Request], str] = method_and_route,
-                 tier: Callable[[Request], Optional[str]] | None = None,
+                 tier: Callable[[Request], str | None] | None = None,
                  cost: Callable[[Request], int] | None = None,
                  on_failure: str | Callable[[Request], str] = "open"):
         _validate_limit(limit)
@@ -133,6 +134,7 @@ class RateLimitPolicy:
     def _limit_for(self, tier: str | None) -> Limit:
         if isinstance(self.limit, Limit):
             return self.limit
+        assert not isinstance(self.limit, Rules)     # start() asks the server for Rules
         # Unknown tiers get the default (None) entry, normally the strictest.
         return self.limit.get(tier) or self.limit[None]
 
@@ -142,7 +144,8 @@ def _validate_limit(limit: LimitSource) -> None:
     if isinstance(limit, (Limit, Rules)):
         return
     if not isinstance(limit, Mapping):
-        raise TypeError(f"limit must be a Limit, a {{tier: Limit}} mapping or Rules(), not {limit!r}")
+        raise TypeError("limit must be a Limit, a {tier: Limit} mapping or Rules(), "
+                        f"not {limit!r}")
     if None not in limit:
         raise ValueError("a {tier: Limit} mapping needs a None entry: the limit for "
                          "requests with no tier or an unknown one")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-RouteResolver = Callable[[Any], Optional[str]]
+RouteResolver = Callable[[Any], str | None]
 
 
 class Request:
@@ -37,7 +38,7 @@ class Request:
         self.user = user
         self.raw = raw
         self._resolve_route = resolve_route
-        self._route: str | None | bool = False  # False: not resolved yet
+        self._route: str | None | Literal[False] = False  # False: not resolved yet
 
     @property
     def route(self) -> str | None:
@@ -60,7 +61,8 @@ class AsgiRequest(Request):
 
     def header(self, name: str) -> str | None:
         wanted = name.lower().encode("latin-1")
-        values = [v.decode("latin-1") for k, v in self.raw.get("headers", ()) if k.lower() == wanted]
+        values = [v.decode("latin-1") for k, v in self.raw.get("headers", ())
+                  if k.lower() == wanted]
         return ", ".join(values) if values else None
 
 
@@ -98,7 +100,7 @@ def _asgi_user(scope: dict) -> str | None:
 
 # ---------------------------------------------------------------- key functions
 
-KeyFunc = Callable[[Request], Optional[str]]
+KeyFunc = Callable[[Request], str | None]
 
 
 def client_ip(trusted_proxies: Iterable[str] = ()) -> KeyFunc:

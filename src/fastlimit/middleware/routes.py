@@ -9,7 +9,8 @@ have ``routes`` whose items have ``matches(scope)``; Flask has a werkzeug
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 MAX_WRAPPER_DEPTH = 16  # how many wrapping middlewares to look through
 
@@ -27,7 +28,7 @@ def find_attribute(app: Any, name: str) -> Any:
     return None
 
 
-def asgi_route_resolver(app: Any) -> Optional[Callable[[dict], Optional[str]]]:
+def asgi_route_resolver(app: Any) -> Callable[[dict], str | None] | None:
     """For a Starlette/FastAPI app (or its middleware stack): scope -> template."""
     router = find_attribute(app, "routes")
     if router is None:
@@ -60,7 +61,7 @@ def _match_starlette(routes: Any, scope: dict, prefix: str) -> str | None:
     return partial
 
 
-def wsgi_route_resolver(app: Any) -> Optional[Callable[[dict], Optional[str]]]:
+def wsgi_route_resolver(app: Any) -> Callable[[dict], str | None] | None:
     """For a Flask app or its ``wsgi_app``: environ -> rule (``/users/<int:id>``)."""
     owner = find_attribute(app, "url_map")
     if owner is None:

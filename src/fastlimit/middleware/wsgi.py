@@ -12,7 +12,8 @@ and its response gains the quota headers. Needs a synchronous limiter
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from fastlimit.middleware.headers import STATUS_429, Headers, denied_response, quota_headers
 from fastlimit.middleware.policy import RateLimitPolicy

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import tomllib
 
-from fastlimit.rules.model import (NESTED_TOO_DEEPLY, Rule, RuleError, load_json, parse_rule,
-                                   show)
+from fastlimit.rules.model import NESTED_TOO_DEEPLY, Rule, RuleError, load_json, parse_rule, show
 
 
 def load_rules_file(path: str) -> dict[str, Rule]:

@@ -23,17 +23,21 @@ import bisect
 import fnmatch
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from operator import attrgetter
 
 from fastlimit.rules.model import MAX_RULES_PER_REQUEST
 
+# A compiled glob: the .match of its regex.
+GlobMatch = Callable[[bytes], re.Match[bytes] | None]
+
 GLOB_METACHARACTERS = re.compile(rb"[*?\[]")
 BATCH_RESORT = 64     # changes in one batch above which the index re-sorts its keys once
 
 
-def compile_glob(glob: bytes):
+def compile_glob(glob: bytes) -> GlobMatch:
     """fnmatch.fnmatchcase on bytes, compiled once: the pattern is read
     byte for byte (as ISO-8859-1), exactly as fnmatch does for bytes."""
     pattern = fnmatch.translate(glob.decode("iso-8859-1"))
@@ -59,7 +63,7 @@ class MatchRow:
     """One rule as the matcher sees it, compiled once per change."""
     rule_id: str
     num: int
-    resource: object            # compiled bytes-glob .match, None when the index decides
+    resource: GlobMatch | None  # compiled bytes-glob .match, None when the index decides
     tier: bytes | None
     client: bytes | None        # glob the engine matches per call, or None for any
     key: bytes                  # literal prefix of the resource glob
@@ -78,7 +82,7 @@ def compile_row(rule, num: int) -> MatchRow:
     by_index_alone = resource is None or exact or resource == key + b"*"
     client_key, client_exact = literal_prefix(client)
     return MatchRow(rule_id=rule.id, num=num,
-                    resource=None if by_index_alone else compile_glob(resource),
+                    resource=None if by_index_alone or resource is None else compile_glob(resource),
                     tier=match.tier.encode("utf-8") if match.tier is not None else None,
                     client=client, key=key, exact=exact, client_key=client_key,
                     client_exact=client_exact, counted=rule.algorithm != "concurrency")
@@ -146,7 +150,7 @@ class MatchIndex:
     def candidates(self, resource: bytes) -> list[MatchRow]:
         """Rows whose prefix view contains `resource`: the cones whose
         prefix starts it and the point equal to it (unsorted)."""
-        out = []
+        out: list[MatchRow] = []
         cones = self._cones
         for length in self._lengths:
             if length > len(resource):
@@ -228,10 +232,10 @@ def _crowds(rows: list[MatchRow], view, limit: int):
     key_of, exact_of = view
     stack: list[tuple[bytes, list]] = []
     depth = 0
-    for key, group in groupby(sorted(rows, key=key_of), key_of):
+    for key, grouped in groupby(sorted(rows, key=key_of), key_of):
         while stack and not key.startswith(stack[-1][0]):
             depth -= len(stack.pop()[1])
-        group = list(group)
+        group = list(grouped)
         points = [row for row in group if exact_of(row)]
         if len(points) < len(group):
             cones = [row for row in group if not exact_of(row)]
@@ -255,7 +259,8 @@ def _tier_groups(rows: list[MatchRow], limit: int) -> list[list[MatchRow]]:
     more than `limit` sharing one request: the rules of any tier alone (a
     request without a tier, or of a tier no rule names), and with each
     tier's own rules where the depths of the two parts may add up to more."""
-    any_tier, by_tier = [], {}
+    any_tier: list[MatchRow] = []
+    by_tier: dict[bytes, list[MatchRow]] = {}
     for row in rows:
         if row.tier is None:
             any_tier.append(row)

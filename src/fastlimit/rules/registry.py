@@ -30,6 +30,7 @@ changes, because its old buckets would mean something else.
 
 from __future__ import annotations
 
+import builtins  # RuleRegistry.list() hides the builtin in its annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ class RuleRegistry:
             self._commit([self._change(s.rule, s.source, None, s.updated_ms) for s in stored],
                          persist=False)
         except RuleError as e:
+            assert self.store is not None     # only stored rules were committed
             raise StoreError(f"rules database {self.store.path}: {e}") from None
         log.info("rules: %d loaded from the database", len(stored))
         if self.rules_file:
@@ -238,7 +240,7 @@ class RuleRegistry:
                 updated_ms: int | None = None) -> Change:
         keeps_buckets = (old is not None and old.rule.algorithm == rule.algorithm
                          and old.rule.scope == rule.scope)
-        num = old.num if keeps_buckets else self._take_number()
+        num = old.num if old is not None and keeps_buckets else self._take_number()
         stamp = self.now_ms() if updated_ms is None else updated_ms
         return Change(rule.id, old, Entry(rule, num, source, stamp))
 
@@ -247,7 +249,7 @@ class RuleRegistry:
         self._next_num += 1
         return num
 
-    def _commit(self, changes: list[Change], persist: bool = True) -> None:
+    def _commit(self, changes: builtins.list[Change], persist: bool = True) -> None:
         """Applies a batch all or nothing: on any failure (a rule the
         engine refuses, too many rules per request, the database, or
         anything unforeseen) the match index, the engine and the database
@@ -276,7 +278,7 @@ class RuleRegistry:
                             "the rules in force are unchanged") from None
         self._publish(changes)
 
-    def _index_batch(self, changes: list[Change]):
+    def _index_batch(self, changes: builtins.list[Change]):
         """Puts the batch's rows in the match index (each compiled once,
         before anything changes, so compiling cannot leave half a batch);
         returns the function that takes them out again."""
@@ -287,7 +289,7 @@ class RuleRegistry:
             self._index.update([row.rule_id for row in rows], removed)
         return undo
 
-    def _check_crowding(self, changes: list[Change]) -> None:
+    def _check_crowding(self, changes: builtins.list[Change]) -> None:
         """Refuses a batch after which some request could match more than
         the engine's MAX_RULES_PER_REQUEST rules (CL.LIMIT would then fail
         for it, and clients fail open): what is acknowledged must be
@@ -319,11 +321,11 @@ class RuleRegistry:
                 f"{MAX_RULES_PER_REQUEST}: narrow the match of this rule or of the "
                 "rules it overlaps")
 
-    def _stage(self, changes: list[Change]) -> None:
+    def _stage(self, changes: builtins.list[Change]) -> None:
         """Defines every new or changed rule in the engine.  New numbers are
         not reachable until published; a kept number takes its new spec
         now, and is put back if a later rule of the batch is refused."""
-        staged = []
+        staged: builtins.list[Change] = []
         for change in changes:
             if change.new is None:
                 continue
@@ -336,7 +338,7 @@ class RuleRegistry:
                 raise
             staged.append(change)
 
-    def _unstage(self, changes: list[Change]) -> None:
+    def _unstage(self, changes: builtins.list[Change]) -> None:
         # Lossless, as no check runs in between: buckets are capped to a
         # capacity lazily, at the next check.  The one exception is a
         # concurrency rule whose limit changed: the engine starts its
@@ -346,10 +348,10 @@ class RuleRegistry:
                 continue
             if change.new_number:
                 self.engine.forget(change.new.num)
-            else:
+            elif change.old is not None:     # always: a kept number was the old entry's
                 self.engine.define(change.old.num, change.old.rule.engine_spec())
 
-    def _publish(self, changes: list[Change]) -> None:
+    def _publish(self, changes: builtins.list[Change]) -> None:
         # Plain dict updates only: nothing here can fail halfway.
         for change in changes:
             if change.old is not None:
@@ -378,7 +380,8 @@ class RuleRegistry:
 
     # ---- matching -----------------------------------------------------------------------
 
-    def matcher(self, resource: bytes, tier: bytes | None) -> list[tuple[int, bytes | None]]:
+    def matcher(self, resource: bytes,
+                tier: bytes | None) -> builtins.list[tuple[int, bytes | None]]:
         """The engine's matcher: (number, client glob) of every rule whose
         resource glob and tier match, in rule id order.  A rule without a
         tier matches any tier and none; a rule with one only that tier."""
@@ -394,7 +397,7 @@ class RuleRegistry:
         base = self._stats_base.get(rule_id)
         return {name: counts[name] + (base[name] if base else 0) for name in STAT_FIELDS}
 
-    def denials(self, count: int | None = None) -> list[tuple[int, str, bytes, int]]:
+    def denials(self, count: int | None = None) -> builtins.list[tuple[int, str, bytes, int]]:
         """Recent denials, newest first: (time_ms, rule id, key, cost)."""
         # The sample is in arrival order; reversing before the stable sort
         # keeps the newest first among denials of the same millisecond.
@@ -417,6 +420,7 @@ class RuleRegistry:
             for i, rule_id in enumerate(sorted(self._entries)):
                 entry = self._entries[rule_id]
                 stats = self.stats(rule_id)
+                assert stats is not None     # the rule is in self._entries
                 out[f"rule{i}"] = (f"id={rule_id},algorithm={entry.rule.algorithm},"
                                    f"mode={entry.rule.mode},source={entry.source},"
                                    + ",".join(f"{k}={stats[k]}" for k in STAT_FIELDS))

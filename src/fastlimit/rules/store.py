@@ -171,7 +171,7 @@ class RuleStore:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "RuleStore":
+    def __enter__(self) -> RuleStore:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from typing import cast
 
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
@@ -58,7 +59,7 @@ class Server:
         self.sweep_budget_ms = settings.sweep_budget_ms
         self._servers: list[asyncio.AbstractServer] = []
         self._stopping: asyncio.Event | None = None
-        self._tick_handle = None
+        self._tick_handle: asyncio.TimerHandle | None = None
         self._last_ops = (time.monotonic(), 0)
         self._last_denials = (time.monotonic(), 0)
 
@@ -125,7 +126,9 @@ class Server:
         self._stopping = asyncio.Event()
         for host in self.settings.bind:
             server = await loop.create_server(
-                lambda: Connection(self.core), host, self.port or None if self.port else 0,
+                # Connection has asyncio.Protocol's callbacks but is a cdef
+                # class, not a subclass of it.
+                lambda: cast(asyncio.BaseProtocol, Connection(self.core)), host, self.port or 0,
                 reuse_address=True, backlog=511)
             self._servers.append(server)
             if not self.port:
@@ -147,6 +150,7 @@ class Server:
             self._stopping.set()
 
     async def serve_until_stopped(self) -> None:
+        assert self._stopping is not None, "start() first"
         await self._stopping.wait()
         await self.stop()
 

@@ -20,8 +20,8 @@ from fastlimit._rules import throttle_params_error
 from fastlimit.server import config as cfg
 from fastlimit.server.arguments import integer
 from fastlimit.server.info import render_info
-from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
 from fastlimit.server.replication import Follower
+from fastlimit.server.rule_commands import build_rule_command, rule_check_commands
 from fastlimit.server.snapshot import SnapshotError
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
@@ -100,7 +100,8 @@ def cmd_hello(conn, args):
             _validate_client_name(name)
             i += 2
         else:
-            raise ReplyError(f"ERR Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
+            option = args[i].decode(errors="replace")
+            raise ReplyError(f"ERR Syntax error in HELLO option '{option}'")
     if not conn.authenticated and not authed:
         raise ReplyError("NOAUTH HELLO must be called with the client already authenticated, "
                          "otherwise the HELLO AUTH <user> <pass> option can be used "
@@ -398,7 +399,7 @@ def cmd_cl_throttle(conn, args):
     if len(args) > 6:
         raise ReplyError("ERR wrong number of arguments for 'cl.throttle' command")
     numbers = [_int(a, name) for a, name in zip(
-        args[2:], ("max_burst", "count per period", "period", "quantity"))]
+        args[2:], ("max_burst", "count per period", "period", "quantity"), strict=False)]
     burst, count, period = numbers[:3]
     quantity = numbers[3] if len(numbers) > 3 else 1
     error = throttle_params_error(burst, count, period, quantity)
@@ -598,7 +599,7 @@ def cmd_command_getkeys(conn, args):
 def container(name: str, arity: int, flags, subcommands, doc, default=None) -> Command:
     """A command whose second argument names a subcommand (CLIENT LIST);
     `default` answers the bare command, where Redis allows one."""
-    holder = []
+    holder: list[Command] = []
 
     def dispatch(conn, args):
         if len(args) == 1:
@@ -784,9 +785,11 @@ def build_table() -> dict[bytes, Command]:
         container("command", -1, ("loading", "stale"), [
             sub("command", "count", 2, cmd_command_count, "Returns a count of commands."),
             sub("command", "info", -2, cmd_command_info, "Returns information about commands."),
-            sub("command", "docs", -2, cmd_command_docs, "Returns documentary information about commands."),
+            sub("command", "docs", -2, cmd_command_docs,
+                "Returns documentary information about commands."),
             sub("command", "list", -2, cmd_command_list, "Returns a list of command names."),
-            sub("command", "getkeys", -3, cmd_command_getkeys, "Extracts the key names from a command."),
+            sub("command", "getkeys", -3, cmd_command_getkeys,
+                "Extracts the key names from a command."),
         ], {"summary": "Returns detailed information about all commands.", "group": "server"},
             default=cmd_command),
         build_rule_command(),

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
+from typing import Any
 
 from fastlimit._resp import parse_integer
 
@@ -172,7 +174,7 @@ class Settings:
     repl_buffer_limit: int = 256 * 1024**2
     rules_cache_size: int = 16 * 1024**2
 
-    def validate(self) -> "Settings":
+    def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
         bounds are the same however the settings were made) and
         normalises it; the empty password is no password."""
@@ -194,7 +196,7 @@ LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
 
 # name -> (parse from text or a TOML value, format for CONFIG GET).  Every
 # size fits the C fields it ends in (int64); ConfigError says what is wrong.
-_FIELDS = {
+_FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
     "port": (lambda v: parse_int(v, 0, 65535), str),
     "requirepass": (lambda v: str(v) or None, lambda v: v or ""),
@@ -238,7 +240,8 @@ def parse_replicaof(value) -> tuple[str, int] | None:
 
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len", "max-multibulk-len",
+RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
+                    "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
                     "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
@@ -296,7 +299,7 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
             raise ConfigError("duplicate parameter", key)
         keys.append(key)
     trial = replace(settings)
-    for key, (_, value) in zip(keys, pairs):
+    for key, (_, value) in zip(keys, pairs, strict=True):
         if key in RUNTIME_SETTABLE:
             apply(trial, key, value, RUNTIME_PARSERS.get(key))
     return trial.validate()
@@ -364,7 +367,7 @@ _GLOB_CHARS = re.compile(rb"[*?\[]")
 
 
 @cache
-def _matcher() -> "NameMatcher":
+def _matcher() -> NameMatcher:
     return NameMatcher(list(_FIELDS) + list(FIXED))
 
 
@@ -421,7 +424,7 @@ class NameMatcher:
         while i < n and state:
             ch = pattern[i]
             if ch == _STAR:
-                i = _STARS.match(pattern, i).end()
+                i = _must_match(_STARS, pattern, i).end()
                 for shift in self.fill_shifts:
                     state |= (state << shift) & self.valid
                 continue
@@ -440,7 +443,7 @@ class NameMatcher:
     def _class(self, pattern: bytes, i: int, classes: dict) -> tuple[int, int]:
         """The positions the ``[...]`` token at pattern[i] admits, and
         where the token ends."""
-        end = _CLASS.match(pattern, i).end()
+        end = _must_match(_CLASS, pattern, i).end()
         text = pattern[i:end]
         end += pattern[end:end + 1] == b"]"      # a closing "]"; else the pattern ended
         positions = classes.get(text)
@@ -472,6 +475,15 @@ class NameMatcher:
 
 _STAR, _QUESTION, _OPEN, _BACKSLASH = b"*?[\\"
 _STARS = re.compile(rb"\*+")
+
+
+def _must_match(regex: re.Pattern[bytes], text: bytes, pos: int) -> re.Match[bytes]:
+    """regex.match where the caller knows it matches (the token starts there)."""
+    m = regex.match(text, pos)
+    assert m is not None
+    return m
+
+
 # A class as stringmatchlen reads it: "[", an optional "^", then items in
 # this order of preference: an escaped byte, a range "a-z" (whose end may
 # be "]" or "\\"), any byte but "]"; then "]", or the end of the pattern.
@@ -505,10 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastlimit-server",
         description="Rate-limiting counter server that speaks the Redis protocol.")
     p.add_argument("--config", metavar="FILE", help="TOML config file (command line wins)")
-    p.add_argument("--port", metavar="N", help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
-    p.add_argument("--bind", nargs="+", metavar="ADDR", help="addresses to listen on (default 127.0.0.1)")
+    p.add_argument("--port", metavar="N",
+                   help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--bind", nargs="+", metavar="ADDR",
+                   help="addresses to listen on (default 127.0.0.1)")
     p.add_argument("--requirepass", metavar="PW", help="password clients must AUTH with")
-    p.add_argument("--shards", metavar="N", help="bucket table shards, a power of two (default 256)")
+    p.add_argument("--shards", metavar="N",
+                   help="bucket table shards, a power of two (default 256)")
     p.add_argument("--manual-clock", action="store_true", default=None,
                    help="start the clock at 0 and move it only with DEBUG CLOCK (tests)")
     p.add_argument("--maxclients", metavar="N")

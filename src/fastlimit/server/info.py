@@ -36,7 +36,8 @@ def _server(core, app) -> dict:
     s = app.settings
     return {
         "redis_version": "7.0.0", "fastlimit_version": __version__,
-        "redis_mode": "standalone", "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "redis_mode": "standalone",
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
         "arch_bits": 64, "multiplexing_api": app.loop_name,
         "python_version": platform.python_version(), "process_id": os.getpid(),
         "run_id": app.run_id, "tcp_port": app.port, "server_time_usec": int(time.time() * 1e6),

@@ -25,10 +25,14 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastlimit.server import replstream as rs
 from fastlimit.server import snapshot
 from fastlimit.server.snapshot import SnapshotError
+
+if TYPE_CHECKING:
+    from fastlimit._protocol import Connection
 
 HEARTBEAT_S = 1.0          # an empty batch this often keeps an idle link alive
 ACK_S = 1.0                # a replica reports its offset this often
@@ -84,7 +88,7 @@ class FullCopy:
 class Follower:
     """A replica as its primary sees it.  States as Redis names them:
     wait_bgsave (a child writes its full copy), send_bulk, online."""
-    conn: object
+    conn: Connection
     ip: str
     port: int = 0                   # the replica's own listening port
     state: str = "wait_bgsave"
@@ -253,6 +257,7 @@ class Replication:
 
     def _send_copy(self, follower: Follower) -> None:
         conn, copy = follower.conn, follower.copy
+        assert copy is not None         # a follower is sent the copy it waits for
         # All of a replica's output counts against repl-buffer-limit, so the
         # copy runs at most half of it ahead of the socket.
         ahead = min(SEND_AHEAD, self.app.settings.repl_buffer_limit // 2)
@@ -362,7 +367,8 @@ class Replication:
         if not sections and now - self._last_batch_ms < HEARTBEAT_S * 1000:
             return
         self._last_batch_ms = now
-        stamp = oldest if sections else now
+        assert oldest is not None or not sections   # changes have an oldest one
+        stamp = oldest if oldest is not None and sections else now
         generations = app.rule_engine.lease_generations() if sections else {}
         self.broadcast(rs.frame(rs.BATCH, rs.batch_head(stamp, generations), *sections))
 
@@ -489,7 +495,7 @@ class Replication:
 
     def follower_info(self, offset: int) -> dict:
         """connected_slaves and a slave<i> line per follower."""
-        out = {"connected_slaves": len(self.followers)}
+        out: dict[str, int | str] = {"connected_slaves": len(self.followers)}
         now = time.monotonic()
         for i, f in enumerate(self.followers.values()):
             out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
@@ -559,7 +565,7 @@ class PrimaryLink(asyncio.Protocol):
         self.host = host
         self.port = port
         self.state = "connect"
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.reader = rs.FrameReader()
         self.handshake = bytearray()
         self.replies_due = 0
@@ -574,8 +580,8 @@ class PrimaryLink(asyncio.Protocol):
         self.failures = FailureLog(repl.log)
         self._ends = ("", "")      # this end's and the primary's address
         self._stopped = False
-        self._retry = None
-        self._task = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # ---- connecting ----------------------------------------------------------------
 
@@ -590,7 +596,7 @@ class PrimaryLink(asyncio.Protocol):
             # kernel's connect timeout (minutes).
             await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 lambda: self, self.host, self.port), self.app.settings.repl_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._failed(logging.WARNING, "connect timed out", reach=True)
         except OSError as e:
             self._failed(logging.WARNING, str(e.strerror or e), reach=True)
@@ -671,11 +677,13 @@ class PrimaryLink(asyncio.Protocol):
             pass
         except (SnapshotError, ValueError) as e:    # RuleError is a ValueError
             self._failed(logging.ERROR, f"{e}; resyncing")
+            assert self.transport is not None   # data arrives only while connected
             self.transport.abort()
         except Exception:
             # A bug must cost a resync, never the replica process.
             self.repl.log.exception("replication from %s:%d failed; resyncing",
                                     self.host, self.port)
+            assert self.transport is not None   # data arrives only while connected
             self.transport.abort()
 
     def _handshake_replies(self, data: bytes) -> bytes:
@@ -711,6 +719,7 @@ class PrimaryLink(asyncio.Protocol):
                 f"primary)"))
             self._stopped = True
             self.state = "connect"
+            assert self.transport is not None   # handshake replies: connected
             self.transport.abort()
             raise _Stopped()
         raise ValueError(f"the primary refused the handshake: {line}")

@@ -47,7 +47,7 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def frame(kind: int, *parts: bytes) -> bytes:
+def frame(kind: int, *parts: bytes | memoryview) -> bytes:
     """One frame whose payload is the parts, joined in one copy."""
     return b"".join([FRAME.pack(kind, sum(map(len, parts))), *parts])
 

@@ -84,7 +84,7 @@ def remove_stale_temp_files(path: str) -> list[str]:
     before start-up ends).  Returns the names removed."""
     folder = os.path.dirname(os.path.abspath(path))
     prefix = os.path.basename(temp_path(path, 0))[:-1]
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(folder)
     except OSError:
@@ -392,6 +392,7 @@ class Snapshots:
 
     def _remove_temp_file(self, pid: int) -> None:
         """What a BGSAVE child that did not finish left behind."""
+        assert self.path is not None     # only a save to a file starts a child
         _unlink_if_there(temp_path(self.path, pid))
 
     def _saved(self, status: str) -> None:
