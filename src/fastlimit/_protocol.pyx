@@ -7,8 +7,7 @@ from libc.string cimport memcpy, memmove
 
 from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
-                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
-                              FL_MAX_KEY_LEN)
+                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parser_release,
                               parser_memory, parse_command,
@@ -702,11 +701,6 @@ cdef class Connection:
             self.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
             return
         if self.refuse_write(la.cost):
-            return
-        if a[2].len > FL_MAX_KEY_LEN or la.tlen > FL_MAX_KEY_LEN:
-            # Refused before matching: a bucket key holds at most this much,
-            # and a huge resource would cost its size in hashing and globs.
-            self.reply_error("ERR resource and tier must be at most 65535 bytes")
             return
         try:
             n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen)

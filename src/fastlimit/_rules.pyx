@@ -564,13 +564,17 @@ cdef class RuleEngine:
         # digest, so no entry holds client bytes of any size.  Bytes and
         # tuples of different lengths never compare equal, so the three
         # kinds cannot stand for each other.
-        cdef object resource_key = PyBytes_FromStringAndSize(resource, rlen)
-        cdef object tier_key = None if tier == NULL else PyBytes_FromStringAndSize(tier, tlen)
-        cdef object cache_key
+        cdef object resource_key, tier_key, cache_key
         cdef tuple entry
         cdef bytes packed
         cdef const uint32_t* nums
         cdef int n = 0, i, count
+        if rlen > FL_MAX_KEY_LEN or tlen > FL_MAX_KEY_LEN:
+            # Refused before matching, for every front: no bucket key could
+            # hold it, and a huge one would cost its size in hashing and globs.
+            raise ValueError("resource and tier must be at most 65535 bytes")
+        resource_key = PyBytes_FromStringAndSize(resource, rlen)
+        tier_key = None if tier == NULL else PyBytes_FromStringAndSize(tier, tlen)
         if rlen + tlen > MAX_CACHED_KEY:
             cache_key = (long_key_digest(resource_key, tier_key, self.seed),)
         else:
