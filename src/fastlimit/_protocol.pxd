@@ -45,6 +45,7 @@ cdef class Command:
     cdef readonly bint no_multi
     cdef readonly bint is_write
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
+    cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls
@@ -66,6 +67,9 @@ cdef class ServerCore:
     cdef public int64_t output_hard_limit
     cdef public int64_t output_soft_limit
     cdef public double output_soft_seconds
+    cdef public int64_t pubsub_hard_limit     # the pubsub class, for subscribed clients
+    cdef public int64_t pubsub_soft_limit
+    cdef public double pubsub_soft_seconds
     cdef public int64_t maxclients
     cdef public dict clients          # client id -> Connection
     cdef public int64_t next_client_id
@@ -80,6 +84,11 @@ cdef class ServerCore:
     cdef public bint readonly         # a replica: writes get -READONLY
     cdef public object app            # the event-loop layer's server object
     cdef public object log
+
+
+# Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
+# s[0:m].  No recursion; see _protocol.pyx for the bound.
+cdef bint glob_match(const char* p, size_t n, const char* s, size_t m) noexcept
 
 
 cdef class Connection:
@@ -117,6 +126,11 @@ cdef class Connection:
     cdef public str last_subcommand   # 'client|list' after CLIENT LIST
     cdef public object replica        # set when a replica syncs over this connection
     cdef public int replica_port      # REPLCONF listening-port
+    # Pub/Sub (server/pubsub.py keeps them): channel or pattern -> None, in
+    # the order subscribed; None until the first subscription.
+    cdef public dict pubsub_channels
+    cdef public dict pubsub_patterns
+    cdef public bint subscribed       # Redis's CLIENT_PUBSUB: a subscription is open
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)
@@ -129,6 +143,7 @@ cdef class Connection:
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)
+    cdef void refuse_when_subscribed(self, Command cmd)
     cdef bint refuse_write(self, int64_t cost)
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
@@ -145,4 +160,6 @@ cdef class Connection:
     cdef void reply_error(self, str msg)
     cdef void flush(self)
     cdef void check_output_limits(self)
+    cdef void over_output_limits(self, int64_t pending, int64_t hard, int64_t soft,
+                                 double soft_seconds)
     cdef list args_as_bytes(self)

@@ -11,6 +11,8 @@ from fastlimit._core import BucketStore, Clock
 from fastlimit._rules import RuleEngine
 
 READONLY_ERROR: str
+
+def glob(pattern: bytes, string: bytes) -> bool: ...
 LOG_VERBOSE: int
 
 class Command:
@@ -44,6 +46,8 @@ class Command:
     def is_write(self) -> bool: ...
     @property
     def replica_peeks(self) -> bool: ...
+    @property
+    def when_subscribed(self) -> bool: ...
     calls: int
     nsec: int
     failed_calls: int
@@ -54,7 +58,7 @@ class Command:
                  last_key: int = 0, key_step: int = 0, fast: int = ...,
                  subcommands: Iterable[Command] | None = None,
                  doc: dict[str, Any] | None = None, acl_categories: Iterable[str] = (),
-                 replica_peeks: bool = False) -> None: ...
+                 replica_peeks: bool = False, when_subscribed: bool = False) -> None: ...
     def check_arity(self, argc: int) -> bool: ...
     @property
     def usec(self) -> int: ...
@@ -70,6 +74,9 @@ class ServerCore:
     output_hard_limit: int
     output_soft_limit: int
     output_soft_seconds: float
+    pubsub_hard_limit: int
+    pubsub_soft_limit: int
+    pubsub_soft_seconds: float
     maxclients: int
     clients: dict[int, Connection]
     next_client_id: int
@@ -120,6 +127,9 @@ class Connection:
     last_subcommand: str | None
     replica: Any
     replica_port: int
+    pubsub_channels: dict[bytes, None] | None
+    pubsub_patterns: dict[bytes, None] | None
+    subscribed: bool
 
     def __init__(self, core: ServerCore) -> None: ...
     def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
@@ -134,6 +144,7 @@ class Connection:
     def abort(self) -> None: ...
     def close(self) -> None: ...
     def send(self, data: bytes) -> None: ...
+    def push(self, frame: bytes) -> bool: ...
     def cron(self) -> None: ...
     @property
     def is_closed(self) -> bool: ...

@@ -149,7 +149,8 @@ cdef str options_error(int status, const Arg* option, str expected):
 cdef class Command:
     def __init__(self, str name, int arity, flags=(), handler=None, *,
                  int first_key=0, int last_key=0, int key_step=0, int fast=FAST_NONE,
-                 subcommands=None, doc=None, acl_categories=(), bint replica_peeks=False):
+                 subcommands=None, doc=None, acl_categories=(), bint replica_peeks=False,
+                 bint when_subscribed=False):
         self.name = name
         self.arity = arity
         self.flags = tuple(flags)
@@ -165,6 +166,7 @@ cdef class Command:
         self.no_multi = "no-multi" in self.flags
         self.is_write = "write" in self.flags
         self.replica_peeks = replica_peeks
+        self.when_subscribed = when_subscribed
 
     cdef bint arity_ok(self, int argc) noexcept:
         if self.arity >= 0:
@@ -206,6 +208,9 @@ cdef class ServerCore:
         self.output_hard_limit = output_hard_limit
         self.output_soft_limit = output_soft_limit
         self.output_soft_seconds = output_soft_seconds
+        self.pubsub_hard_limit = 32 * 1024 * 1024
+        self.pubsub_soft_limit = 8 * 1024 * 1024
+        self.pubsub_soft_seconds = 60.0
         self.maxclients = maxclients
         self.clients = {}
         self.error_counts = {}
@@ -267,6 +272,8 @@ cdef class Connection:
         self.core.clients.pop(self.id, None)
         if self.replica is not None:
             self.core.app.replication.detach(self)
+        if self.subscribed:
+            self.core.app.pubsub.forget(self)
         self.transport = None
         free(self.inbuf)
         self.inbuf = NULL
@@ -527,6 +534,8 @@ cdef class Connection:
             self.reject(cmd, READONLY_ERROR)
         elif self.multi_queue is not None and cmd.no_multi:
             self.reject(cmd, "ERR Command not allowed inside a transaction")
+        elif self.subscribed and self.proto == 2 and not cmd.when_subscribed:
+            self.refuse_when_subscribed(cmd)
         elif self.multi_queue is not None and cmd.fast < FAST_MULTI:
             self.queue(cmd)
         else:
@@ -548,6 +557,23 @@ cdef class Connection:
                               "does not take; closing the link", self.id, self.addr,
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
+
+    cdef void refuse_when_subscribed(self, Command cmd):
+        """A subscribed RESP2 connection reads pushes, not replies: Redis
+        refuses all but a few commands there, naming the subcommand as
+        its table does (an unknown subcommand, or one with the wrong
+        arity, runs instead, for the container's own error)."""
+        cdef Command sub
+        cdef str name = cmd.name
+        if cmd.subcommands and self.parser.argc >= 2:
+            sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
+                self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
+            if sub is None or not sub.arity_ok(self.parser.argc):
+                self.run(cmd, None)
+                return
+            name = sub.name
+        self.reject(cmd, f"ERR Can't execute '{name}': only (P|S)SUBSCRIBE / "
+                         "(P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context")
 
     cdef bint queued_write(self, Command cmd):
         """Whether a fast command queued in MULTI on a replica would write:
@@ -725,6 +751,12 @@ cdef class Connection:
         if self.parser.argc > 2:
             self.reply_error("ERR wrong number of arguments for 'ping' command")
             return
+        if self.subscribed and self.proto == 2:
+            # a subscribed RESP2 client tells replies from pushes by shape
+            write_raw(&OUT, b"*2\r\n$4\r\npong\r\n", 14)
+            if self.parser.argc == 1:
+                write_raw(&OUT, b"$0\r\n\r\n", 6)
+                return
         if self.parser.argc == 1:
             write_raw(&OUT, b"+PONG\r\n", 7)
         else:
@@ -801,28 +833,39 @@ cdef class Connection:
         self.check_output_limits()
 
     cdef void check_output_limits(self):
+        """Drops a client whose unsent output is past its class's limits:
+        a subscriber has the pubsub class (as Redis's getClientType)."""
         cdef ServerCore core = self.core
         cdef int64_t pending = self.transport.get_write_buffer_size()
-        cdef double now
         if self.replica is not None:
             core.app.replication.check_output(self)   # the stream's own bound
             return
         if pending == 0:
             self.soft_limit_since = 0
-            return
-        if core.output_hard_limit > 0 and pending > core.output_hard_limit:
-            core.log.warning("closing client id=%d addr=%s: output buffer %d bytes "
-                             "over the hard limit", self.id, self.addr, pending)
+        elif self.subscribed:
+            self.over_output_limits(pending, core.pubsub_hard_limit, core.pubsub_soft_limit,
+                                    core.pubsub_soft_seconds)
+        else:
+            self.over_output_limits(pending, core.output_hard_limit, core.output_soft_limit,
+                                    core.output_soft_seconds)
+
+    cdef void over_output_limits(self, int64_t pending, int64_t hard, int64_t soft,
+                                 double soft_seconds):
+        cdef double now
+        cdef str kind = "subscriber" if self.subscribed else "client"
+        if hard > 0 and pending > hard:
+            self.core.log.warning("closing %s id=%d addr=%s: output buffer %d bytes "
+                                  "over the hard limit", kind, self.id, self.addr, pending)
             self.abort()
             return
-        if core.output_soft_limit > 0 and pending > core.output_soft_limit:
+        if soft > 0 and pending > soft:
             now = time.monotonic()
             if self.soft_limit_since == 0:
                 self.soft_limit_since = now
-            elif now - self.soft_limit_since > core.output_soft_seconds:
-                core.log.warning("closing client id=%d addr=%s: output buffer over the "
-                                 "soft limit for %.0f s", self.id, self.addr,
-                                 now - self.soft_limit_since)
+            elif now - self.soft_limit_since > soft_seconds:
+                self.core.log.warning("closing %s id=%d addr=%s: output buffer over the "
+                                      "soft limit for %.0f s", kind, self.id, self.addr,
+                                      now - self.soft_limit_since)
                 self.abort()
         else:
             self.soft_limit_since = 0
@@ -850,6 +893,24 @@ cdef class Connection:
         if self.transport is not None and not self.closed:
             self.core.net_output_bytes += len(data)
             self.transport.write(data)
+
+    def push(self, bytes frame):
+        """A pub/sub frame for this client: into the replies being made
+        when it is the client running a command (its own confirmations,
+        or a message it published to itself, which comes before PUBLISH's
+        reply), otherwise written at once, never waiting for the client
+        to read: past its output limits it is dropped instead.  Whether
+        the client is still connected after it."""
+        if self.busy:
+            if write_raw(&OUT, PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame)) != 0:
+                raise MemoryError()
+            return True
+        if self.transport is None or self.closed:
+            return False
+        self.core.net_output_bytes += PyBytes_GET_SIZE(frame)
+        self.transport.write(frame)
+        self.check_output_limits()
+        return not self.closed
 
     def cron(self):
         """Periodic checks for a connection that may have gone quiet."""
@@ -890,6 +951,91 @@ cdef class Connection:
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
 LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)
+
+
+cdef inline bint glob_token(const char* p, size_t n, size_t i, char ch,
+                            size_t* end) noexcept:
+    """Whether the one-byte token at p[i] ('?', a class, an escaped or a
+    plain byte) admits ch; *end is where the token ends.  Classes read as
+    stringmatchlen reads them: "^" negates, "\\" escapes, "x-y" is a range
+    (reversed ones swapped, bytes compared as C's signed char, and its end
+    may be "]"), and one the pattern ends inside takes the rest."""
+    cdef size_t j
+    cdef bint negate, found = False
+    cdef signed char lo, hi, t
+    if p[i] == c'?':
+        end[0] = i + 1
+        return True
+    if p[i] == c'[':
+        j = i + 1
+        negate = j < n and p[j] == c'^'
+        if negate:
+            j += 1
+        while True:
+            if j < n and p[j] == c'\\' and n - j >= 2:
+                j += 1
+                found = found or p[j] == ch
+            elif j < n and p[j] == c']':
+                break
+            elif j >= n:
+                j -= 1          # the class ran to the end of the pattern
+                break
+            elif n - j >= 3 and p[j + 1] == c'-':
+                lo, hi = <signed char>p[j], <signed char>p[j + 2]
+                if lo > hi:
+                    t = lo
+                    lo = hi
+                    hi = t
+                j += 2
+                found = found or lo <= <signed char>ch <= hi
+            else:
+                found = found or p[j] == ch
+            j += 1
+        end[0] = j + 1
+        return found != negate
+    if p[i] == c'\\' and n - i >= 2:
+        i += 1
+    end[0] = i + 1
+    return p[i] == ch
+
+
+cdef bint glob_match(const char* p, size_t n, const char* s, size_t m) noexcept:
+    """Redis's stringmatchlen, case-sensitive, without its recursion.
+    Every token but "*" takes exactly one byte, so on a mismatch only the
+    last "*" needs to take one byte more (an earlier one taking more
+    could only move the rest later, where it was already tried): the
+    time is at most O(n * m), with no stack.  Like stringmatchlen, an
+    empty string matches only the empty pattern ("*" included)."""
+    cdef size_t pi = 0, si = 0, end = 0, star_p = 0, star_s = 0
+    cdef bint starred = False
+    if m == 0:
+        return n == 0
+    while si < m:
+        if pi < n and p[pi] == c'*':
+            while pi < n and p[pi] == c'*':
+                pi += 1
+            if pi == n:
+                return True
+            starred, star_p, star_s = True, pi, si
+            continue
+        if pi < n and glob_token(p, n, pi, s[si], &end):
+            pi = end
+            si += 1
+            continue
+        if not starred:
+            return False
+        star_s += 1
+        si, pi = star_s, star_p
+    while pi < n and p[pi] == c'*':
+        pi += 1
+    return pi == n
+
+
+def glob(bytes pattern, bytes string):
+    """Whether pattern matches string by Redis's stringmatchlen rules
+    (case-sensitive), as PSUBSCRIBE and PUBSUB CHANNELS match."""
+    return glob_match(PyBytes_AS_STRING(pattern), PyBytes_GET_SIZE(pattern),
+                      PyBytes_AS_STRING(string), PyBytes_GET_SIZE(string))
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):

@@ -19,6 +19,7 @@ from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
 from fastlimit.server.commands.table import build_table
+from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
 from fastlimit.server.snapshot import SnapshotError, Snapshots
 
@@ -46,6 +47,7 @@ class Server:
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
+        self.pubsub = PubSub(self.core)
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
@@ -72,7 +74,8 @@ class Server:
         core.max_multibulk_len = s.max_multibulk_len
         core.query_buffer_limit = s.client_query_buffer_limit
         core.output_hard_limit, core.output_soft_limit, core.output_soft_seconds = \
-            s.client_output_buffer_limit
+            s.client_output_buffer_limit["normal"]
+        self.pubsub.apply_settings(s)
         core.maxclients = s.maxclients
         core.rules.set_match_cache_limit(s.rules_cache_size)
         logging.getLogger().setLevel(cfg.LOGLEVELS[s.loglevel])

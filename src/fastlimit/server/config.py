@@ -111,21 +111,45 @@ def parse_bool(value, name: str | None = None) -> bool:
     raise ConfigError("argument must be 'yes' or 'no'", name)
 
 
-def parse_output_limit(value) -> tuple[int, int, int]:
-    """``[normal] <hard> <soft> <soft-seconds>``, as one string or a list."""
+# client-output-buffer-limit's classes as Redis names them (replica is
+# also "slave", the name CONFIG GET shows); replicas are bounded by
+# repl-buffer-limit, the replica class is kept for Redis's tools.
+OUTPUT_CLASSES = {"normal": "normal", "replica": "replica", "slave": "replica",
+                  "pubsub": "pubsub"}
+DEFAULT_OUTPUT_LIMITS = {"normal": (32 * 1024**2, 8 * 1024**2, 60),
+                         "replica": (256 * 1024**2, 64 * 1024**2, 60),
+                         "pubsub": (32 * 1024**2, 8 * 1024**2, 60)}
+
+
+def parse_output_limit(value) -> dict[str, tuple[int, int, int]]:
+    """Redis's ``<class> <hard> <soft> <soft-seconds> ...`` (normal,
+    replica or pubsub), or ``<hard> <soft> <soft-seconds>`` for normal, as
+    one string, a list, or the dict this returns.  Only the classes given
+    change (see apply)."""
+    if isinstance(value, dict):
+        value = [x for name, limits in value.items() for x in (name, *limits)]
     parts = value.split() if isinstance(value, str) else list(value)
-    named = bool(parts) and str(parts[0])[:1].isalpha()      # Redis's form names the class
-    if len(parts) != (4 if named else 3):
+    if len(parts) == 3:
+        parts = ["normal", *parts]
+    if not parts or len(parts) % 4:
         raise ConfigError("Wrong number of arguments in buffer limit configuration.")
-    if named:
-        if str(parts[0]).lower() != "normal":
+    out = {}
+    for i in range(0, len(parts), 4):
+        name = OUTPUT_CLASSES.get(str(parts[i]).lower())
+        if name is None:
             raise ConfigError("Invalid client class specified in buffer limit configuration.")
-        parts = parts[1:]
-    try:
-        return (parse_memory(parts[0]), parse_memory(parts[1]), parse_int(parts[2], 0, 10**9))
-    except ConfigError:
-        raise ConfigError("Error in hard, soft or soft_seconds setting in buffer "
-                          "limit configuration.") from None
+        try:
+            out[name] = (parse_memory(parts[i + 1]), parse_memory(parts[i + 2]),
+                         parse_int(parts[i + 3], 0, 10**9))
+        except ConfigError:
+            raise ConfigError("Error in hard, soft or soft_seconds setting in buffer "
+                              "limit configuration.") from None
+    return out
+
+
+def format_output_limit(limits: dict[str, tuple[int, int, int]]) -> str:
+    return " ".join("{} {} {} {}".format("slave" if name == "replica" else name, *limits[name])
+                    for name in DEFAULT_OUTPUT_LIMITS)
 
 
 def parse_shards(value) -> int:
@@ -153,7 +177,8 @@ class Settings:
     proto_max_bulk_len: int = 512 * 1024 * 1024
     max_multibulk_len: int = 1024 * 1024
     client_query_buffer_limit: int = 1024 * 1024 * 1024
-    client_output_buffer_limit: tuple[int, int, int] = (32 * 1024**2, 8 * 1024**2, 60)
+    client_output_buffer_limit: dict[str, tuple[int, int, int]] = field(
+        default_factory=lambda: dict(DEFAULT_OUTPUT_LIMITS))
     hz: int = 10
     sweep_budget_ms: float = 1.0
     denial_log_seconds: float = 10.0
@@ -206,8 +231,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "proto-max-bulk-len": (lambda v: parse_memory(v, 1), str),
     "max-multibulk-len": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "client-query-buffer-limit": (parse_memory, str),
-    "client-output-buffer-limit": (
-        parse_output_limit, lambda v: "normal {} {} {}".format(*v)),
+    "client-output-buffer-limit": (parse_output_limit, format_output_limit),
     "hz": (lambda v: parse_int(v, 1, 500), str),
     "sweep-budget-ms": (lambda v: parse_number(v, 0, 100, above_low=True), str),
     "denial-log-seconds": (lambda v: parse_number(v, 0, 86400, above_low=True), str),
@@ -271,7 +295,10 @@ def apply(settings: Settings, name: str, value, parse=None) -> None:
     key = name.lower().replace("_", "-")
     if key not in _FIELDS:
         raise UnknownSetting(f"unknown setting {name!r}", name)
-    setattr(settings, attr_name(key), _parse(key, parse or _FIELDS[key][0], value))
+    parsed = _parse(key, parse or _FIELDS[key][0], value)
+    if isinstance(parsed, dict):     # a setting in parts (output limit classes): those given change
+        parsed = {**getattr(settings, attr_name(key)), **parsed}
+    setattr(settings, attr_name(key), parsed)
 
 
 # CONFIG SET may not take these below Redis's minimums: a lower value can
@@ -530,7 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proto-max-bulk-len", metavar="SIZE")
     p.add_argument("--max-multibulk-len", metavar="N")
     p.add_argument("--client-query-buffer-limit", metavar="SIZE")
-    p.add_argument("--client-output-buffer-limit", nargs=3, metavar=("HARD", "SOFT", "SECONDS"))
+    p.add_argument("--client-output-buffer-limit", nargs="+", metavar="LIMIT",
+                   help="[CLASS] HARD SOFT SECONDS, repeated per class (normal, replica, "
+                        "pubsub); without a class, normal")
     p.add_argument("--hz", metavar="N", help="background task frequency (default 10)")
     p.add_argument("--sweep-budget-ms", metavar="N", help="time per tick for dropping idle buckets")
     p.add_argument("--denial-log-seconds", metavar="N",

@@ -74,7 +74,8 @@ def _memory(core, app) -> dict:
             "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
             **_rules_cache_memory(core, app),
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
-            "mem_allocator": "libc+mmap", **app.replication.memory_info()}
+            "mem_allocator": "libc+mmap", **app.replication.memory_info(),
+            **app.pubsub.memory_info()}
 
 
 def _rules_cache_memory(core, app) -> dict:
@@ -105,7 +106,8 @@ def _stats(core, app) -> dict:
             "log_lines_suppressed": REPEAT_LIMIT.suppressed_total,
             "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms,
             "rules_cache_hits": core.rules.match_cache_info[2],
-            "rules_cache_misses": core.rules.match_cache_info[3]}
+            "rules_cache_misses": core.rules.match_cache_info[3],
+            **app.pubsub.stats_info()}
 
 
 def _replication(core, app) -> dict:

@@ -47,11 +47,18 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if value else ""
 
 
+def _flags(c) -> str:
+    """Redis's flag letters, in its order; N for none."""
+    flags = "S" * (c.replica is not None) + "P" * c.subscribed + "x" * c.in_multi
+    return flags or "N"
+
+
 def client_line(c, now: float) -> str:
-    flags = "S" if c.replica is not None else "x" if c.in_multi else "N"
     return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
-            f"age={int(now - c.created)} idle={int(now - c.last_interaction)} flags={flags} "
-            f"db=0 sub=0 psub=0 ssub=0 multi={len(c.multi_queue) if c.in_multi else -1} "
+            f"age={int(now - c.created)} idle={int(now - c.last_interaction)} "
+            f"flags={_flags(c)} db=0 sub={len(c.pubsub_channels or ())} "
+            f"psub={len(c.pubsub_patterns or ())} ssub=0 "
+            f"multi={len(c.multi_queue) if c.in_multi else -1} "
             f"qbuf={c.query_buffer_len} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 "
             f"obl=0 oll=0 omem={c.output_buffer_len} tot-mem=0 events=r "
             f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
@@ -80,7 +87,10 @@ def cmd_client_list(conn, args):
 
 
 def _client_type(c) -> str:
-    return "replica" if c.replica is not None else "normal"
+    """As Redis's getClientType: a client with a subscription is pubsub."""
+    if c.replica is not None:
+        return "replica"
+    return "pubsub" if c.subscribed else "normal"
 
 
 def cmd_client_info(conn, args):

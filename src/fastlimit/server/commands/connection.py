@@ -95,6 +95,7 @@ def cmd_quit(conn, args):
 
 
 def cmd_reset(conn, args):
+    conn.core.app.pubsub.forget(conn)
     conn.multi_queue = None
     conn.proto = 2
     conn.name = None

@@ -10,7 +10,8 @@ from fastlimit._protocol import READONLY_ERROR, Command
 from fastlimit._resp import ReplyError, SimpleString
 
 
-def container(name: str, arity: int, flags, subcommands, doc, default=None) -> Command:
+def container(name: str, arity: int, flags, subcommands, doc, default=None,
+              acl=()) -> Command:
     """A command whose second argument names a subcommand (CLIENT LIST);
     `default` answers the bare command, where Redis allows one."""
     holder: list[Command] = []
@@ -48,14 +49,15 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None) -> C
     subs = list(subcommands) + [
         Command(f"{name}|help", 2, ("loading", "stale"), help_lines,
                 doc={"summary": "Shows helpful text about the different subcommands."})]
-    cmd = Command(name, arity, flags, dispatch, subcommands=subs, doc=doc)
+    cmd = Command(name, arity, flags, dispatch, subcommands=subs, doc=doc, acl_categories=acl)
     holder.append(cmd)
     return cmd
 
 
-def sub(parent: str, name: str, arity: int, handler, summary: str, flags=(), arguments=()):
+def sub(parent: str, name: str, arity: int, handler, summary: str, flags=(), arguments=(),
+        acl=()):
     return Command(f"{parent}|{name}", arity, flags, handler,
-                   doc={"summary": summary, "arguments": list(arguments)})
+                   doc={"summary": summary, "arguments": list(arguments)}, acl_categories=acl)
 
 
 def ratelimit_command(name: str, arity: int, handler, summary: str, arguments,
@@ -68,9 +70,10 @@ def ratelimit_command(name: str, arity: int, handler, summary: str, arguments,
 
 
 def command(name, arity, flags, handler=None, *, fast=0, keys=(0, 0, 0), acl=(),
-            replica_peeks=False, **doc) -> Command:
+            replica_peeks=False, when_subscribed=False, **doc) -> Command:
     """One entry: keys is (first, last, step) as in COMMAND's reply, acl the
-    ACL categories, and the keywords left over its COMMAND DOCS."""
+    ACL categories, when_subscribed whether a subscribed RESP2 client may
+    send it, and the keywords left over its COMMAND DOCS."""
     return Command(name, arity, flags, handler, first_key=keys[0], last_key=keys[1],
                    key_step=keys[2], fast=fast, doc=doc, acl_categories=acl,
-                   replica_peeks=replica_peeks)
+                   replica_peeks=replica_peeks, when_subscribed=when_subscribed)

@@ -20,6 +20,7 @@ from fastlimit.server.commands import (
     config,
     connection,
     introspection,
+    pubsub,
     replication,
     rules,
     server,
@@ -63,7 +64,7 @@ def build_table() -> dict[bytes, Command]:
              arguments=[("key", "key"), ("max_burst", "integer"), ("count", "integer"),
                         ("period", "integer"), ("quantity", "integer", {"optional": True})]),
         command("ping", -1, ("fast", "sentinel"), fast=FAST_PING, acl=("@fast", "@connection"),
-             group="connection", summary="Returns the server's liveliness response.",
+             when_subscribed=True, group="connection", summary="Returns the server's liveliness response.",
              arguments=[("message", "string", {"optional": True})]),
         command("echo", 2, ("fast",), connection.cmd_echo, acl=("@fast", "@connection"),
              group="connection",
@@ -81,10 +82,10 @@ def build_table() -> dict[bytes, Command]:
              group="connection", summary="Changes the selected database (only 0 exists).",
              arguments=[("index", "integer")]),
         command("quit", -1, conn_flags, connection.cmd_quit, fast=FAST_QUIT,
-             acl=("@fast", "@connection"),
+             acl=("@fast", "@connection"), when_subscribed=True,
              group="connection", summary="Closes the connection."),
         command("reset", 1, conn_flags, connection.cmd_reset, fast=FAST_RESET,
-             acl=("@fast", "@connection"),
+             acl=("@fast", "@connection"), when_subscribed=True,
              group="connection", summary="Resets the connection."),
         command("multi", 1, ("noscript", "loading", "stale", "fast", "allow-busy"), fast=FAST_MULTI,
              acl=("@fast", "@transaction"), group="transactions", summary="Starts a transaction."),
@@ -193,8 +194,50 @@ def build_table() -> dict[bytes, Command]:
             sub("config", "resetstat", 2, config.cmd_config_resetstat,
                 "Resets the server's statistics."),
         ], {"summary": "A container for server configuration commands.", "group": "server"}),
+        *pubsub_commands(),
     ]
     return {c.name.encode(): c for c in commands}
+
+
+def pubsub_commands() -> list[Command]:
+    """Pub/Sub, with Redis 7.0's arity, flags and ACL categories."""
+    listen = ("pubsub", "noscript", "loading", "stale")
+    read = ("pubsub", "loading", "stale")
+    slow = ("@pubsub", "@slow")
+
+    def listener(name, arity, handler, summary, what):
+        return command(name, arity, listen, handler, acl=slow, when_subscribed=True,
+                       group="pubsub", since="0.5.0", complexity=f"O(N) where N is the "
+                       f"number of {what}s.", summary=summary,
+                       arguments=[(what, "string", {"optional": arity == -1})])
+
+    return [
+        listener("subscribe", -2, pubsub.cmd_subscribe,
+                 "Listens for messages published to the given channels.", "channel"),
+        listener("unsubscribe", -1, pubsub.cmd_unsubscribe,
+                 "Stops listening to the given channels (all when none is given).", "channel"),
+        listener("psubscribe", -2, pubsub.cmd_psubscribe,
+                 "Listens for messages published to channels matching the patterns.",
+                 "pattern"),
+        listener("punsubscribe", -1, pubsub.cmd_punsubscribe,
+                 "Stops listening to the given patterns (all when none is given).", "pattern"),
+        command("publish", 3, read + ("fast",), pubsub.cmd_publish, acl=("@pubsub", "@fast"),
+                group="pubsub", since="0.5.0",
+                complexity="O(N+M) where N is the channel's subscribers and M the patterns.",
+                summary="Posts a message to a channel; replies with the number of receivers.",
+                arguments=[("channel", "string"), ("message", "string")]),
+        container("pubsub", -2, (), [
+            sub("pubsub", "channels", -2, pubsub.cmd_pubsub_channels,
+                "Returns the active channels, or those matching a pattern.", read,
+                [("pattern", "pattern", {"optional": True})], acl=slow),
+            sub("pubsub", "numsub", -2, pubsub.cmd_pubsub_numsub,
+                "Returns the count of subscribers of channels.", read,
+                [("channel", "string", {"optional": True})], acl=slow),
+            sub("pubsub", "numpat", 2, pubsub.cmd_pubsub_numpat,
+                "Returns the count of unique patterns subscribed to.", read, acl=slow),
+        ], {"summary": "A container for Pub/Sub commands.", "group": "pubsub", "since": "0.5.0"},
+            acl=("@slow",)),
+    ]
 
 
 def rule_check_commands() -> list[Command]:
