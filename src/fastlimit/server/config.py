@@ -129,7 +129,7 @@ def parse_output_limit(value) -> dict[str, tuple[int, int, int]]:
     if isinstance(value, dict):
         value = [x for name, limits in value.items() for x in (name, *limits)]
     parts = value.split() if isinstance(value, str) else list(value)
-    if len(parts) == 3:
+    if len(parts) == 3 and not str(parts[0])[:1].isalpha():     # no class named: normal
         parts = ["normal", *parts]
     if not parts or len(parts) % 4:
         raise ConfigError("Wrong number of arguments in buffer limit configuration.")
