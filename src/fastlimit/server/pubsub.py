@@ -45,7 +45,8 @@ class _Frames:
     __slots__ = ("count", "body", "made")
 
     def __init__(self, count: int, body: bytes):
-        self.count, self.body, self.made = count, body, {}
+        self.count, self.body = count, body
+        self.made: dict[int, bytes] = {}
 
     def get(self, proto: int) -> bytes:
         frame = self.made.get(proto)
@@ -161,7 +162,7 @@ class PubSub:
         """Delivers to the channel's subscribers, then to those of every
         matching pattern, as Redis does; the number of receivers."""
         receivers = 0
-        dropped = []
+        dropped: list = []
         subscribers = self.channels.get(channel)
         if subscribers:
             frames = _Frames(3, b"$7\r\nmessage\r\n%s%s" % (_bulk(channel), _bulk(message)))
