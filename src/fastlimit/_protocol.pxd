@@ -131,6 +131,7 @@ cdef class Connection:
     cdef public dict pubsub_channels
     cdef public dict pubsub_patterns
     cdef public bint subscribed       # Redis's CLIENT_PUBSUB: a subscription is open
+    cdef public int64_t pubsub_bytes  # what its subscriptions hold (estimated)
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)

@@ -130,6 +130,7 @@ class Connection:
     pubsub_channels: dict[bytes, None] | None
     pubsub_patterns: dict[bytes, None] | None
     subscribed: bool
+    pubsub_bytes: int
 
     def __init__(self, core: ServerCore) -> None: ...
     def connection_made(self, transport: asyncio.BaseTransport) -> None: ...

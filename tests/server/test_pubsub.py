@@ -222,3 +222,37 @@ def test_output_limit_set_changes_only_the_classes_given(make_server):
             b" - Wrong number of arguments in buffer limit configuration.\r\n")
     assert config_value(s.port) == (b"normal 5242880 0 0 slave 268435456 67108864 60 "
                                     b"pubsub 4194304 0 0")
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_redis_py_pubsub_receives_messages_and_pattern_messages(server, protocol):
+    client = server.client(protocol=protocol)
+    ps = client.pubsub()
+    ps.subscribe("rp")
+    ps.psubscribe("rp.*")
+    confirmations = [ps.get_message(timeout=5)["type"] for _ in range(2)]
+    assert confirmations == ["subscribe", "psubscribe"]
+    assert client.publish("rp", "one") == 1
+    assert client.publish("rp.x", "two") == 1
+    got = [ps.get_message(timeout=5) for _ in range(2)]
+    assert [(m["type"], m["channel"], m["data"]) for m in got] == [
+        ("message", b"rp", b"one"), ("pmessage", b"rp.x", b"two")]
+    assert got[1]["pattern"] == b"rp.*"
+    ps.close()
+    client.close()
+
+
+def test_a_clients_subscriptions_are_bounded_by_the_pubsub_hard_limit(make_server):
+    s = make_server("--client-output-buffer-limit", "pubsub", "64kb", "0", "0")
+    client = s.client(protocol=2)
+    with Wire.to(s.port) as w:
+        names = [b"c%04d" % i for i in range(100)]
+        w.send(command("SUBSCRIBE", *names))
+        for _ in names:
+            w.read_reply()
+        big = [b"x%06d" % i + b"y" * 1000 for i in range(100)]      # ~100 KB of names
+        reply = w.call("SUBSCRIBE", *big)
+        assert reply.startswith(b"-ERR this client's subscriptions would hold "), reply
+        assert client.pubsub_numsub(big[0]) == [(big[0], 0)]       # none of it was done
+        assert client.publish("c0001", "m") == 1
+        assert w.read_reply() == message(b"c0001", b"m")

@@ -8,7 +8,8 @@ they subscribed, and each connection keeps its own channels and patterns
 RESET and a closed connection cost only what that client holds.  A
 subscriber is written to at once and never waited for: past the
 ``client-output-buffer-limit`` pubsub class it is dropped (see
-``Connection.push``).  Pattern matching is Redis's glob in C
+``Connection.push``), and what its subscriptions hold counts against
+the same class's hard limit (Redis bounds neither).  Pattern matching is Redis's glob in C
 (``fastlimit._protocol.glob``), once per pattern per PUBLISH.
 
 A subsystem as ``server/subsystem.py`` describes: the Server holds it as
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Mapping
 
 from fastlimit._protocol import glob
+from fastlimit._resp import ReplyError
 
 # Estimated bytes per registry entry beyond the name (the name's bytes
 # object, the entry in the registry and in the client's own dict, the
@@ -86,6 +88,7 @@ class PubSub:
         subscription count after it (a name already held counts once)."""
         mine, registry = self._side(conn, pattern)
         kind = b"p" * pattern + b"subscribe"
+        self._check_room(conn, mine, names)
         if mine is None:
             mine = {}
             if pattern:
@@ -96,6 +99,7 @@ class PubSub:
         for name in names:
             if name not in mine:
                 mine[name] = None
+                conn.pubsub_bytes += ENTRY_BYTES + len(name)
                 self._add(registry, name, conn)
             conn.push(self._confirmation(conn, kind, _bulk(name)))
 
@@ -112,6 +116,7 @@ class PubSub:
         for name in names:
             if mine is not None and name in mine:
                 del mine[name]
+                conn.pubsub_bytes -= ENTRY_BYTES + len(name)
                 self._remove(registry, name, conn)
             self._update_mode(conn)
             conn.push(self._confirmation(conn, kind, _bulk(name)))
@@ -125,6 +130,19 @@ class PubSub:
                 self._remove(registry, name, conn)
         conn.pubsub_channels = conn.pubsub_patterns = None
         conn.subscribed = False
+        conn.pubsub_bytes = 0
+
+    def _check_room(self, conn, mine: dict | None, names: list[bytes]) -> None:
+        """Refuses, before any of it is done, a (P)SUBSCRIBE that would take
+        the client's subscriptions past the pubsub class's hard limit."""
+        limit = self.core.pubsub_hard_limit
+        if limit <= 0:
+            return
+        new = {n for n in names if mine is None or n not in mine}
+        needed = conn.pubsub_bytes + sum(ENTRY_BYTES + len(n) for n in new)
+        if needed > limit:
+            raise ReplyError(f"ERR this client's subscriptions would hold {needed} bytes, over "
+                             f"client-output-buffer-limit pubsub ({limit} bytes)")
 
     def _side(self, conn, pattern: bool):
         if pattern:
