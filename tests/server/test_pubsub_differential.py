@@ -61,7 +61,7 @@ RESP3_SEQUENCE = [
     ("a", ("SUBSCRIBE", "z")),
     ("a", ("PSUBSCRIBE", "z?")),
     ("a", ("PING",)),                                 # RESP3 has no subscribed mode
-    ("a", ("DBSIZE",)),
+    ("a", ("ECHO", "any command")),
     ("b", ("PUBLISH", "zz", "to the pattern")),
     ("a", None),
     ("a", ("PUBLISH", "z", "to myself")),             # the push comes before the reply
