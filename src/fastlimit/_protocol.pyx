@@ -880,7 +880,11 @@ cdef class Connection:
 
     def close(self):
         """Closes after the pending output is sent; a connection closed by
-        one of its own commands first gets that command's reply."""
+        one of its own commands first gets that command's reply.  Its
+        subscriptions go at once: a subscriber that does not read may
+        take long to close (as in Redis, CLIENT KILL ends them now)."""
+        if self.subscribed:
+            self.core.app.pubsub.forget(self)
         if self.busy:
             self.close_after_reply = True
             return

@@ -256,3 +256,23 @@ def test_a_clients_subscriptions_are_bounded_by_the_pubsub_hard_limit(make_serve
         assert client.pubsub_numsub(big[0]) == [(big[0], 0)]       # none of it was done
         assert client.publish("c0001", "m") == 1
         assert w.read_reply() == message(b"c0001", b"m")
+
+
+def test_sentinel_hello_frames_are_exactly_what_hiredis_expects(server):
+    with Wire.to(server.port) as sentinel, Wire.to(server.port) as other:
+        assert sentinel.call("SUBSCRIBE", "__sentinel__:hello") == \
+            b"*3\r\n$9\r\nsubscribe\r\n$18\r\n__sentinel__:hello\r\n:1\r\n"
+        hello = b"127.0.0.1,26379,%s,0,mymaster,127.0.0.1,6379,0" % (b"a" * 40)
+        assert other.call("PUBLISH", "__sentinel__:hello", hello) == b":1\r\n"
+        assert sentinel.read_reply() == message(b"__sentinel__:hello", hello)
+
+
+def test_client_kill_drops_a_stuck_subscribers_subscriptions_at_once(make_server):
+    s = make_server()
+    stuck = subscribe(s.port, "jam", rcvbuf=4096)
+    with stuck, Wire.to(s.port) as admin:
+        for _ in range(300):        # ~5 MB the subscriber never reads
+            admin.call("PUBLISH", "jam", b"x" * 16384)
+        assert admin.call("CLIENT", "KILL", "TYPE", "pubsub") == b":1\r\n"
+        assert admin.call("PUBSUB", "NUMSUB", "jam") == b"*2\r\n$3\r\njam\r\n:0\r\n"
+        assert admin.call("PUBLISH", "jam", "m") == b":0\r\n"
