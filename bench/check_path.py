@@ -21,7 +21,7 @@ import sys
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
-from fastlimit.server.commands import build_table
+from fastlimit.server.commands.table import build_table
 
 
 class Transport:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from fastlimit._resp import ReplyError, SimpleString
-from fastlimit.server.rule_commands import build_rule_command
+from fastlimit.server.commands.table import rule_container
 
 TB = b'{"capacity": 20, "refill_per_second": 10}'
 
@@ -20,7 +20,7 @@ def reg(fake_engine, store, registry_factory):
 
 @pytest.fixture
 def call(reg):
-    command = build_rule_command()
+    command = rule_container()
     conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg), readonly=False),
                            last_subcommand=None)
 
@@ -37,7 +37,7 @@ def error(call, *args) -> str:
 
 
 def test_the_container():
-    command = build_rule_command()
+    command = rule_container()
     assert command.name == "cl.rule" and command.arity == -2
     assert sorted(command.subcommands) == [b"del", b"denials", b"get", b"help", b"list",
                                            b"reload", b"set", b"stats"]

@@ -18,7 +18,7 @@ from fastlimit._rules import RuleEngine
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
-from fastlimit.server.commands import build_table
+from fastlimit.server.commands.table import build_table
 from fastlimit.server.replication import Replication
 from fastlimit.server.snapshot import SnapshotError, Snapshots
 

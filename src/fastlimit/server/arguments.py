@@ -21,3 +21,16 @@ def integer(value: bytes | str, what: str = "value",
     if n is None or not low <= n <= high:
         raise ReplyError(f"ERR {what} is not an integer or out of range")
     return n
+
+
+def lowercase(value: bytes) -> str:
+    """A keyword argument (an option, a subcommand) for comparing: invalid
+    UTF-8 becomes U+FFFD, so it matches no keyword rather than raising."""
+    return value.decode("utf-8", "replace").lower()
+
+
+def check_client_name(name: bytes) -> None:
+    """Redis's rule for CLIENT SETNAME and HELLO SETNAME: printable ASCII
+    without spaces, so that CLIENT LIST stays one parseable line."""
+    if any(c < 33 or c > 126 for c in name):
+        raise ReplyError("ERR Client names cannot contain spaces, newlines or special characters.")

@@ -22,19 +22,15 @@ the concurrency limiter's leases:
                                  1 if the lease was held, else 0
 
 The registry is ``conn.core.app.rules`` (fastlimit.rules.RuleRegistry).
-``build_rule_command()`` gives the container command for the table; it
-imports the table helpers when called, so that commands.py may import
-this module at its top without an import cycle.
 """
 
 from __future__ import annotations
 
 from fastlimit._protocol import READONLY_ERROR
-from fastlimit._resp import ReplyError, SimpleString, parse_integer
+from fastlimit._resp import ReplyError, parse_integer
 from fastlimit.rules.model import E15, RuleError
 from fastlimit.server.arguments import integer
-
-OK = SimpleString("OK")
+from fastlimit.server.commands.replies import OK
 
 
 def _rules(conn):
@@ -176,58 +172,3 @@ def cmd_release(conn, args):
     num = _lease_rule(conn, args[1])
     lease_id = integer(args[3], "lease id")
     return int(conn.core.rules.release(num, args[2], lease_id, options.get("resource", b"")))
-
-
-def rule_check_commands() -> list:
-    """CL.APPLY, CL.ACQUIRE and CL.RELEASE for the command table."""
-    from fastlimit.server.commands import ratelimit_command
-
-    return [
-        ratelimit_command("cl.apply", -3, cmd_apply,
-                          "Checks the named rules all or nothing; replies like CL.LIMIT.",
-                          [("rule_ids", "string"), ("client_key", "key")], replica_peeks=True),
-        ratelimit_command("cl.acquire", -3, cmd_acquire,
-                          "Takes a lease of a concurrency rule: [allowed, limit, remaining, "
-                          "retry_after_ms, lease_id].",
-                          [("rule_id", "string"), ("client_key", "key")]),
-        ratelimit_command("cl.release", -4, cmd_release,
-                          "Gives a concurrency lease back. Replies 1 if it was held.",
-                          [("rule_id", "string"), ("client_key", "key"),
-                           ("lease_id", "integer")]),
-    ]
-
-
-def rule_subcommands() -> list:
-    """The CL.RULE subcommands as fastlimit._protocol.Command objects."""
-    from fastlimit.server.commands import sub
-
-    write = ("write", "noscript")
-    read = ("readonly", "loading", "stale")
-    return [
-        sub("cl.rule", "set", 4, cmd_rule_set,
-            "Creates or replaces a named rule from its JSON document.", write,
-            [("id", "string"), ("rule", "string")]),
-        sub("cl.rule", "get", 3, cmd_rule_get,
-            "Returns a rule's JSON document, or null.", read, [("id", "string")]),
-        sub("cl.rule", "del", 3, cmd_rule_del,
-            "Deletes a rule and drops its buckets. Replies 1 if it existed.", write,
-            [("id", "string")]),
-        sub("cl.rule", "list", 2, cmd_rule_list, "Returns the ids of all rules.", read),
-        sub("cl.rule", "reload", 2, cmd_rule_reload,
-            "Re-reads the rules file, all or nothing.", write),
-        sub("cl.rule", "stats", -2, cmd_rule_stats,
-            "Returns allowed, denied and shadow-denied counts per rule.", read,
-            [("id", "string", {"optional": True})]),
-        sub("cl.rule", "denials", -2, cmd_rule_denials,
-            "Returns recent denials: [time_ms, rule_id, key, cost], newest first.", read,
-            [("count", "integer", {"optional": True})]),
-    ]
-
-
-def build_rule_command():
-    """The CL.RULE container command, ready for the command table."""
-    from fastlimit.server.commands import container
-
-    return container("cl.rule", -2, (), rule_subcommands(),
-                     {"summary": "A container for named rule commands.",
-                      "group": "ratelimit", "since": "0.2.0"})

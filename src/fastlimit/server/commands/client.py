@@ -1,0 +1,127 @@
+"""CLIENT: what a connection says about itself, and listing and closing
+connections."""
+
+from __future__ import annotations
+
+import time
+
+from fastlimit._resp import ReplyError, Verbatim
+from fastlimit.server.arguments import check_client_name, integer, lowercase
+from fastlimit.server.commands.replies import OK
+
+
+def cmd_client_id(conn, args):
+    return conn.id
+
+
+def cmd_client_getname(conn, args):
+    return conn.name
+
+
+def cmd_client_setname(conn, args):
+    check_client_name(args[2])
+    conn.name = args[2] or None
+    return OK
+
+
+def cmd_client_setinfo(conn, args):
+    attr = lowercase(args[2])
+    if attr not in ("lib-name", "lib-ver"):
+        raise ReplyError(f"ERR Unrecognized option '{args[2].decode(errors='replace')}'")
+    check_client_name(args[3])
+    setattr(conn, attr.replace("-", "_"), args[3])
+    return OK
+
+
+def _positive_id(value: bytes, error: str) -> int:
+    try:
+        n = integer(value)
+    except ReplyError:
+        raise ReplyError(error) from None
+    if n < 1:
+        raise ReplyError(error)
+    return n
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def client_line(c, now: float) -> str:
+    flags = "S" if c.replica is not None else "x" if c.in_multi else "N"
+    return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
+            f"age={int(now - c.created)} idle={int(now - c.last_interaction)} flags={flags} "
+            f"db=0 sub=0 psub=0 ssub=0 multi={len(c.multi_queue) if c.in_multi else -1} "
+            f"qbuf={c.query_buffer_len} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 "
+            f"obl=0 oll=0 omem={c.output_buffer_len} tot-mem=0 events=r "
+            f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
+            f"lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)}")
+
+
+def cmd_client_list(conn, args):
+    clients = list(conn.core.clients.values())
+    i = 2
+    while i < len(args):
+        option = lowercase(args[i])
+        if option == "type" and i + 1 < len(args):
+            kind = lowercase(args[i + 1])
+            if kind not in ("normal", "master", "replica", "slave", "pubsub"):
+                raise ReplyError(f"ERR Unknown client type '{kind}'")
+            clients = [c for c in clients if _client_type(c) == kind.replace("slave", "replica")]
+            i += 2
+        elif option == "id" and i + 1 < len(args):
+            ids = {_positive_id(a, "ERR Invalid client ID") for a in args[i + 1:]}
+            clients = [c for c in clients if c.id in ids]
+            break
+        else:
+            raise ReplyError("ERR syntax error")
+    now = time.monotonic()
+    return Verbatim("".join(client_line(c, now) + "\n" for c in clients))
+
+
+def _client_type(c) -> str:
+    return "replica" if c.replica is not None else "normal"
+
+
+def cmd_client_info(conn, args):
+    return Verbatim(client_line(conn, time.monotonic()) + "\n")
+
+
+def cmd_client_kill(conn, args):
+    clients = conn.core.clients.values()
+    if len(args) == 3:   # old form: CLIENT KILL addr:port
+        target = args[2].decode(errors="replace")
+        victims = [c for c in clients if c.addr == target]
+        if not victims:
+            raise ReplyError("ERR No such client")
+        victims[0].close()
+        return OK
+    if len(args) % 2:
+        raise ReplyError("ERR syntax error")
+    victims = list(clients)
+    skipme = True
+    for i in range(2, len(args), 2):
+        option, value = lowercase(args[i]), args[i + 1]
+        if option == "id":
+            wanted = _positive_id(value, "ERR client-id should be greater than 0")
+            victims = [c for c in victims if c.id == wanted]
+        elif option == "addr":
+            victims = [c for c in victims if c.addr == value.decode(errors="replace")]
+        elif option == "laddr":
+            victims = [c for c in victims if c.laddr == value.decode(errors="replace")]
+        elif option == "skipme":
+            skipme = lowercase(value) == "yes"
+        elif option == "type":
+            kind = lowercase(value).replace("slave", "replica")
+            victims = [c for c in victims if _client_type(c) == kind]
+        else:
+            raise ReplyError("ERR syntax error")
+    if skipme:
+        victims = [c for c in victims if c is not conn]
+    for c in victims:
+        c.close()
+    return len(victims)
+
+
+def cmd_client_ok(conn, args):
+    return OK

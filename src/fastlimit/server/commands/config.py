@@ -1,0 +1,32 @@
+"""CONFIG GET, SET and RESETSTAT, over fastlimit.server.config."""
+
+from __future__ import annotations
+
+from fastlimit._resp import ReplyError, Sliced
+from fastlimit.server import config as cfg
+from fastlimit.server.commands.replies import OK
+
+
+def cmd_config_get(conn, args):
+    return Sliced(cfg.get_matching(conn.core.app.settings, args[2:]))
+
+
+def cmd_config_set(conn, args):
+    if len(args) % 2:
+        raise ReplyError("ERR wrong number of arguments for 'config|set' command")
+    pairs = [(args[i].decode("utf-8", "replace"), args[i + 1].decode("utf-8", "replace"))
+             for i in range(2, len(args), 2)]
+    try:
+        conn.core.app.config_set(pairs)
+    except cfg.UnknownSetting as e:
+        raise ReplyError(f"ERR Unknown option or number of arguments for CONFIG SET - "
+                         f"'{e.name}'") from None
+    except cfg.ConfigError as e:
+        raise ReplyError(f"ERR CONFIG SET failed (possibly related to argument "
+                         f"'{e.name}') - {e.reason}") from None
+    return OK
+
+
+def cmd_config_resetstat(conn, args):
+    conn.core.app.reset_stats()
+    return OK

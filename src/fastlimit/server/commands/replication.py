@@ -1,0 +1,110 @@
+"""Replication: REPLICAOF/SLAVEOF, ROLE, what a replica says to its primary
+(REPLCONF), and CL.SYNC, which makes a connection a replica's."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from fastlimit._resp import NO_REPLY, ReplyError, SimpleString
+from fastlimit.server.arguments import integer, lowercase
+from fastlimit.server.commands.replies import OK, WRONGPASS
+from fastlimit.server.replication import Follower
+
+
+def cmd_replicaof(conn, args):
+    """REPLICAOF <host> <port> | NO ONE (SLAVEOF is the same command)."""
+    repl = conn.core.app.replication
+    if lowercase(args[1]) == "no" and lowercase(args[2]) == "one":
+        repl.promote()
+        return OK
+    port = integer(args[2], "port")
+    if not 1 <= port <= 65535:
+        raise ReplyError("ERR Invalid master port")
+    host = args[1].decode("utf-8", "replace")
+    if not repl.follow(host, port):
+        return SimpleString("OK Already connected to specified master")
+    return OK
+
+
+def cmd_role(conn, args):
+    return conn.core.app.replication.role_reply()
+
+
+def cmd_replconf(conn, args):
+    """REPLCONF <option> <value> ...: what a replica tells its primary.
+    ACK <offset> gets no reply, as in Redis.  On a replica link (after
+    CL.SYNC) nothing does, as a reply would land amid the stream's
+    frames: a malformed REPLCONF there closes the link instead.  It runs
+    before AUTH only on a link CL.SYNC opened with replication
+    credentials."""
+    if conn.replica is None:
+        if not conn.authenticated:
+            raise ReplyError("NOAUTH Authentication required.")
+        return _replconf(conn, args)
+    try:
+        _replconf(conn, args)
+    except ReplyError:
+        conn.close()
+    return NO_REPLY
+
+
+def _replconf(conn, args):
+    if len(args) % 2 == 0:
+        raise ReplyError("ERR syntax error")
+    for i in range(1, len(args), 2):
+        option, value = lowercase(args[i]), args[i + 1]
+        if option == "ack":
+            conn.core.app.replication.acknowledge(conn, integer(value, "offset"))
+            return NO_REPLY
+        if option == "listening-port":
+            port = integer(value, "port")
+            if not 0 <= port <= 65535:
+                raise ReplyError("ERR Invalid listening port")
+            conn.replica_port = port
+            if conn.replica is not None:
+                conn.replica.port = port
+        elif option not in ("ip-address", "capa", "getack"):
+            raise ReplyError(f"ERR Unrecognized REPLCONF option: {option[:64]}")
+    return OK
+
+
+def cmd_cl_sync(conn, args):
+    """CL.SYNC [<repl-user> <repl-password>]: makes this connection a
+    replica's: a full copy follows the reply, then the stream (see
+    replstream.py); a replica in sync serves it too, relaying its
+    primary's stream.  It only reads: nothing a client sends here can
+    change a bucket.  With repl-password set, the credentials are
+    required; they stand in for requirepass for CL.SYNC and REPLCONF on
+    this connection, and for nothing else."""
+    app = conn.core.app
+    settings = app.settings
+    if len(args) not in (1, 3):
+        raise ReplyError("ERR syntax error")
+    if len(args) == 3:
+        if not _replication_credentials_ok(settings, args[1], args[2]):
+            raise ReplyError(WRONGPASS)
+    elif not conn.authenticated:
+        raise ReplyError("NOAUTH Authentication required.")
+    elif settings.repl_password is not None:
+        raise ReplyError("NOPERM this primary requires replication credentials: "
+                         "CL.SYNC <repl-user> <repl-password>")
+    link = app.replication.link
+    if link is not None and link.state != "connected":   # a replica relays once in sync
+        raise ReplyError("NOMASTERLINK Can't SYNC while not connected with my master")
+    if conn.replica is not None:
+        raise ReplyError("ERR this connection is already a replica's")
+    conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
+    asyncio.get_running_loop().call_soon(app.replication.attach, conn)
+    repl = app.replication
+    replid, offset = (link.master_replid, link.offset) if link else (repl.replid, repl.offset)
+    return SimpleString(f"FULLSYNC {replid} {offset}")
+
+
+def _replication_credentials_ok(settings, user: bytes, password: bytes) -> bool:
+    expected = settings.repl_password
+    if expected is None:
+        return False
+    # both compared, so the time taken says nothing about which was wrong
+    user_ok = hmac.compare_digest(user, settings.repl_user.encode())
+    return hmac.compare_digest(password, expected.encode()) and user_ok

@@ -1,0 +1,247 @@
+"""The command table: one entry per command (name, arity as in Redis,
+flags, key positions, ACL categories, docs), the single source for
+dispatch, arity checks, COMMAND replies and per-command statistics, as
+Redis's server.c table.  The handlers live by area in the modules beside
+this one (connection, client, server, config, introspection, buckets,
+rules, replication); a new area is a new module and its entries here.
+
+Commands with a ``fast`` id run entirely in the Cython connection
+(_protocol.pyx); the others have a handler ``handler(conn, args) ->
+reply`` where ``args[0]`` is the command name as sent, raising
+``ReplyError`` for an error reply.
+"""
+
+from __future__ import annotations
+
+from fastlimit._protocol import Command
+from fastlimit.server.commands import (
+    buckets,
+    client,
+    config,
+    connection,
+    introspection,
+    replication,
+    rules,
+    server,
+)
+from fastlimit.server.commands.spec import command, container, ratelimit_command, sub
+
+# The fast-path ids of _protocol.pxd's FastPath enum.
+(FAST_CL_CHECK, FAST_CL_LIMIT, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT,
+ FAST_RESET) = range(1, 9)
+
+
+def build_table() -> dict[bytes, Command]:
+    conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
+    commands = [
+        command("cl.check", -4, ("write", "denyoom", "fast"), fast=FAST_CL_CHECK, keys=(1, 1, 1),
+             replica_peeks=True,
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="Spends COST tokens from a token bucket if it holds them; replies "
+                     "[allowed, limit, remaining, retry_after_ms, reset_after_ms].",
+             arguments=[("key", "key"), ("capacity", "integer"), ("refill_per_sec", "integer"),
+                        ("cost", "integer", {"token": "COST", "optional": True}),
+                        ("period", "integer", {"token": "PERIOD", "optional": True})]),
+        command("cl.reset", 2, ("write", "fast"), buckets.cmd_cl_reset,
+             keys=(1, 1, 1), acl=("@write", "@fast", "@ratelimit"), group="ratelimit",
+             summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
+             arguments=[("key", "key")]),
+        command("cl.limit", -3, ("write", "denyoom", "fast"), fast=FAST_CL_LIMIT, keys=(1, 1, 1),
+             replica_peeks=True,
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="Checks every rule matching the client, resource and tier, all or "
+                     "nothing; replies like CL.CHECK for the binding rule.",
+             arguments=[("client_key", "key"), ("resource", "string"),
+                        ("tier", "string", {"token": "TIER", "optional": True}),
+                        ("cost", "integer", {"token": "COST", "optional": True}),
+                        ("detail", "pure-token", {"token": "DETAIL", "optional": True})]),
+        command("cl.throttle", -5, ("write", "denyoom", "fast"), buckets.cmd_cl_throttle,
+             keys=(1, 1, 1),
+             acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
+             summary="redis-cell's GCRA limiter: [limited, limit, remaining, "
+                     "retry_after_s, reset_after_s].",
+             arguments=[("key", "key"), ("max_burst", "integer"), ("count", "integer"),
+                        ("period", "integer"), ("quantity", "integer", {"optional": True})]),
+        command("ping", -1, ("fast", "sentinel"), fast=FAST_PING, acl=("@fast", "@connection"),
+             group="connection", summary="Returns the server's liveliness response.",
+             arguments=[("message", "string", {"optional": True})]),
+        command("echo", 2, ("fast",), connection.cmd_echo, acl=("@fast", "@connection"),
+             group="connection",
+             summary="Returns the given string.", arguments=[("message", "string")]),
+        command("auth", -2, conn_flags + ("sentinel",), connection.cmd_auth,
+             acl=("@fast", "@connection"),
+             group="connection", summary="Authenticates the connection.",
+             arguments=[("username", "string", {"optional": True}), ("password", "string")]),
+        command("hello", -1, conn_flags + ("sentinel",), connection.cmd_hello,
+             acl=("@fast", "@connection"),
+             group="connection", summary="Handshakes with the server.",
+             arguments=[("protover", "integer", {"optional": True})]),
+        command("select", 2, ("loading", "stale", "fast"), connection.cmd_select,
+             acl=("@fast", "@connection"),
+             group="connection", summary="Changes the selected database (only 0 exists).",
+             arguments=[("index", "integer")]),
+        command("quit", -1, conn_flags, connection.cmd_quit, fast=FAST_QUIT,
+             acl=("@fast", "@connection"),
+             group="connection", summary="Closes the connection."),
+        command("reset", 1, conn_flags, connection.cmd_reset, fast=FAST_RESET,
+             acl=("@fast", "@connection"),
+             group="connection", summary="Resets the connection."),
+        command("multi", 1, ("noscript", "loading", "stale", "fast", "allow-busy"), fast=FAST_MULTI,
+             acl=("@fast", "@transaction"), group="transactions", summary="Starts a transaction."),
+        command("exec", 1, ("noscript", "loading", "stale", "skip-slowlog"), fast=FAST_EXEC,
+             acl=("@slow", "@transaction"), group="transactions",
+             summary="Executes all commands in a transaction."),
+        command("discard", 1, ("noscript", "loading", "stale", "fast", "allow-busy"),
+             fast=FAST_DISCARD, acl=("@fast", "@transaction"), group="transactions",
+             summary="Discards a transaction."),
+        command("dbsize", 1, ("readonly", "fast"), server.cmd_dbsize,
+             acl=("@keyspace", "@read", "@fast"),
+             group="server", summary="Returns the number of live buckets."),
+        command("flushall", -1, ("write",), server.cmd_flushall,
+             acl=("@keyspace", "@write", "@slow"),
+             group="server", summary="Removes every bucket.",
+             arguments=[("flush-type", "string", {"optional": True})]),
+        command("flushdb", -1, ("write",), server.cmd_flushall,
+             acl=("@keyspace", "@write", "@slow"),
+             group="server", summary="Removes every bucket (there is one database).",
+             arguments=[("flush-type", "string", {"optional": True})]),
+        command("time", 1, ("loading", "stale", "fast"), server.cmd_time, acl=("@fast",),
+             group="server",
+             summary="Returns the server time (the manual clock when it is on)."),
+        command("info", -1, ("loading", "stale", "sentinel"), server.cmd_info,
+             acl=("@slow", "@dangerous"),
+             group="server", summary="Returns information and statistics about the server.",
+             arguments=[("section", "string", {"optional": True})]),
+        command("save", 1, ("admin", "noscript", "no-async-loading", "no-multi"), server.cmd_save,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Writes the snapshot now, blocking."),
+        command("bgsave", -1, ("admin", "noscript", "no-async-loading"), server.cmd_bgsave,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Writes the snapshot from a forked child."),
+        command("lastsave", 1, ("loading", "stale", "fast"), server.cmd_lastsave,
+             acl=("@fast", "@dangerous"), group="server",
+             summary="The Unix time of the last successful snapshot."),
+        command("shutdown", -1, ("admin", "noscript", "loading", "stale", "no-multi", "sentinel"),
+             server.cmd_shutdown, acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Stops the server."),
+        command("debug", -2, ("admin", "noscript", "loading", "stale"), server.cmd_debug,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Debugging and test helpers (DEBUG HELP)."),
+        command("replicaof", 3, ("admin", "noscript", "stale", "no-async-loading"),
+             replication.cmd_replicaof,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Follows a primary as its read-only replica, or with NO ONE stops "
+                     "and takes writes.",
+             arguments=[("host", "string"), ("port", "integer")]),
+        command("slaveof", 3, ("admin", "noscript", "stale", "no-async-loading"),
+             replication.cmd_replicaof,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="The old name of REPLICAOF.",
+             arguments=[("host", "string"), ("port", "integer")]),
+        command("role", 1, ("noscript", "loading", "stale", "fast", "sentinel"),
+             replication.cmd_role,
+             acl=("@admin", "@fast", "@dangerous"), group="server",
+             summary="Returns the replication role."),
+        command("replconf", -1,
+             ("admin", "noscript", "loading", "stale", "allow-busy", "no-auth"),
+             replication.cmd_replconf, acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="An internal command a replica sends its primary."),
+        command("cl.sync", -1, ("admin", "noscript", "no-multi", "no-auth"),
+             replication.cmd_cl_sync,
+             acl=("@admin", "@slow", "@dangerous"), group="server", since="0.4.0",
+             summary="An internal command: a replica asks for a full copy and the "
+                     "stream of changes.",
+             arguments=[("repl-user", "string", {"optional": True}),
+                        ("repl-password", "string", {"optional": True})]),
+        container("client", -2, ("sentinel",), [
+            sub("client", "id", 2, client.cmd_client_id, "Returns the connection's unique ID."),
+            sub("client", "getname", 2, client.cmd_client_getname,
+                "Returns the connection's name."),
+            sub("client", "setname", 3, client.cmd_client_setname, "Sets the connection's name.",
+                arguments=[("connection-name", "string")]),
+            sub("client", "setinfo", 4, client.cmd_client_setinfo,
+                "Sets information specific to the client library.",
+                arguments=[("attr", "string"), ("value", "string")]),
+            sub("client", "list", -2, client.cmd_client_list, "Lists open connections."),
+            sub("client", "info", 2, client.cmd_client_info,
+                "Returns information about this connection."),
+            sub("client", "kill", -3, client.cmd_client_kill, "Terminates open connections."),
+            sub("client", "no-evict", 3, client.cmd_client_ok, "Accepted for compatibility."),
+            sub("client", "no-touch", 3, client.cmd_client_ok, "Accepted for compatibility."),
+        ], {"summary": "A container for client connection commands.", "group": "connection"}),
+        container("command", -1, ("loading", "stale"), [
+            sub("command", "count", 2, introspection.cmd_command_count,
+                "Returns a count of commands."),
+            sub("command", "info", -2, introspection.cmd_command_info,
+                "Returns information about commands."),
+            sub("command", "docs", -2, introspection.cmd_command_docs,
+                "Returns documentary information about commands."),
+            sub("command", "list", -2, introspection.cmd_command_list,
+                "Returns a list of command names."),
+            sub("command", "getkeys", -3, introspection.cmd_command_getkeys,
+                "Extracts the key names from a command."),
+        ], {"summary": "Returns detailed information about all commands.", "group": "server"},
+            default=introspection.cmd_command),
+        *rule_check_commands(),
+        rule_container(),
+        container("config", -2, (), [
+            sub("config", "get", -3, config.cmd_config_get,
+                "Returns the effective values of settings.",
+                arguments=[("parameter", "string")]),
+            sub("config", "set", -4, config.cmd_config_set, "Sets settings at runtime.",
+                arguments=[("parameter", "string"), ("value", "string")]),
+            sub("config", "resetstat", 2, config.cmd_config_resetstat,
+                "Resets the server's statistics."),
+        ], {"summary": "A container for server configuration commands.", "group": "server"}),
+    ]
+    return {c.name.encode(): c for c in commands}
+
+
+def rule_check_commands() -> list[Command]:
+    """CL.APPLY, CL.ACQUIRE and CL.RELEASE for the command table."""
+
+    return [
+        ratelimit_command("cl.apply", -3, rules.cmd_apply,
+                          "Checks the named rules all or nothing; replies like CL.LIMIT.",
+                          [("rule_ids", "string"), ("client_key", "key")], replica_peeks=True),
+        ratelimit_command("cl.acquire", -3, rules.cmd_acquire,
+                          "Takes a lease of a concurrency rule: [allowed, limit, remaining, "
+                          "retry_after_ms, lease_id].",
+                          [("rule_id", "string"), ("client_key", "key")]),
+        ratelimit_command("cl.release", -4, rules.cmd_release,
+                          "Gives a concurrency lease back. Replies 1 if it was held.",
+                          [("rule_id", "string"), ("client_key", "key"),
+                           ("lease_id", "integer")]),
+    ]
+
+
+def rule_subcommands() -> list[Command]:
+
+    write = ("write", "noscript")
+    read = ("readonly", "loading", "stale")
+    return [
+        sub("cl.rule", "set", 4, rules.cmd_rule_set,
+            "Creates or replaces a named rule from its JSON document.", write,
+            [("id", "string"), ("rule", "string")]),
+        sub("cl.rule", "get", 3, rules.cmd_rule_get,
+            "Returns a rule's JSON document, or null.", read, [("id", "string")]),
+        sub("cl.rule", "del", 3, rules.cmd_rule_del,
+            "Deletes a rule and drops its buckets. Replies 1 if it existed.", write,
+            [("id", "string")]),
+        sub("cl.rule", "list", 2, rules.cmd_rule_list, "Returns the ids of all rules.", read),
+        sub("cl.rule", "reload", 2, rules.cmd_rule_reload,
+            "Re-reads the rules file, all or nothing.", write),
+        sub("cl.rule", "stats", -2, rules.cmd_rule_stats,
+            "Returns allowed, denied and shadow-denied counts per rule.", read,
+            [("id", "string", {"optional": True})]),
+        sub("cl.rule", "denials", -2, rules.cmd_rule_denials,
+            "Returns recent denials: [time_ms, rule_id, key, cost], newest first.", read,
+            [("count", "integer", {"optional": True})]),
+    ]
+
+
+def rule_container() -> Command:
+
+    return container("cl.rule", -2, (), rule_subcommands(),
+                     {"summary": "A container for named rule commands.",
+                      "group": "ratelimit", "since": "0.2.0"})
