@@ -9,6 +9,7 @@ or ``proto_max_bulk_len`` may be used.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -166,6 +167,10 @@ class Settings:
     replicaof: tuple[str, int] | None = None
     masterauth: str | None = None
     masteruser: str | None = None
+    replica_priority: int = 100
+    replica_announce_ip: str | None = None
+    replica_announce_port: int = 0
+    replica_announced: bool = True
     repl_user: str = "replica"
     repl_password: str | None = None
     repl_max_full_copies: int = 2
@@ -219,6 +224,10 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
     "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
     "masteruser": (lambda v: str(v) or None, lambda v: v or ""),
+    "replica-priority": (lambda v: parse_int(v, 0, 2**31 - 1), str),
+    "replica-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
+    "replica-announce-port": (lambda v: parse_int(v, 0, 65535), str),
+    "replica-announced": (parse_bool, lambda v: "yes" if v else "no"),
     "repl-user": (str, str),
     "repl-password": (lambda v: str(v) or None, lambda v: v or ""),
     "repl-max-full-copies": (lambda v: parse_int(v, 1, 64), str),
@@ -239,13 +248,33 @@ def parse_replicaof(value) -> tuple[str, int] | None:
     return parts[0], parse_int(parts[1], 1, 65535)
 
 
+# Redis's NET_HOST_STR_LEN: the longest address a primary takes in
+# REPLCONF ip-address.
+MAX_ANNOUNCE_IP = 255
+# An IP address or a host name: it goes into INFO's slave<N> line
+# ("ip=<this>,port=..."), where a comma or a line break would forge fields.
+_ANNOUNCE_IP = re.compile(r"[A-Za-z0-9.:_%-]*", re.ASCII)
+
+
+def parse_announce_ip(value) -> str | None:
+    """The address a replica asks its primary to list it under (INFO's
+    slave<N> line, which is how Sentinel finds replicas); "" for none."""
+    text = str(value)
+    if len(text) > MAX_ANNOUNCE_IP or not _ANNOUNCE_IP.fullmatch(text):
+        raise ConfigError(f"argument must be an IP address or host name of at most "
+                          f"{MAX_ANNOUNCE_IP} bytes")
+    return text or None
+
+
 # Settings that CONFIG SET may change while the server runs.
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
                     "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
-                    "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
-                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit", "rules-cache-size"}
+                    "masteruser", "replica-priority", "replica-announce-ip",
+                    "replica-announce-port", "replica-announced", "repl-user",
+                    "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
+                    "repl-buffer-limit", "rules-cache-size"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -509,7 +538,7 @@ def load_file(path: str, settings: Settings) -> None:
         if isinstance(value, dict):
             continue   # other sections belong to later features
         apply(settings, name, value)
-    settings.config_file = path
+    settings.config_file = os.path.abspath(path)   # as Redis shows it, and CONFIG REWRITE writes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -554,6 +583,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "masteruser its repl-password")
     p.add_argument("--masteruser", metavar="USER",
                    help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+    p.add_argument("--replica-priority", metavar="N",
+                   help="Sentinel promotes the replica with the lowest priority first; "
+                        "0: never (default 100)")
+    p.add_argument("--replica-announce-ip", metavar="ADDR",
+                   help="address a replica asks its primary to list it under (INFO "
+                        "replication), where Sentinel finds it (default: the link's own)")
+    p.add_argument("--replica-announce-port", metavar="N",
+                   help="port a replica asks its primary to list it under "
+                        "(default 0: the port it listens on)")
+    p.add_argument("--replica-announced", metavar="yes|no",
+                   help="whether Sentinel lists this replica (default yes)")
     p.add_argument("--repl-user", metavar="USER",
                    help="user name replicas give with repl-password (default replica)")
     p.add_argument("--repl-password", metavar="PW",
