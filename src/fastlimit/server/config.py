@@ -9,13 +9,18 @@ or ``proto_max_bulk_len`` may be used.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import tempfile
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
 
 from fastlimit._resp import parse_integer
 
@@ -539,6 +544,97 @@ def load_file(path: str, settings: Settings) -> None:
             continue   # other sections belong to later features
         apply(settings, name, value)
     settings.config_file = os.path.abspath(path)   # as Redis shows it, and CONFIG REWRITE writes
+
+
+def rewrite(settings: Settings, path: str) -> None:
+    """CONFIG REWRITE: writes the running settings into the TOML file at
+    path, as Redis rewrites its config file.  The operator's comments,
+    order and spelling stay: a setting the file has keeps its line, given
+    a new value only when the running one differs from what the line
+    says; one it lacks is added when it differs from the default; one
+    that is off and off by default (``replicaof`` after REPLICAOF NO ONE)
+    is removed.  The file is replaced whole (a new file, renamed over
+    it), so a crash never leaves half of one.  ConfigError says what went
+    wrong."""
+    target = os.path.realpath(path)
+    doc = _read_for_rewrite(target)
+    table = doc["server"] if "server" in doc else doc
+    defaults = Settings()
+    for key, (parse, fmt) in _FIELDS.items():
+        value = getattr(settings, attr_name(key))
+        lines = [name for name in dict.fromkeys((key, attr_name(key))) if name in table]
+        if lines and _says(parse, table[lines[0]], value):
+            continue
+        for name in lines[1:]:
+            del table[name]
+        if value is None and getattr(defaults, attr_name(key)) is None:
+            if lines:
+                del table[lines[0]]
+        elif lines or value != getattr(defaults, attr_name(key)):
+            table[lines[0] if lines else key] = _toml_value(value, fmt)
+    _replace_file(target, tomlkit.dumps(doc).encode())
+
+
+def _read_for_rewrite(path: str) -> tomlkit.TOMLDocument:
+    """The file as tomlkit keeps it (a missing file is an empty one, as
+    Redis takes it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tomlkit.parse(f.read())
+    except FileNotFoundError:
+        return tomlkit.document()
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+
+
+def _says(parse, item, value) -> bool:
+    """Whether a line of the file already gives value."""
+    try:
+        return parse(item.unwrap() if hasattr(item, "unwrap") else item) == value
+    except ConfigError:
+        return False
+
+
+def _toml_value(value, fmt):
+    """A running value as TOML: numbers, booleans, strings and the address
+    list as themselves, anything else (replicaof, the output limit) in the
+    text CONFIG GET shows, which its parser reads back."""
+    if isinstance(value, (bool, int, float, str, list)):
+        return value
+    return fmt(value)
+
+
+def _replace_file(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600           # it may hold passwords
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ConfigError(e.strerror or str(e)) from None
+    with contextlib.suppress(OSError):     # the rename itself made durable
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def build_parser() -> argparse.ArgumentParser:
