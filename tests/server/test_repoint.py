@@ -140,3 +140,44 @@ def test_repointing_back_and_forth_keeps_only_the_current_primarys_state(make_se
         r.execute_command("SLAVEOF", "127.0.0.1", target.port)
         wait_link_up_to(r, target.port)
         assert state(r, KEYS) == state(c, KEYS), target.port
+
+
+def test_a_failover_between_password_protected_servers_authenticates(make_server):
+    """Sentinel's usual set-up: every server has requirepass and masterauth
+    alike; promote B, re-point the replica and demote A to it."""
+    auth = ("--requirepass", "pw", "--masterauth", "pw")
+    a, b = make_server("--manual-clock", *auth), make_server("--manual-clock", *auth)
+    replica = make_server("--manual-clock", *auth, "--replicaof", "127.0.0.1", str(a.port))
+    ca, cb, r = (at_t0_with(s, "pw") for s in (a, b, replica))
+    write(ca, "a", [3] * 20, "only-a")
+    wait_link_up_to(r, a.port)
+    cb.execute_command("SLAVEOF", "127.0.0.1", a.port)
+    wait_link_up_to(cb, a.port)
+    wait_until(lambda: state(cb, KEYS) == state(ca, KEYS), WAIT, "B never had A's state")
+
+    cb.execute_command("SLAVEOF", "NO", "ONE")
+    cb.execute_command("CL.CHECK", "after-failover", 10, 1, "COST", 6)
+    r.execute_command("SLAVEOF", "127.0.0.1", b.port)
+    ca.execute_command("SLAVEOF", "127.0.0.1", b.port)
+    for c in (r, ca):
+        wait_link_up_to(c, b.port)
+        assert state(c, KEYS + ["after-failover"]) == state(cb, KEYS + ["after-failover"])
+    wait_until(lambda: cb.info("replication")["connected_slaves"] == 2, WAIT,
+               "both replicas attached to B")
+
+
+def test_masterauth_set_at_runtime_is_used_by_the_next_link(make_server):
+    protected = make_server("--manual-clock", "--requirepass", "s3cret")
+    replica = make_server("--manual-clock")
+    r = at_t0(replica)
+    r.execute_command("SLAVEOF", "127.0.0.1", protected.port)
+    wait_until(lambda: "NOAUTH" in replica.log(), WAIT, "the refused handshake in the log")
+    assert r.info("replication")["master_link_status"] == "down"
+    r.config_set("masterauth", "s3cret")
+    wait_link_up_to(r, protected.port)      # the retry after it authenticates
+
+
+def at_t0_with(server, password):
+    c = server.client(password=password)
+    c.execute_command("DEBUG", "CLOCK", "SET", T0)
+    return c
