@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from fastlimit.server import replstream as rs
 from fastlimit.server import snapshot
 from fastlimit.server.snapshot import SnapshotError
+from fastlimit.server.subsystem import Subsystem
 
 if TYPE_CHECKING:
     from fastlimit._protocol import Connection
@@ -138,7 +139,7 @@ class LagStats:
         return LAG_BUCKETS_MS
 
 
-class Replication:
+class Replication(Subsystem):
     """The server's replication role: primary (with followers) or replica
     (with a link to its primary)."""
 
@@ -466,7 +467,11 @@ class Replication:
         link, self.link = self.link, None
         return link.stop() if link is not None else None
 
-    async def close(self) -> None:
+    async def start(self) -> None:
+        if self.app.settings.replicaof:
+            self.follow(*self.app.settings.replicaof)
+
+    async def stop(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -481,6 +486,12 @@ class Replication:
         self.lag.reset()
 
     # ---- INFO and ROLE -----------------------------------------------------------------------
+
+    def info_sections(self, sections, named):
+        out = {"memory": self.memory_info()}
+        if "replication" in sections:     # info() flushes the batch: only when asked
+            out["replication"] = self.info()
+        return out
 
     def info(self) -> dict:
         if self.link is not None:
