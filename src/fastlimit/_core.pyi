@@ -16,9 +16,13 @@ class Decision:
     def __init__(self, allowed: bool, limit: int, remaining: int, retry_after_ms: int,
                  reset_after_ms: int, source: str = "server") -> None: ...
     @classmethod
-    def from_reply(cls, reply: Any, source: str = "server") -> Decision: ...
-    def replace(self, **changes: Any) -> Decision: ...
-    def as_tuple(self) -> tuple[bool, int, int, int, int, str]: ...
+    def from_reply(cls, reply: Any, source: str = "server") -> Decision:
+        """From the five integers of a CL.CHECK / CL.LIMIT reply; TypeError
+        or ValueError if it is not that."""
+    def replace(self, **changes: Any) -> Decision:
+        """A copy with some fields changed."""
+    def as_tuple(self) -> tuple[bool, int, int, int, int, str]:
+        """(allowed, limit, remaining, retry_after_ms, reset_after_ms, source)."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -29,9 +33,12 @@ class Clock:
     manual: bool
 
     def __init__(self, manual: bool = False, start_ms: int = 0) -> None: ...
-    def now(self) -> int: ...
-    def set(self, ms: int) -> None: ...
-    def advance(self, ms: int) -> None: ...
+    def now(self) -> int:
+        """Server time in integer milliseconds."""
+    def set(self, ms: int) -> None:
+        """Sets a manual clock (ValueError on the wall clock)."""
+    def advance(self, ms: int) -> None:
+        """Moves a manual clock forward by ms (ValueError on the wall clock)."""
 
 class BucketStore:
     """Token buckets in sharded C tables, with the server's arithmetic."""
@@ -42,17 +49,27 @@ class BucketStore:
                  seed: bytes | None = None) -> None: ...
     def check(self, key: bytes, capacity: int, refill_per_sec: int, cost: int = 1,
               period_ms: int = 1000, now_ms: int | None = None
-              ) -> tuple[int, int, int, int, int]: ...
+              ) -> tuple[int, int, int, int, int]:
+        """Spends cost tokens of key's bucket if it holds them, as CL.CHECK:
+        (allowed, limit, remaining, retry_after_ms, reset_after_ms)."""
     def decide(self, key: bytes, capacity: int, refill_per_sec: int, cost: int = 1,
-               period_ms: int = 1000, source: str = "local") -> Decision: ...
-    def reset(self, key: bytes) -> bool: ...
-    def clear(self) -> None: ...
-    def sweep(self, now_ms: int | None = None, budget_ms: float = 1.0) -> tuple[int, int]: ...
+               period_ms: int = 1000, source: str = "local") -> Decision:
+        """check(), as a Decision."""
+    def reset(self, key: bytes) -> bool:
+        """Forgets a bucket; True if there was one."""
+    def clear(self) -> None:
+        """Forgets every bucket."""
+    def sweep(self, now_ms: int | None = None, budget_ms: float = 1.0) -> tuple[int, int]:
+        """Drops buckets that have refilled, for at most budget_ms:
+        (removed, slots scanned)."""
     def __len__(self) -> int: ...
     @property
-    def memory_bytes(self) -> int: ...
+    def memory_bytes(self) -> int:
+        """Bytes the tables hold (about 55 per bucket)."""
     @property
-    def expired_total(self) -> int: ...
+    def expired_total(self) -> int:
+        """Buckets the sweep has dropped since start."""
     @property
-    def shards(self) -> int: ...
+    def shards(self) -> int:
+        """How many tables the buckets are spread over."""
     def __getattr__(self, name: str) -> Any: ...  # the replication and snapshot internals

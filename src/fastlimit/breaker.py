@@ -43,6 +43,7 @@ class CircuitBreaker:
 
     @property
     def is_open(self) -> bool:
+        """Whether calls skip the network (apart from the probes)."""
         return self.state == OPEN
 
     def allow(self) -> bool:
@@ -90,4 +91,5 @@ class CircuitBreaker:
             return True
 
     def seconds_until_probe(self) -> float:
+        """How long until the next probe may go out; 0 unless open."""
         return max(0.0, self._next_probe - self.clock()) if self.state == OPEN else 0.0

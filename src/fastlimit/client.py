@@ -81,10 +81,12 @@ class Stats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def incr(self, name: str, n: int = 1) -> None:
+        """Adds n to one counter (thread-safe)."""
         with self._lock:
             setattr(self, name, getattr(self, name) + n)
 
     def as_dict(self) -> dict[str, int]:
+        """Every counter by name, for logging or metrics."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
 
 
@@ -487,6 +489,7 @@ class Client(_ClientBase):
         return self._answered(node, request, reply)
 
     def close(self) -> None:
+        """Closes every server's connections."""
         for node in self._nodes.values():
             node.redis.close()
 
@@ -699,6 +702,8 @@ class AsyncClient(_ClientBase):
         return self._answered(node, request, reply)
 
     async def aclose(self) -> None:
+        """Waits for the pipelines in flight, then closes every server's
+        connections."""
         for node in self._nodes.values():
             assert node.pipeliner is not None
             await node.pipeliner.drain()

@@ -34,6 +34,7 @@ def key_bytes(key: Key) -> bytes:
 
 
 def check_on_failure(on_failure: str) -> str:
+    """on_failure itself if it is "open" or "closed"; else ValueError."""
     if on_failure != "open" and on_failure != "closed":
         raise ValueError(f"on_failure must be 'open' or 'closed', not {on_failure!r}")
     return on_failure
@@ -54,6 +55,7 @@ class Limiter:
 
     @property
     def clock(self) -> Clock:
+        """The limiter's clock (a manual one moves only when told)."""
         return self._store.clock
 
     def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
@@ -144,6 +146,8 @@ class LocalFallback:
 
     def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
               period_ms: int = 1000) -> Decision:
+        """The caller's share of the limit, enforced in this process while
+        the server fails (see the class docstring)."""
         capacity, refill, period = divide_limit(capacity, refill_per_sec,
                                                 period_ms, self.divisor)
         reply = self.limiter.check_raw(b"c\0" + key_bytes(key), capacity,

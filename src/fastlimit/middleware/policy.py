@@ -41,14 +41,17 @@ class Limit:
 
     @classmethod
     def per_second(cls, n: int, burst: int | None = None) -> Limit:
+        """n requests per second, in bursts of up to burst (default n)."""
         return cls(burst or n, n, 1000)
 
     @classmethod
     def per_minute(cls, n: int, burst: int | None = None) -> Limit:
+        """n requests per minute, in bursts of up to burst (default n)."""
         return cls(burst or n, n, 60_000)
 
     @classmethod
     def per_hour(cls, n: int, burst: int | None = None) -> Limit:
+        """n requests per hour, in bursts of up to burst (default n)."""
         return cls(burst or n, n, 3_600_000)
 
     @property

@@ -42,6 +42,8 @@ class Request:
 
     @property
     def route(self) -> str | None:
+        """The framework's route template (``/users/{id}``), resolved on
+        first use; None when the framework has none."""
         if self._route is False:
             self._route = self._resolve_route(self.raw) if self._resolve_route else None
         return self._route

@@ -73,6 +73,7 @@ class Match:
     client: str | None = None
 
     def to_dict(self) -> dict:
+        """The match as it is written in a rule document."""
         return {name: getattr(self, name) for name in MATCH_FIELDS
                 if getattr(self, name) is not None}
 
@@ -90,10 +91,12 @@ class Rule:
 
     @property
     def params(self) -> dict[str, int]:
+        """The algorithm's numbers by field name (capacity, window_ms...)."""
         return dict(self.numbers)
 
     @property
     def shadow(self) -> bool:
+        """Whether the rule only counts what it would deny."""
         return self.mode == "shadow"
 
     def to_dict(self) -> dict:
@@ -104,6 +107,7 @@ class Rule:
                 "key": self.scope}
 
     def to_json(self) -> str:
+        """The canonical document as compact JSON (CL.RULE GET's reply)."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
     def engine_spec(self) -> dict:

@@ -1,5 +1,6 @@
 """The event-loop layer: listen, hand each connection to the Cython
-protocol, run the periodic sweep and client checks, shut down cleanly.
+protocol, drive the subsystems (subsystem.py: the sweep, rules,
+replication, snapshots) through their ticks, and shut down cleanly.
 Everything interesting happens in _protocol and _core; this stays thin.
 """
 
@@ -19,16 +20,14 @@ from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
 from fastlimit.server.commands.table import build_table
+from fastlimit.server.expiry import Expiry
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
-from fastlimit.server.snapshot import SnapshotError, Snapshots
+from fastlimit.server.rules import RulesSubsystem
+from fastlimit.server.snapshot import Snapshots
+from fastlimit.server.subsystem import Subsystem
 
 log = logging.getLogger("fastlimit")
-
-# When a sweep tick finds this share of what it scanned already expired,
-# the next tick gets the larger budget (as Redis's active expiry does).
-BUSY_SWEEP_SHARE = 0.10
-BUSY_SWEEP_FACTOR = 25
 
 
 class Server:
@@ -47,7 +46,12 @@ class Server:
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
+        self.expiry = Expiry([self.store, self.rule_engine])
         self.pubsub = PubSub(self.core)
+        # in the order they start; they stop in the reverse order
+        self.subsystems: list[Subsystem] = [
+            self.expiry, RulesSubsystem(self.rules, self.rule_engine, log),
+            self.replication, self.snapshots, self.pubsub]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
@@ -57,13 +61,10 @@ class Server:
         self.port = settings.port
         self.loop_name = "asyncio"
         self.ops_per_sec = 0
-        self.sweep_runs = 0
-        self.sweep_budget_ms = settings.sweep_budget_ms
         self._servers: list[asyncio.AbstractServer] = []
         self._stopping: asyncio.Event | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._last_ops = (time.monotonic(), 0)
-        self._last_denials = (time.monotonic(), 0)
 
     # ---- settings -------------------------------------------------------------
 
@@ -75,15 +76,16 @@ class Server:
         core.query_buffer_limit = s.client_query_buffer_limit
         core.output_hard_limit, core.output_soft_limit, core.output_soft_seconds = \
             s.client_output_buffer_limit["normal"]
-        self.pubsub.apply_settings(s)
         core.maxclients = s.maxclients
-        core.rules.set_match_cache_limit(s.rules_cache_size)
+        for subsystem in self.subsystems:
+            subsystem.apply_settings(s)
         logging.getLogger().setLevel(cfg.LOGLEVELS[s.loglevel])
 
     def config_set(self, pairs) -> None:
         """Applies CONFIG SET pairs (name as sent, value) all or nothing:
-        checked on a copy, applied to the core, and only then the server's
-        settings; if the core refuses a value, the old ones are put back."""
+        checked on a copy, applied to the core and the subsystems, and only
+        then the server's settings; if one refuses a value, the old ones
+        are put back."""
         trial = cfg.set_at_runtime(self.settings, pairs)
         try:
             self._apply_limits(trial)
@@ -99,6 +101,14 @@ class Server:
         self.replication.flushed_all()
         self.store.clear()
         self.rule_engine.clear()
+
+    def subsystem_info(self, sections: frozenset[str], named: frozenset[str]) -> dict[str, dict]:
+        """The subsystems' INFO fields, merged by section."""
+        out: dict[str, dict] = {}
+        for subsystem in self.subsystems:
+            for section, fields in subsystem.info_sections(sections, named).items():
+                out.setdefault(section, {}).update(fields)
+        return out
 
     def rules_detail(self, steps) -> list:
         """CL.LIMIT DETAIL rows: [rule id, mode, allowed, remaining,
@@ -139,9 +149,8 @@ class Server:
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
-        loop.add_signal_handler(signal.SIGHUP, self.rules.reload_from_signal)
-        if self.settings.replicaof:
-            self.replication.follow(*self.settings.replicaof)
+        for subsystem in self.subsystems:
+            await subsystem.start()
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
@@ -149,7 +158,7 @@ class Server:
     def request_shutdown(self, save: bool = True) -> None:
         if self._stopping is not None and not self._stopping.is_set():
             log.warning("shutting down")
-            self._save_at_exit = save
+            self.snapshots.save_at_exit = save
             self._stopping.set()
 
     async def serve_until_stopped(self) -> None:
@@ -160,21 +169,14 @@ class Server:
     async def stop(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        await self.replication.close()
         for server in self._servers:
             server.close()
         for conn in list(self.core.clients.values()):
             conn.close()
         for server in self._servers:
             await server.wait_closed()
-        self.snapshots.stop_background_save()
-        if getattr(self, "_save_at_exit", True) and self.settings.snapshot_file:
-            try:
-                self.snapshots.save()
-                log.info("saved the snapshot %s before exiting", self.settings.snapshot_file)
-            except (OSError, SnapshotError) as e:
-                log.error("could not save the snapshot before exiting: %s", e)
-        self.rules.close()
+        for subsystem in reversed(self.subsystems):
+            await subsystem.stop()
         log.info("fastlimit is now ready to exit, bye bye")
 
     # ---- periodic work ----------------------------------------------------------
@@ -182,19 +184,8 @@ class Server:
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
-        removed, scanned = self.store.sweep(budget_ms=self.sweep_budget_ms)
-        more_removed, more_scanned = self.rule_engine.sweep(budget_ms=self.sweep_budget_ms)
-        removed, scanned = removed + more_removed, scanned + more_scanned
-        self.sweep_runs += 1
-        base = self.settings.sweep_budget_ms
-        busy = scanned and removed / scanned >= BUSY_SWEEP_SHARE
-        self.sweep_budget_ms = base * BUSY_SWEEP_FACTOR if busy else base
-        self.snapshots.poll()
-        if self.snapshots.due(self.settings.save_seconds):
-            self.snapshots.background_save()
-        self._per_second()
-
-    def _per_second(self) -> None:
+        for subsystem in self.subsystems:
+            subsystem.tick()
         now = time.monotonic()
         then, ops = self._last_ops
         if now - then >= 1.0:
@@ -203,21 +194,8 @@ class Server:
             self._last_ops = (now, total)
             for conn in list(self.core.clients.values()):
                 conn.cron()
-            self.replication.cron()
-            self._log_denials(now)
-
-    def _log_denials(self, now: float) -> None:
-        """One line per denial-log-seconds when rules denied anything: loud
-        enough to notice, never a line per request."""
-        then, seen = self._last_denials
-        total = self.rule_engine.denials_total
-        if now - then < self.settings.denial_log_seconds or total == seen:
-            return
-        self._last_denials = (now, total)
-        time_ms, num, key, cost = self.rule_engine.recent_denials[-1]
-        log.warning("%d requests denied (or shadow-denied) by rules in the last %.0f s; "
-                    "latest: rule %s, key %r, cost %d", total - seen, now - then,
-                    self.rule_id(num), key, cost)
+            for subsystem in self.subsystems:
+                subsystem.cron()
 
 
 def _version() -> str:

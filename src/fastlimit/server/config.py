@@ -9,12 +9,18 @@ or ``proto_max_bulk_len`` may be used.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
+import tempfile
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
 
 from fastlimit._resp import parse_integer
 
@@ -191,6 +197,10 @@ class Settings:
     replicaof: tuple[str, int] | None = None
     masterauth: str | None = None
     masteruser: str | None = None
+    replica_priority: int = 100
+    replica_announce_ip: str | None = None
+    replica_announce_port: int = 0
+    replica_announced: bool = True
     repl_user: str = "replica"
     repl_password: str | None = None
     repl_max_full_copies: int = 2
@@ -243,6 +253,10 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
     "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
     "masteruser": (lambda v: str(v) or None, lambda v: v or ""),
+    "replica-priority": (lambda v: parse_int(v, 0, 2**31 - 1), str),
+    "replica-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
+    "replica-announce-port": (lambda v: parse_int(v, 0, 65535), str),
+    "replica-announced": (parse_bool, lambda v: "yes" if v else "no"),
     "repl-user": (str, str),
     "repl-password": (lambda v: str(v) or None, lambda v: v or ""),
     "repl-max-full-copies": (lambda v: parse_int(v, 1, 64), str),
@@ -263,13 +277,33 @@ def parse_replicaof(value) -> tuple[str, int] | None:
     return parts[0], parse_int(parts[1], 1, 65535)
 
 
+# Redis's NET_HOST_STR_LEN: the longest address a primary takes in
+# REPLCONF ip-address.
+MAX_ANNOUNCE_IP = 255
+# An IP address or a host name: it goes into INFO's slave<N> line
+# ("ip=<this>,port=..."), where a comma or a line break would forge fields.
+_ANNOUNCE_IP = re.compile(r"[A-Za-z0-9.:_%-]*", re.ASCII)
+
+
+def parse_announce_ip(value) -> str | None:
+    """The address a replica asks its primary to list it under (INFO's
+    slave<N> line, which is how Sentinel finds replicas); "" for none."""
+    text = str(value)
+    if len(text) > MAX_ANNOUNCE_IP or not _ANNOUNCE_IP.fullmatch(text):
+        raise ConfigError(f"argument must be an IP address or host name of at most "
+                          f"{MAX_ANNOUNCE_IP} bytes")
+    return text or None
+
+
 # Settings that CONFIG SET may change while the server runs.
 RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
                     "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
-                    "masteruser", "repl-user", "repl-password", "repl-max-full-copies",
-                    "repl-timeout", "repl-flush-ms", "repl-buffer-limit", "rules-cache-size"}
+                    "masteruser", "replica-priority", "replica-announce-ip",
+                    "replica-announce-port", "replica-announced", "repl-user",
+                    "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
+                    "repl-buffer-limit", "rules-cache-size"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -536,7 +570,98 @@ def load_file(path: str, settings: Settings) -> None:
         if isinstance(value, dict):
             continue   # other sections belong to later features
         apply(settings, name, value)
-    settings.config_file = path
+    settings.config_file = os.path.abspath(path)   # as Redis shows it, and CONFIG REWRITE writes
+
+
+def rewrite(settings: Settings, path: str) -> None:
+    """CONFIG REWRITE: writes the running settings into the TOML file at
+    path, as Redis rewrites its config file.  The operator's comments,
+    order and spelling stay: a setting the file has keeps its line, given
+    a new value only when the running one differs from what the line
+    says; one it lacks is added when it differs from the default; one
+    that is off and off by default (``replicaof`` after REPLICAOF NO ONE)
+    is removed.  The file is replaced whole (a new file, renamed over
+    it), so a crash never leaves half of one.  ConfigError says what went
+    wrong."""
+    target = os.path.realpath(path)
+    doc = _read_for_rewrite(target)
+    table = doc["server"] if "server" in doc else doc
+    defaults = Settings()
+    for key, (parse, fmt) in _FIELDS.items():
+        value = getattr(settings, attr_name(key))
+        lines = [name for name in dict.fromkeys((key, attr_name(key))) if name in table]
+        if lines and _says(parse, table[lines[0]], value):
+            continue
+        for name in lines[1:]:
+            del table[name]
+        if value is None and getattr(defaults, attr_name(key)) is None:
+            if lines:
+                del table[lines[0]]
+        elif lines or value != getattr(defaults, attr_name(key)):
+            table[lines[0] if lines else key] = _toml_value(value, fmt)
+    _replace_file(target, tomlkit.dumps(doc).encode())
+
+
+def _read_for_rewrite(path: str) -> tomlkit.TOMLDocument:
+    """The file as tomlkit keeps it (a missing file is an empty one, as
+    Redis takes it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tomlkit.parse(f.read())
+    except FileNotFoundError:
+        return tomlkit.document()
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    except (UnicodeDecodeError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+
+
+def _says(parse, item, value) -> bool:
+    """Whether a line of the file already gives value."""
+    try:
+        return parse(item.unwrap() if hasattr(item, "unwrap") else item) == value
+    except ConfigError:
+        return False
+
+
+def _toml_value(value, fmt):
+    """A running value as TOML: numbers, booleans, strings and the address
+    list as themselves, anything else (replicaof, the output limit) in the
+    text CONFIG GET shows, which its parser reads back."""
+    if isinstance(value, (bool, int, float, str, list)):
+        return value
+    return fmt(value)
+
+
+def _replace_file(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o600           # it may hold passwords
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    except OSError as e:
+        raise ConfigError(e.strerror or str(e)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ConfigError(e.strerror or str(e)) from None
+    with contextlib.suppress(OSError):     # the rename itself made durable
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -583,6 +708,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "masteruser its repl-password")
     p.add_argument("--masteruser", metavar="USER",
                    help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+    p.add_argument("--replica-priority", metavar="N",
+                   help="Sentinel promotes the replica with the lowest priority first; "
+                        "0: never (default 100)")
+    p.add_argument("--replica-announce-ip", metavar="ADDR",
+                   help="address a replica asks its primary to list it under (INFO "
+                        "replication), where Sentinel finds it (default: the link's own)")
+    p.add_argument("--replica-announce-port", metavar="N",
+                   help="port a replica asks its primary to list it under "
+                        "(default 0: the port it listens on)")
+    p.add_argument("--replica-announced", metavar="yes|no",
+                   help="whether Sentinel lists this replica (default yes)")
     p.add_argument("--repl-user", metavar="USER",
                    help="user name replicas give with repl-password (default replica)")
     p.add_argument("--repl-password", metavar="PW",

@@ -72,24 +72,8 @@ def _memory(core, app) -> dict:
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
             "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
-            **_rules_cache_memory(core, app),
             "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
-            "mem_allocator": "libc+mmap", **app.replication.memory_info(),
-            **app.pubsub.memory_info()}
-
-
-def _rules_cache_memory(core, app) -> dict:
-    entries, nbytes, _, _ = core.rules.match_cache_info
-    return {"rules_cache_entries": entries, "rules_cache_bytes": nbytes,
-            "rules_cache_max_bytes": app.settings.rules_cache_size}
-
-
-def _persistence(core, app) -> dict:
-    snap = app.snapshots
-    return {"loading": 0, "rdb_bgsave_in_progress": int(snap.child is not None),
-            "rdb_last_save_time": snap.last_save_time,
-            "rdb_last_bgsave_status": snap.last_status, "rdb_saves": snap.saves,
-            "snapshot_file": snap.path or "", "aof_enabled": 0}
+            "mem_allocator": "libc+mmap"}
 
 
 def _stats(core, app) -> dict:
@@ -103,15 +87,7 @@ def _stats(core, app) -> dict:
             "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
             "acl_access_denied_auth": app.auth_failures,
-            "log_lines_suppressed": REPEAT_LIMIT.suppressed_total,
-            "sweep_runs": app.sweep_runs, "sweep_last_budget_ms": app.sweep_budget_ms,
-            "rules_cache_hits": core.rules.match_cache_info[2],
-            "rules_cache_misses": core.rules.match_cache_info[3],
-            **app.pubsub.stats_info()}
-
-
-def _replication(core, app) -> dict:
-    return app.replication.info()
+            "log_lines_suppressed": REPEAT_LIMIT.suppressed_total}
 
 
 def _cpu(core, app) -> dict:
@@ -130,10 +106,6 @@ def _fastlimit(core, app) -> dict:
             "buckets_expired": core.store.expired_total + core.rules.expired_total}
 
 
-def _rules(core, app, per_rule: bool = False) -> dict:
-    return app.rules.info(per_rule) if app.rules is not None else {}
-
-
 def _commandstats(core, app) -> dict:
     out = {}
     for cmd in core.commands.values():
@@ -150,9 +122,10 @@ def _errorstats(core, app) -> dict:
     return {f"errorstat_{code}": f"count={n}" for code, n in sorted(core.error_counts.items())}
 
 
-SECTIONS = {"server": _server, "clients": _clients, "memory": _memory,
-            "persistence": _persistence, "stats": _stats, "replication": _replication,
-            "cpu": _cpu, "keyspace": _keyspace, "fastlimit": _fastlimit, "rules": _rules,
+# The sections the server itself fills; the subsystems add theirs (and
+# fields to these) through Subsystem.info_sections.
+SECTIONS = {"server": _server, "clients": _clients, "memory": _memory, "stats": _stats,
+            "cpu": _cpu, "keyspace": _keyspace, "fastlimit": _fastlimit,
             "commandstats": _commandstats, "errorstats": _errorstats}
 
 
@@ -163,14 +136,11 @@ def render_info(core, requested: list[str]) -> str:
         names = ALL_SECTIONS
     else:
         names = [n for n in ALL_SECTIONS if n in requested]
+    added = core.app.subsystem_info(frozenset(names), frozenset(requested))
     parts = []
     for name in names:
-        if name == "rules" and "rules" in requested:
-            # One line per rule only when asked for by name: with 10,000
-            # rules they are a megabyte, too much for every INFO poll.
-            fields = _rules(core, core.app, per_rule=True)
-        else:
-            fields = SECTIONS[name](core, core.app)
+        fields = SECTIONS[name](core, core.app) if name in SECTIONS else {}
+        fields.update(added.get(name, {}))
         title = "CPU" if name == "cpu" else name.capitalize()
         lines = [f"# {title}"] + [f"{k}:{v}" for k, v in fields.items()]
         parts.append("\r\n".join(lines) + "\r\n")

@@ -12,8 +12,9 @@ subscriber is written to at once and never waited for: past the
 the same class's hard limit (Redis bounds neither).  Pattern matching is Redis's glob in C
 (``fastlimit._protocol.glob``), once per pattern per PUBLISH.
 
-A subsystem as ``server/subsystem.py`` describes: the Server holds it as
-``app.pubsub``.
+A subsystem (``server/subsystem.py``): the Server holds it as
+``app.pubsub``; it takes the pubsub output class from the settings and
+adds its INFO fields.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 
 from fastlimit._protocol import glob
 from fastlimit._resp import ReplyError
+from fastlimit.server.subsystem import Subsystem
 
 # Estimated bytes per registry entry beyond the name (the name's bytes
 # object, the entry in the registry and in the client's own dict, the
@@ -57,7 +59,7 @@ class _Frames:
         return frame
 
 
-class PubSub:
+class PubSub(Subsystem):
     def __init__(self, core):
         self.core = core
         self.channels: dict[bytes, dict] = {}     # channel -> {connection: None}

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from fastlimit.server import replstream as rs
 from fastlimit.server import snapshot
 from fastlimit.server.snapshot import SnapshotError
+from fastlimit.server.subsystem import Subsystem
 
 if TYPE_CHECKING:
     from fastlimit._protocol import Connection
@@ -138,7 +139,7 @@ class LagStats:
         return LAG_BUCKETS_MS
 
 
-class Replication:
+class Replication(Subsystem):
     """The server's replication role: primary (with followers) or replica
     (with a link to its primary)."""
 
@@ -429,13 +430,16 @@ class Replication:
     # ---- role changes ------------------------------------------------------------------
 
     def follow(self, host: str, port: int) -> bool:
-        """Becomes a replica of host:port (REPLICAOF); False if it already is."""
+        """Becomes a replica of host:port (REPLICAOF); False if it already
+        is.  The running replicaof setting says so (for CONFIG REWRITE)."""
         if self.link is not None and (self.link.host, self.link.port) == (host, port):
             return False
+        was_up = self.link is not None and self.link.state == "connected"
         self.stop_following()
         self._drop_all("this server became a replica")
         self.app.core.readonly = True
-        self.link = PrimaryLink(self, host, port)
+        self.app.settings.replicaof = (host, port)
+        self.link = PrimaryLink(self, host, port, time.monotonic() if was_up else None)
         self.link.start()
         self.log.warning("following primary %s:%d", host, port)
         return True
@@ -448,6 +452,7 @@ class Replication:
         self.offset = self.link.offset     # the stream goes on counting from here
         self.stop_following()
         self.app.core.readonly = False
+        self.app.settings.replicaof = None
         if self.followers:
             # They go on, now with this server's own batches, which number
             # the rules as it does: its rules tell them how.
@@ -462,7 +467,11 @@ class Replication:
         link, self.link = self.link, None
         return link.stop() if link is not None else None
 
-    async def close(self) -> None:
+    async def start(self) -> None:
+        if self.app.settings.replicaof:
+            self.follow(*self.app.settings.replicaof)
+
+    async def stop(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -478,11 +487,17 @@ class Replication:
 
     # ---- INFO and ROLE -----------------------------------------------------------------------
 
+    def info_sections(self, sections, named):
+        out = {"memory": self.memory_info()}
+        if "replication" in sections:     # info() flushes the batch: only when asked
+            out["replication"] = self.info()
+        return out
+
     def info(self) -> dict:
         if self.link is not None:
             return self.link.info()
         self.flush()    # the offset then covers every write before this INFO
-        out = {"role": "master", **self.follower_info(self.offset)}
+        out = {"role": "master", **self.follower_info()}
         out.update({"master_failover_state": "no-failover", "master_replid": self.replid,
                     "master_repl_offset": self.offset, "repl_full_syncs": self.full_syncs,
                     "repl_full_copies_written": self.copies_written,
@@ -493,14 +508,13 @@ class Replication:
                     "repl_buffer_limit": self.app.settings.repl_buffer_limit})
         return out
 
-    def follower_info(self, offset: int) -> dict:
+    def follower_info(self) -> dict:
         """connected_slaves and a slave<i> line per follower."""
         out: dict[str, int | str] = {"connected_slaves": len(self.followers)}
         now = time.monotonic()
         for i, f in enumerate(self.followers.values()):
             out[f"slave{i}"] = (f"ip={f.ip},port={f.port},state={f.state},"
-                                f"offset={f.ack_offset},lag={int(now - f.last_ack)},"
-                                f"behind_bytes={offset - f.ack_offset}")
+                                f"offset={f.ack_offset},lag={int(now - f.last_ack)}")
         return out
 
     def _copy_bytes(self) -> int:
@@ -559,7 +573,8 @@ class PrimaryLink(asyncio.Protocol):
     """A replica's connection to its primary: handshake, full copy, then
     batches; reconnects while down, backing off (see FailureLog)."""
 
-    def __init__(self, repl: Replication, host: str, port: int):
+    def __init__(self, repl: Replication, host: str, port: int,
+                 down_since: float | None = None):
         self.repl = repl
         self.app = repl.app
         self.host = host
@@ -570,10 +585,12 @@ class PrimaryLink(asyncio.Protocol):
         self.handshake = bytearray()
         self.replies_due = 0
         self.offset = 0
-        self.master_replid = "?"
+        self.master_replid = repl.replid    # until the primary's: our own, as Redis shows
         self.renumber: list[int | None] = []
         self.last_io = time.monotonic()
-        self.down_since = time.monotonic()
+        # when a link that was up went down (None: it never was), as Redis's
+        # master_link_down_since_seconds counts
+        self.down_since = down_since
         self.batches = 0
         self.records = 0
         self.rules_payload = b""   # the primary's last rules, for our replicas' copies
@@ -641,19 +658,29 @@ class PrimaryLink(asyncio.Protocol):
         self._ends = (_address(transport.get_extra_info("sockname")),
                       _address(transport.get_extra_info("peername")))
         settings = self.app.settings
-        listening_port = [b"REPLCONF", b"listening-port", str(self.app.port).encode()]
         if settings.masteruser:
             # CL.SYNC's own credentials (the primary's repl-user) stand in
-            # for AUTH; the port follows, unanswered, on the replica link.
+            # for AUTH.
             commands = [[b"CL.SYNC", settings.masteruser.encode(),
                          settings.masterauth.encode()]]
-            after = [listening_port]
         else:
             commands = [[b"AUTH", settings.masterauth.encode()]] if settings.masterauth else []
-            commands += [listening_port, [b"CL.SYNC"]]
-            after = []
+            commands += [[b"CL.SYNC"]]
         self.replies_due = len(commands)
-        transport.write(b"".join(_resp_command(c) for c in commands + after))
+        # The address follows, unanswered, on the replica link.
+        transport.write(b"".join(_resp_command(c) for c in commands + [self._announce()]))
+
+    def _announce(self) -> list[bytes]:
+        """REPLCONF with the address the primary is to list this replica
+        under (INFO's slave<N> line, where Sentinel finds replicas): the
+        replica-announce settings, else the port it listens on and the
+        link's own address, as Redis sends them."""
+        settings = self.app.settings
+        port = settings.replica_announce_port or self.app.port
+        args = [b"REPLCONF", b"listening-port", str(port).encode()]
+        if settings.replica_announce_ip:
+            args += [b"ip-address", settings.replica_announce_ip.encode()]
+        return args
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -661,7 +688,7 @@ class PrimaryLink(asyncio.Protocol):
             return
         if self.state == "connected":
             self.repl.log.warning("lost the link to primary %s:%d", self.host, self.port)
-        self.down_since = time.monotonic()
+            self.down_since = time.monotonic()
         self._later()
 
     def data_received(self, data: bytes) -> None:
@@ -793,24 +820,48 @@ class PrimaryLink(asyncio.Protocol):
     # ---- INFO and ROLE -------------------------------------------------------------------
 
     def info(self) -> dict:
+        """Redis 7.0's fields for a replica, in its order (and, like it,
+        the sync's progress only during a full copy and the time down only
+        while down), then fastlimit's own."""
         up = self.state == "connected"
         now = time.monotonic()
         lag = self.repl.lag
-        return {"role": "slave", "master_host": self.host, "master_port": self.port,
-                "master_link_status": "up" if up else "down",
-                "master_last_io_seconds_ago": int(now - self.last_io) if up else -1,
-                "master_sync_in_progress": int(self.state == "sync"),
-                "slave_read_repl_offset": self.offset, "slave_repl_offset": self.offset,
-                "master_link_down_since_seconds": -1 if up else int(now - self.down_since),
-                "slave_priority": 100, "slave_read_only": 1, "replica_announced": 1,
-                **self.repl.follower_info(self.offset),
-                "master_failover_state": "no-failover",
-                "master_replid": self.master_replid, "master_repl_offset": self.offset,
-                "master_link_failures": self.failures.run,
-                "repl_batches_applied": self.batches, "repl_records_applied": self.records,
-                "repl_lag_last_ms": lag.last_ms, "repl_lag_p50_ms": lag.percentile(0.50),
-                "repl_lag_p99_ms": lag.percentile(0.99), "repl_lag_max_ms": lag.max_ms,
-                "repl_lag_records": lag.records}
+        settings = self.app.settings
+        out = {"role": "slave", "master_host": self.host, "master_port": self.port,
+               "master_link_status": "up" if up else "down",
+               "master_last_io_seconds_ago": int(now - self.last_io) if up else -1,
+               "master_sync_in_progress": int(self.state == "sync"),
+               "slave_read_repl_offset": self.offset + (self.reader.pending if up else 0),
+               "slave_repl_offset": self.offset}
+        if self.state == "sync":
+            out.update(self._sync_progress(now))
+        if not up:
+            out["master_link_down_since_seconds"] = (
+                -1 if self.down_since is None else int(now - self.down_since))
+        out.update({
+            "slave_priority": settings.replica_priority, "slave_read_only": 1,
+            "replica_announced": int(settings.replica_announced),
+            **self.repl.follower_info(),
+            "master_failover_state": "no-failover",
+            "master_replid": self.master_replid, "master_repl_offset": self.offset,
+            "master_link_failures": self.failures.run,
+            "repl_batches_applied": self.batches, "repl_records_applied": self.records,
+            "repl_lag_last_ms": lag.last_ms, "repl_lag_p50_ms": lag.percentile(0.50),
+            "repl_lag_p99_ms": lag.percentile(0.99), "repl_lag_max_ms": lag.max_ms,
+            "repl_lag_records": lag.records})
+        return out
+
+    def _sync_progress(self, now: float) -> dict:
+        """Redis's master_sync_* fields: the full copy's frame as read so
+        far (its size is known once its header has arrived; -1 before, as
+        Redis says for a copy of unknown size)."""
+        total = self.reader.next_frame_size
+        read = self.reader.pending
+        return {"master_sync_total_bytes": total if total is not None else -1,
+                "master_sync_read_bytes": read,
+                "master_sync_left_bytes": total - read if total is not None else -1,
+                "master_sync_perc": f"{100 * read / total if total else 0:.2f}",
+                "master_sync_last_io_seconds_ago": int(now - self.last_io)}
 
     def role_reply(self) -> list:
         return [b"slave", self.host.encode(), self.port, self.state.encode(), self.offset]

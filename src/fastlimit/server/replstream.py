@@ -134,3 +134,11 @@ class FrameReader:
     @property
     def pending(self) -> int:
         return len(self.buf)
+
+    @property
+    def next_frame_size(self) -> int | None:
+        """The size, header included, of the frame being read, once its
+        header is in; None before."""
+        if len(self.buf) < FRAME.size:
+            return None
+        return FRAME.size + FRAME.unpack_from(self.buf)[1]

@@ -28,6 +28,8 @@ import traceback
 import zlib
 from dataclasses import dataclass
 
+from fastlimit.server.subsystem import Subsystem
+
 MAGIC = b"FLSNAP\x00\x01"
 BUCKET_VALUE_SIZE = 20      # a "check" record's value (see _core.pxd)
 FOOTER = b"FLSNAPEND"
@@ -285,10 +287,11 @@ def advance_lease_generations(generations: dict[int, int], engine, renumber: lis
             engine.advance_lease_generation(renumber[old], generation)
 
 
-class Snapshots:
+class Snapshots(Subsystem):
     """The server's snapshot file: loaded at start, written by SAVE (in the
     foreground), BGSAVE (by a forked child, so the server keeps answering:
-    the fork is the only pause, a copy-on-write page table) and at shutdown."""
+    the fork is the only pause, a copy-on-write page table), every
+    save-seconds and at shutdown (unless SHUTDOWN NOSAVE)."""
 
     # After a failed save, the next periodic attempt waits this long
     # (Redis's CONFIG_BGSAVE_RETRY_DELAY): no fork on every tick.
@@ -303,6 +306,33 @@ class Snapshots:
         self.last_attempt = time.time()
         self.last_status = "ok"
         self.saves = 0
+        self.save_seconds = 0
+        self.save_at_exit = True
+
+    def apply_settings(self, settings) -> None:
+        self.save_seconds = settings.save_seconds
+
+    def tick(self) -> None:
+        self.poll()
+        if self.due(self.save_seconds):
+            self.background_save()
+
+    async def stop(self) -> None:
+        self.stop_background_save()
+        if not (self.save_at_exit and self.path):
+            return
+        try:
+            self.save()
+            self.log.info("saved the snapshot %s before exiting", self.path)
+        except (OSError, SnapshotError) as e:
+            self.log.error("could not save the snapshot before exiting: %s", e)
+
+    def info_sections(self, sections, named):
+        return {"persistence": {
+            "loading": 0, "rdb_bgsave_in_progress": int(self.child is not None),
+            "rdb_last_save_time": self.last_save_time,
+            "rdb_last_bgsave_status": self.last_status, "rdb_saves": self.saves,
+            "snapshot_file": self.path or "", "aof_enabled": 0}}
 
     def load_at_start(self) -> None:
         """Restores the snapshot if there is one.  A damaged file is moved

@@ -1,4 +1,4 @@
-"""CONFIG GET, SET and RESETSTAT, over fastlimit.server.config."""
+"""CONFIG GET, SET, REWRITE and RESETSTAT, over fastlimit.server.config."""
 
 from __future__ import annotations
 
@@ -29,4 +29,20 @@ def cmd_config_set(conn, args):
 
 def cmd_config_resetstat(conn, args):
     conn.core.app.reset_stats()
+    return OK
+
+
+def cmd_config_rewrite(conn, args):
+    """Writes the running settings into the config file (see cfg.rewrite),
+    as Sentinel's failover does after SLAVEOF so a restart keeps the role."""
+    app = conn.core.app
+    path = app.settings.config_file
+    if path is None:
+        raise ReplyError("ERR The server is running without a config file")
+    try:
+        cfg.rewrite(app.settings, path)
+    except cfg.ConfigError as e:
+        conn.core.log.warning("CONFIG REWRITE of %s failed: %s", path, e.reason)
+        raise ReplyError(f"ERR Rewriting config file: {e.reason}") from None
+    conn.core.log.info("CONFIG REWRITE executed with success.")
     return OK

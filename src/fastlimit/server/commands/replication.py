@@ -7,6 +7,7 @@ import asyncio
 import hmac
 
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString
+from fastlimit.server import config as cfg
 from fastlimit.server.arguments import integer, lowercase
 from fastlimit.server.commands.replies import OK, WRONGPASS
 from fastlimit.server.replication import Follower
@@ -64,9 +65,25 @@ def _replconf(conn, args):
             conn.replica_port = port
             if conn.replica is not None:
                 conn.replica.port = port
-        elif option not in ("ip-address", "capa", "getack"):
+        elif option == "ip-address":
+            _announce_ip(conn, value)
+        elif option not in ("capa", "getack"):
             raise ReplyError(f"ERR Unrecognized REPLCONF option: {option[:64]}")
     return OK
+
+
+def _announce_ip(conn, value: bytes) -> None:
+    """The address the primary lists a replica under (replica-announce-ip),
+    in place of the link's own.  A fastlimit replica sends it after
+    CL.SYNC, as the replica link is where it is kept."""
+    if conn.replica is None:
+        raise ReplyError("ERR REPLCONF ip-address is taken after CL.SYNC, on the replica link")
+    try:
+        ip = cfg.parse_announce_ip(value.decode("utf-8", "replace"))
+    except cfg.ConfigError as e:
+        raise ReplyError(f"ERR REPLCONF ip-address: {e.reason}") from None
+    if ip is not None:
+        conn.replica.ip = ip
 
 
 def cmd_cl_sync(conn, args):
@@ -94,7 +111,7 @@ def cmd_cl_sync(conn, args):
         raise ReplyError("NOMASTERLINK Can't SYNC while not connected with my master")
     if conn.replica is not None:
         raise ReplyError("ERR this connection is already a replica's")
-    conn.replica = Follower(conn, conn.addr.rpartition(":")[0], conn.replica_port)
+    conn.replica = Follower(conn, conn.addr.rpartition(":")[0].strip("[]"), conn.replica_port)
     asyncio.get_running_loop().call_soon(app.replication.attach, conn)
     repl = app.replication
     replid, offset = (link.master_replid, link.offset) if link else (repl.replid, repl.offset)

@@ -1,0 +1,61 @@
+"""Rules as a subsystem of the server: SIGHUP reloads the rules file,
+denials are summed up in the log once per denial-log-seconds, and INFO
+shows the rules, the match cache and its hit rate.  The rules themselves
+(documents, store, registry) are fastlimit.rules; the engine that checks
+them is fastlimit._rules."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from fastlimit.server.subsystem import Subsystem
+
+
+class RulesSubsystem(Subsystem):
+    def __init__(self, registry, engine, log):
+        self.registry = registry
+        self.engine = engine
+        self.log = log
+        self.denial_log_seconds = 10.0
+        self.cache_limit = 0
+        self._last_denials = (time.monotonic(), 0)
+
+    def apply_settings(self, settings) -> None:
+        self.engine.set_match_cache_limit(settings.rules_cache_size)
+        self.cache_limit = settings.rules_cache_size
+        self.denial_log_seconds = settings.denial_log_seconds
+
+    async def start(self) -> None:
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, self.registry.reload_from_signal)
+
+    def cron(self) -> None:
+        """One line per denial-log-seconds when rules denied anything: loud
+        enough to notice, never a line per request."""
+        now = time.monotonic()
+        then, seen = self._last_denials
+        total = self.engine.denials_total
+        if now - then < self.denial_log_seconds or total == seen:
+            return
+        self._last_denials = (now, total)
+        time_ms, num, key, cost = self.engine.recent_denials[-1]
+        self.log.warning("%d requests denied (or shadow-denied) by rules in the last %.0f s; "
+                         "latest: rule %s, key %r, cost %d", total - seen, now - then,
+                         self.registry.rule_id(num), key, cost)
+
+    def info_sections(self, sections, named):
+        entries, nbytes, hits, misses = self.engine.match_cache_info
+        return {
+            # One line per rule only when INFO rules is asked for by name:
+            # with 10,000 rules they are a megabyte, too much for every poll.
+            "rules": self.registry.info(per_rule="rules" in named),
+            "memory": {"rules_cache_entries": entries, "rules_cache_bytes": nbytes,
+                       "rules_cache_max_bytes": self.cache_limit},
+            "stats": {"rules_cache_hits": hits, "rules_cache_misses": misses},
+        }
+
+    async def stop(self) -> None:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        self.registry.close()
