@@ -35,15 +35,27 @@ def check(client: redis.Redis, key: str, capacity: int = CAP) -> int:
     return client.execute_command("CL.CHECK", key, capacity, 1, "PERIOD", FOREVER_MS)[0]
 
 
-@pytest.fixture
-def ha():
-    s = HASet("fastlimit", python=PYTHON)
+def _started(s: HASet):
     try:
         s.start()
     except BaseException:
         print(s.logs())
         s.stop()
         raise
+    return s
+
+
+@pytest.fixture
+def ha():
+    s = _started(HASet("fastlimit", python=PYTHON))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def ha_with_snapshots():
+    # relative to each node's own directory, its working directory
+    s = _started(HASet("fastlimit", python=PYTHON, extra=["--snapshot-file", "snap.fls"]))
     yield s
     s.stop()
 
@@ -255,3 +267,69 @@ def test_the_ha_script_writes_configs_sentinel_can_rewrite(ha):
     wait_until(lambda: "replicaof" not in new.config.read_text()
                or 'replicaof = ""' in new.config.read_text(), 10,
                "CONFIG REWRITE to clear replicaof in the promoted standby's file")
+
+
+def test_a_failover_while_the_standbys_run_bgsave(ha_with_snapshots):
+    """The standbys write snapshots from forked children while the primary
+    dies and one of them is promoted: the failover completes, the saves
+    succeed, and the promoted standby keeps every limit."""
+    ha = ha_with_snapshots
+    old = ha.nodes[0]
+    pipe = old.client().pipeline(transaction=False)
+    for i in range(100_000):
+        pipe.execute_command("CL.CHECK", f"bulk:{i}", CAP, 1, "PERIOD", FOREVER_MS)
+    pipe.execute()
+    for _ in range(CAP):
+        check(old.client(), "spent")
+    wait_caught_up(ha, old)
+    standbys = ha.nodes[1:]
+    started = {n.port: 0 for n in standbys}
+    stop = threading.Event()
+
+    def keep_saving() -> None:
+        while not stop.is_set():
+            for n in standbys:
+                try:
+                    n.client(socket_timeout=2).bgsave()
+                    started[n.port] += 1
+                except redis.ResponseError:
+                    pass       # one already running
+                except (redis.ConnectionError, redis.TimeoutError):
+                    return
+            time.sleep(0.02)
+
+    saver = threading.Thread(target=keep_saving)
+    saver.start()
+    try:
+        old.signal(signal.SIGKILL)
+        new = ha.node(wait_new_primary(ha, old.port))
+        wait_until(lambda: role(new)["role"] == "master", 10, "the new primary to say master")
+    finally:
+        stop.set()
+        saver.join(10)
+    assert min(started.values()) > 0, started
+    assert check(new.client(), "spent") == 0
+    wait_until(lambda: new.client().info("persistence")["rdb_bgsave_in_progress"] == 0, 30,
+               "the last save to finish")
+    assert new.client().info("persistence")["rdb_last_bgsave_status"] == "ok"
+    assert new.client().dbsize() >= 100_001
+
+
+def test_a_password_protected_set_fails_over_with_auth_pass():
+    """requirepass on the servers, masterauth on the standbys, Sentinel's
+    auth-pass: nothing runs before AUTH, and the failover still works."""
+    ha = _started(HASet("fastlimit", python=PYTHON, password="s3cret"))
+    try:
+        old = ha.nodes[0]
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=old.port, socket_timeout=2).execute_command(
+                "CL.CHECK", "k", CAP, 1)
+        old.signal(signal.SIGKILL)
+        new = ha.node(wait_new_primary(ha, old.port))
+        wait_until(lambda: role(new)["role"] == "master", 10, "the new primary to say master")
+        other = next(n for n in ha.nodes if n.port not in (old.port, new.port))
+        wait_until(lambda: (i := role(other)).get("master_port") == new.port
+                   and i.get("master_link_status") == "up", FAILOVER_TIMEOUT_S,
+                   "the other standby to follow with masterauth", interval=0.1)
+    finally:
+        ha.stop()
