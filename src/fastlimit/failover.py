@@ -6,7 +6,7 @@ sentinel for the service's primary (``SENTINEL MASTERS``), and a
 ``-READONLY`` reply (a demoted primary) drops the connection so the next
 one asks again.  What this module adds is noticing a failover as soon as
 the sentinels announce it: a watcher subscribed to ``+switch-master`` on
-one sentinel at a time tells the client, which lets the next call probe
+every sentinel tells the client, which lets the next call probe
 the new primary at once instead of waiting out its circuit breaker's
 probe interval (the breaker has usually opened while the old primary was
 dying).
@@ -26,9 +26,9 @@ from redis.exceptions import ConnectionError, TimeoutError
 log = logging.getLogger("fastlimit.client")
 
 SWITCH_CHANNEL = "+switch-master"
-# Between attempts to reach any sentinel, once all of them failed.
+# Between attempts to reach a sentinel that failed.
 RETRY_S = 0.5
-# How often a sync watcher looks up from its socket to notice close().
+# How long a watcher waits on its socket at a time (a sync one then checks close()).
 POLL_S = 0.5
 
 OnSwitch = Callable[[str, str, int], None]
@@ -63,89 +63,102 @@ def parse_switch(data: bytes | str, services: set[str]) -> tuple[str, str, int] 
     return parts[0], parts[3], int(parts[4])
 
 
+class _Switches:
+    """The primaries announced so far: every sentinel announces the same
+    switch (the leader at once, the others when they hear of it), and the
+    client should hear of each one once."""
+
+    def __init__(self, services: set[str], on_switch: OnSwitch):
+        self.services = services
+        self._on_switch = on_switch
+        self._known: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def received(self, data) -> None:
+        switch = parse_switch(data, self.services)
+        if switch is None:
+            return
+        service, host, port = switch
+        with self._lock:
+            if self._known.get(service) == (host, port):
+                return
+            self._known[service] = (host, port)
+        self._on_switch(service, host, port)
+
+
 class SwitchWatcher:
-    """A daemon thread that follows +switch-master on the sentinels (one at
-    a time, the next when one fails) and calls on_switch(service, host,
-    port) for the services it was given."""
+    """Daemon threads, one per sentinel, that follow +switch-master and call
+    on_switch(service, host, port) once per switch of the services given.
+    All sentinels at once: the one that led the failover announces it
+    first, the others up to a hello period (2 s) later."""
 
     def __init__(self, sentinels: list[redis.Redis], services: set[str], on_switch: OnSwitch):
-        self._sentinels = sentinels
-        self._services = services
-        self._on_switch = on_switch
+        self._switches = _Switches(services, on_switch)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fastlimit-sentinel-watch",
-                                        daemon=True)
+        self._threads = [threading.Thread(target=self._follow, args=(sentinel,), daemon=True,
+                                          name="fastlimit-sentinel-watch")
+                         for sentinel in sentinels]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2 * POLL_S)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for sentinel in self._sentinels:
-                self._follow(sentinel)
-                if self._stop.is_set():
-                    return
-            self._stop.wait(RETRY_S)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=2 * POLL_S)
 
     def _follow(self, sentinel: redis.Redis) -> None:
-        pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
-        try:
-            pubsub.subscribe(SWITCH_CHANNEL)
-            while not self._stop.is_set():
-                message = pubsub.get_message(timeout=POLL_S)
-                switch = message and parse_switch(message["data"], self._services)
-                if switch:
-                    self._on_switch(*switch)
-        except (ConnectionError, TimeoutError, OSError) as e:
-            log.debug("sentinel %s: %s; trying the next one", sentinel, e)
-        finally:
-            pubsub.close()
+        while not self._stop.is_set():
+            pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(SWITCH_CHANNEL)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=POLL_S)
+                    if message is not None:
+                        self._switches.received(message["data"])
+            except (ConnectionError, TimeoutError, OSError) as e:
+                log.debug("sentinel %s: %s; retrying", sentinel, e)
+            finally:
+                pubsub.close()
+            self._stop.wait(RETRY_S)
 
 
 class AsyncSwitchWatcher:
-    """SwitchWatcher as an asyncio task, started on the client's first call
-    (it needs the running loop)."""
+    """SwitchWatcher as asyncio tasks, started on the client's first call
+    (they need the running loop)."""
 
     def __init__(self, sentinels: list[redis.asyncio.Redis], services: set[str],
                  on_switch: OnSwitch):
         self._sentinels = sentinels
-        self._services = services
-        self._on_switch = on_switch
-        self._task: asyncio.Task | None = None
+        self._switches = _Switches(services, on_switch)
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def started(self) -> bool:
-        return self._task is not None
+        return bool(self._tasks)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow(sentinel)) for sentinel in self._sentinels]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            for sentinel in self._sentinels:
-                await self._follow(sentinel)
-            await asyncio.sleep(RETRY_S)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _follow(self, sentinel: redis.asyncio.Redis) -> None:
-        pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(SWITCH_CHANNEL)
-            while True:
-                message = await pubsub.get_message(timeout=None)
-                switch = message and parse_switch(message["data"], self._services)
-                if switch:
-                    self._on_switch(*switch)
-        except (ConnectionError, TimeoutError, OSError) as e:
-            log.debug("sentinel %s: %s; trying the next one", sentinel, e)
-        finally:
-            await pubsub.aclose()
+        while True:
+            pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(SWITCH_CHANNEL)
+                while True:
+                    message = await pubsub.get_message(timeout=POLL_S)
+                    if message is not None:
+                        self._switches.received(message["data"])
+            except (ConnectionError, TimeoutError, OSError) as e:
+                log.debug("sentinel %s: %s; retrying", sentinel, e)
+            finally:
+                await pubsub.aclose()
+            await asyncio.sleep(RETRY_S)

@@ -133,7 +133,9 @@ def test_overshoot_across_a_failover_is_within_one_unsent_batch(ha):
 
     driver = threading.Thread(target=drive)
     driver.start()
-    wait_until(lambda: len(allowed_at) > 200, 10, "checks to flow")
+    # long enough that the bound below (what the last 100 ms allowed) is a
+    # small part of what was spent
+    wait_until(lambda: len(allowed_at) > 3000, 20, "checks to flow")
     killed_at = time.monotonic()
     old.signal(signal.SIGKILL)
     driver.join(10)
@@ -145,7 +147,7 @@ def test_overshoot_across_a_failover_is_within_one_unsent_batch(ha):
     recent = sum(1 for t in allowed_at if t > killed_at - 0.1)
     print(f"allowed by the old primary {len(allowed_at)}, known to the new one "
           f"{capacity - remaining}: overshoot {overshoot} (allowed in the last 100 ms: {recent})")
-    assert 0 <= overshoot <= recent
+    assert 0 <= overshoot <= recent < len(allowed_at) / 2
 
 
 def test_a_stopped_primary_is_demoted_when_it_resumes(ha):
