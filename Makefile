@@ -1,4 +1,4 @@
-.PHONY: serve test bench soak build clean
+.PHONY: serve test bench soak ha build clean
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -11,10 +11,15 @@ bench:          ## fastlimit vs redis-server, the clients vs the limits library,
 	.venv/bin/python bench/run.py
 	.venv/bin/python bench/clients.py
 	.venv/bin/python bench/replication.py
+	.venv/bin/python bench/failover.py
 
 soak:           ## every attack of the hardening review at once, a good client's latency and memory (bench/soak.py)
 	scripts/bootstrap.sh
 	.venv/bin/python bench/soak.py
+
+ha:             ## a local HA set: primary, two standbys, three redis-sentinels on 127.0.0.1 (scripts/ha.py)
+	scripts/bootstrap.sh
+	.venv/bin/python scripts/ha.py
 
 build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace

@@ -4,7 +4,8 @@
 #   --serve   .venv-serve: the release build and its runtime dependencies only
 #             (what `make serve` runs; no apt, no test packages)
 #   (none)    .venv: the release build with the test dependencies, plus
-#             Debian's redis-server and redis-tools (the tests and bench use them)
+#             Debian's redis-server, redis-tools and redis-sentinel (the tests
+#             and bench use them)
 #   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ install_debian_tools() {
     local need_apt=()
     command -v redis-server >/dev/null || need_apt+=(redis-server)
     command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
+    command -v redis-sentinel >/dev/null || need_apt+=(redis-sentinel)
     if ((${#need_apt[@]})); then
         echo "== installing ${need_apt[*]} with apt-get"
         export DEBIAN_FRONTEND=noninteractive

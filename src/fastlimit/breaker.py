@@ -90,6 +90,13 @@ class CircuitBreaker:
             self._next_probe = now + self.probe_every_s
             return True
 
+    def probe_now(self) -> None:
+        """Lets the next call probe at once: what is behind this server's
+        name has changed (a failover), so the last probe's failure says
+        nothing about it."""
+        with self._lock:
+            self._next_probe = 0.0
+
     def seconds_until_probe(self) -> float:
         """How long until the next probe may go out; 0 unless open."""
         return max(0.0, self._next_probe - self.clock()) if self.state == OPEN else 0.0

@@ -19,6 +19,10 @@ since the previous line, so an outage cannot flood the log.
 With several servers, keys are spread by consistent hashing: one key (the
 client key, for ``limit``) always goes to the same server, and adding a
 server moves about 1/N of the keys.
+
+With ``sentinels=[...]`` and ``service="name"`` (or several names, hashed
+the same way), the client asks Redis Sentinel where each service's
+primary is and follows it through failovers (see ``failover.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from dataclasses import dataclass, field, fields
 import redis
 import redis.asyncio
 import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
 from hiredis import pack_command
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
@@ -43,6 +49,7 @@ from redis.retry import Retry
 from fastlimit.breaker import CircuitBreaker
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER, Decision
 from fastlimit.embedded import Key, LocalFallback, check_on_failure, key_bytes
+from fastlimit.failover import AsyncSwitchWatcher, SwitchWatcher, parse_address, sentinel_list
 from fastlimit.ring import DEFAULT_VNODES, HashRing
 
 __all__ = ["AsyncClient", "CircuitBreaker", "Client", "Decision", "LocalFallback", "Stats"]
@@ -51,6 +58,8 @@ log = logging.getLogger("fastlimit.client")
 
 DEFAULT_SERVER = "127.0.0.1:6380"
 DEFAULT_TIMEOUT_MS = 5
+# A sentinel answers where the primary is on each new connection.
+DEFAULT_SENTINEL_TIMEOUT_MS = 100
 # A template: each server gets its own copy (CircuitBreaker.copy).
 DEFAULT_BREAKER = CircuitBreaker(failures=5, window_s=1.0, probe_every_s=5.0)
 # What a failed-closed decision tells the caller to wait (Retry-After: 1).
@@ -78,6 +87,7 @@ class Stats:
     errors: int = 0          # failed round trips (refused, timed out, dropped)
     error_replies: int = 0   # error replies from a live server (unknown command, bad argument)
     breaker_skips: int = 0   # calls that skipped the network: the server's breaker was open
+    master_switches: int = 0  # failovers the sentinels announced (+switch-master)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def incr(self, name: str, n: int = 1) -> None:
@@ -232,20 +242,17 @@ def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
     return command
 
 
-def parse_server(server: str) -> tuple[str, int]:
-    """"host:port" (IPv6 as "[::1]:6380") -> (host, port)."""
-    host, sep, port = server.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"a server is 'host:port', not {server!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+def _names(names: Servers | None, what: str) -> list[str]:
+    names = [names] if isinstance(names, str) else list(names or ())
+    if not names:
+        raise ValueError(f"at least one {what} is needed")
+    return names
 
 
 def _server_list(servers: Servers) -> list[str]:
-    names = [servers] if isinstance(servers, str) else list(servers)
-    if not names:
-        raise ValueError("at least one server is needed")
+    names = _names(servers, "server")
     for name in names:
-        parse_server(name)
+        parse_address(name)
     return names
 
 
@@ -258,8 +265,11 @@ class _ClientBase:
                  fallback: LocalFallback | None = None, *,
                  connect_timeout_ms: float | None = None, preaggregate: int = 0,
                  preaggregate_ttl_ms: int = 1000, vnodes: int = DEFAULT_VNODES,
+                 sentinels: Iterable[str | tuple[str, int]] | None = None,
+                 service: Servers | None = None, sentinel_password: str | None = None,
+                 sentinel_timeout_ms: float = DEFAULT_SENTINEL_TIMEOUT_MS,
                  **redis_kwargs):
-        names = _server_list(servers)
+        names = _server_list(servers) if sentinels is None else _names(service, "service")
         self.stats = Stats()
         self.fallback = fallback
         self.timeout_ms = timeout_ms
@@ -272,15 +282,42 @@ class _ClientBase:
         # No retries: a failed round trip goes straight to the policy; the
         # breaker, not a retry loop, decides when to try again.
         options.update(redis_kwargs)
-        self._nodes = {name: _Node(name, self._redis_client(*parse_server(name), options),
+        if sentinels is None:
+            self._sentinel = None
+            clients = {name: self._redis_client(*parse_address(name), options)
+                       for name in names}
+        else:
+            self._sentinel = self._sentinel_manager(sentinel_list(sentinels), dict(
+                password=sentinel_password, socket_timeout=sentinel_timeout_ms / 1000,
+                socket_connect_timeout=sentinel_timeout_ms / 1000))
+            clients = {name: self._sentinel.master_for(name, **options) for name in names}
+        self._nodes = {name: _Node(name, clients[name],
                                    breaker.copy() if breaker is not None else None)
                        for name in names}
+        self._watcher = (self._switch_watcher(self._sentinel.sentinels, set(names))
+                         if self._sentinel is not None else None)
         self._prefetch = (_Prefetch(preaggregate, preaggregate_ttl_ms / 1000)
                           if preaggregate else None)
         self._failure_log = _FailureLog()
 
     def _redis_client(self, host: str, port: int, options: dict):
         raise NotImplementedError
+
+    def _sentinel_manager(self, addresses: list[tuple[str, int]], options: dict):
+        raise NotImplementedError
+
+    def _switch_watcher(self, sentinels: list, services: set[str]):
+        raise NotImplementedError
+
+    def _master_switched(self, service: str, host: str, port: int) -> None:
+        """The sentinels moved service's primary to host:port: the next call
+        may try it at once, whatever the breaker's last probe said."""
+        self.stats.incr("master_switches")
+        log.warning("fastlimit service %s: Sentinel moved the primary to %s:%d",
+                    service, host, port)
+        breaker = self._nodes[service].breaker
+        if breaker is not None:
+            breaker.probe_now()
 
     def _no_retry(self):
         raise NotImplementedError
@@ -441,11 +478,27 @@ class Client(_ClientBase):
     limits, at the price of overshoot up to instances × batch per window
     (tokens taken earlier are spent later) and of tokens parked unused in
     one instance for up to ``preaggregate_ttl_ms``.
+    ``sentinels`` ("host:port" or (host, port) each) and ``service`` (a
+    name, or a list hashed like ``servers``) take the place of ``servers``:
+    the primary of each service is found through Redis Sentinel and
+    followed through failovers; ``sentinel_password`` is the sentinels'
+    own, and ``sentinel_timeout_ms`` bounds each question to them.
     Other keyword arguments go to ``redis.Redis``.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self._watcher is not None:
+            self._watcher.start()
+
     def _redis_client(self, host: str, port: int, options: dict) -> redis.Redis:
         return redis.Redis(host=host, port=port, **options)
+
+    def _sentinel_manager(self, addresses, options) -> redis.sentinel.Sentinel:
+        return redis.sentinel.Sentinel(addresses, sentinel_kwargs=options)
+
+    def _switch_watcher(self, sentinels, services) -> SwitchWatcher:
+        return SwitchWatcher(sentinels, services, self._master_switched)
 
     def _no_retry(self) -> Retry:
         return Retry(NoBackoff(), 0)
@@ -489,9 +542,13 @@ class Client(_ClientBase):
         return self._answered(node, request, reply)
 
     def close(self) -> None:
-        """Closes every server's connections."""
+        """Closes every server's connections (and the sentinels')."""
+        if self._watcher is not None:
+            self._watcher.close()
         for node in self._nodes.values():
             node.redis.close()
+        if self._sentinel is not None:
+            self._sentinel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -655,6 +712,12 @@ class AsyncClient(_ClientBase):
     def _redis_client(self, host: str, port: int, options: dict) -> redis.asyncio.Redis:
         return redis.asyncio.Redis(host=host, port=port, **options)
 
+    def _sentinel_manager(self, addresses, options) -> redis.asyncio.sentinel.Sentinel:
+        return redis.asyncio.sentinel.Sentinel(addresses, sentinel_kwargs=options)
+
+    def _switch_watcher(self, sentinels, services) -> AsyncSwitchWatcher:
+        return AsyncSwitchWatcher(sentinels, services, self._master_switched)
+
     def _no_retry(self) -> redis.asyncio.retry.Retry:
         return redis.asyncio.retry.Retry(NoBackoff(), 0)
 
@@ -686,6 +749,8 @@ class AsyncClient(_ClientBase):
                                                        on_failure))
 
     async def _execute(self, request: _Request) -> Decision:
+        if self._watcher is not None and not self._watcher.started:
+            self._watcher.start()
         node = self._node_for(request.route_key)
         if node.breaker is not None and not node.breaker.allow():
             # Every answer, even one that skips the network, lets the loop
@@ -704,10 +769,14 @@ class AsyncClient(_ClientBase):
     async def aclose(self) -> None:
         """Waits for the pipelines in flight, then closes every server's
         connections."""
+        if self._watcher is not None:
+            await self._watcher.close()
         for node in self._nodes.values():
             assert node.pipeliner is not None
             await node.pipeliner.drain()
             await node.redis.aclose()
+        if self._sentinel is not None:
+            await self._sentinel.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
