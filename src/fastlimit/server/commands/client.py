@@ -71,10 +71,8 @@ def cmd_client_list(conn, args):
     while i < len(args):
         option = lowercase(args[i])
         if option == "type" and i + 1 < len(args):
-            kind = lowercase(args[i + 1])
-            if kind not in ("normal", "master", "replica", "slave", "pubsub"):
-                raise ReplyError(f"ERR Unknown client type '{kind}'")
-            clients = [c for c in clients if _client_type(c) == kind.replace("slave", "replica")]
+            kind = _kind_argument(args[i + 1])
+            clients = [c for c in clients if _client_type(c) == kind]
             i += 2
         elif option == "id" and i + 1 < len(args):
             ids = {_positive_id(a, "ERR Invalid client ID") for a in args[i + 1:]}
@@ -84,6 +82,16 @@ def cmd_client_list(conn, args):
             raise ReplyError("ERR syntax error")
     now = time.monotonic()
     return Verbatim("".join(client_line(c, now) + "\n" for c in clients))
+
+
+def _kind_argument(value: bytes) -> str:
+    """TYPE's argument as _client_type names it; Redis's error if unknown.
+    (A replica's link to its primary, Redis's "master" client, is not
+    among the clients here, so TYPE master matches none.)"""
+    kind = lowercase(value)
+    if kind not in ("normal", "master", "replica", "slave", "pubsub"):
+        raise ReplyError(f"ERR Unknown client type '{value.decode(errors='replace')}'")
+    return "replica" if kind == "slave" else kind
 
 
 def _client_type(c) -> str:
@@ -122,7 +130,7 @@ def cmd_client_kill(conn, args):
         elif option == "skipme":
             skipme = lowercase(value) == "yes"
         elif option == "type":
-            kind = lowercase(value).replace("slave", "replica")
+            kind = _kind_argument(value)
             victims = [c for c in victims if _client_type(c) == kind]
         else:
             raise ReplyError("ERR syntax error")
