@@ -335,3 +335,27 @@ def test_a_password_protected_set_fails_over_with_auth_pass():
                    "the other standby to follow with masterauth", interval=0.1)
     finally:
         ha.stop()
+
+
+def test_redis_py_asyncio_sentinel_client_follows_the_failover(ha):
+    async def run() -> float:
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            [("127.0.0.1", s.port) for s in ha.sentinels], socket_timeout=0.5)
+        primary = sentinel.master_for(SERVICE, socket_timeout=0.5)
+        try:
+            assert (await primary.execute_command("CL.CHECK", "apy", CAP, 1))[0] == 1
+            ha.nodes[0].signal(signal.SIGKILL)
+            killed = time.monotonic()
+            while time.monotonic() - killed < FAILOVER_TIMEOUT_S:
+                try:
+                    if (await primary.execute_command("CL.CHECK", "apy2", CAP, 1))[0] == 1:
+                        return time.monotonic() - killed
+                except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+                    pass
+                await asyncio.sleep(0.01)
+            raise AssertionError("no answer from a new primary")
+        finally:
+            await primary.aclose()
+            await sentinel.aclose()
+    took = asyncio.run(run())
+    print(f"redis-py asyncio Sentinel client: kill to first answer {took:.2f} s")
