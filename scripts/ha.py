@@ -57,6 +57,20 @@ def answers(port: int, password: str | None = None) -> bool:
         return False
 
 
+def terminate(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s; SIGCONT first, as a stopped
+    process cannot exit."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Node:
     """One data server (fastlimit or redis-server) with its config file."""
 
@@ -129,15 +143,7 @@ class Node:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)     # a stopped process cannot exit
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
 
 
 class Sentinel:
@@ -185,13 +191,7 @@ class Sentinel:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 class HASet:
