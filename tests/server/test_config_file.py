@@ -66,7 +66,7 @@ def run_with_config(tmp_path, text: str | None, *args: str) -> subprocess.Comple
     return subprocess.run(
         [PYTHON, "-m", "fastlimit.server", "--port", "0", "--rules-db", "",
          "--snapshot-file", "", "--config", str(path), *args],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("text,error", [
