@@ -21,8 +21,10 @@ echo "== tests: debug build, with line coverage"
 # looks for beside the .pyx: put the debug build's there (gitignored).
 cp build/debug/cython/src/fastlimit/_*.c src/fastlimit/
 rm -rf build/coverage && mkdir -p build/coverage     # [tool.coverage] in pyproject.toml
+status=0
 FASTLIMIT_PYTHON=$PWD/.venv-debug/bin/python .venv-debug/bin/python -m coverage run \
-    -m pytest -m "not release_only" "$@"
+    -m pytest -m "not release_only" "$@" || status=$?
 echo "== line coverage of the debug pass (untraced tests: UNTRACED in tests/conftest.py)"
 .venv-debug/bin/python -m coverage combine -q
 .venv-debug/bin/python -m coverage report
+exit $status

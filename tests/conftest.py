@@ -99,24 +99,31 @@ def _untraced(request):
 
 
 @pytest.fixture(scope="session")
-def server():
-    """One manual-clock server shared by the tests that reset it (see r)."""
-    with ServerProcess("--manual-clock") as s:
-        yield s
-    assert s.proc.returncode in (0, -signal.SIGTERM), s.log()
+def shared_servers():
+    """The manual-clock servers shared by the tests that reset them (see
+    r): one traced, and, started when first needed, one untraced for the
+    untraced tests (see UNTRACED)."""
+    started: dict[bool, ServerProcess] = {}
 
+    def get() -> ServerProcess:
+        if servers.TRACED not in started:
+            started[servers.TRACED] = ServerProcess("--manual-clock").start()
+        return started[servers.TRACED]
 
-@pytest.fixture(scope="session")
-def untraced_server():
-    """server's twin for the untraced tests (started while TRACED is off)."""
-    with ServerProcess("--manual-clock") as s:
-        yield s
+    yield get
+    for s in started.values():
+        assert s.stop() in (0, -signal.SIGTERM), s.log()
 
 
 @pytest.fixture
-def r(request):
+def server(shared_servers):
+    """One manual-clock server shared by the tests that reset it (see r)."""
+    return shared_servers()
+
+
+@pytest.fixture
+def r(server):
     """A RESP2 redis-py client on a flushed server with the clock at 0."""
-    server = request.getfixturevalue("server" if servers.TRACED else "untraced_server")
     client = server.client(protocol=2)
     client.flushall()
     client.execute_command("DEBUG", "CLOCK", "SET", 0)
