@@ -19,15 +19,106 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from servers import RedisServerProcess, ServerProcess  # noqa: E402  (needs the path above)
+import servers  # noqa: E402  (needs the path above)
+from servers import RedisServerProcess, ServerProcess  # noqa: E402
+
+# ---- coverage ------------------------------------------------------------------------------
+# The debug pass of scripts/test.sh runs under `coverage run`.  Line tracing
+# makes the Cython hot path some 30 times slower, so the tests that exist to
+# push volume (hundreds of thousands of operations) or that bound CPU time or
+# latency run untraced, in this process and in the servers they start: what
+# they test is unchanged, and the paths they take smaller tests take too.
+UNTRACED = (
+    "tests/test_core.py::test_many_keys_across_table_growth_and_deletes",
+    "tests/rules/test_server_rule_limits.py::"
+    "test_ten_thousand_rules_load_change_and_miss_within_generous_cpu_bounds",
+    "tests/server/test_config.py::test_config_get_with_many_patterns_is_cheap",
+    "tests/server/test_partial_commands.py::test_partial_command_is_not_reparsed_from_the_start",
+    "tests/test_embedded.py::test_many_threads",        # tracing lets threads into a check
+    "tests/test_resp.py::test_huge_declared_lengths_are_just_incomplete",  # bounds time
+    "tests/test_resp.py::test_random_and_mutated_input_never_crashes_and_is_consistent",
+    "tests/test_resp.py::test_pipelines_in_random_reads_parse_as_in_one_read",
+    "tests/server/test_sweep.py",                       # sweeps against a time budget
+    "tests/rules/test_server_rules.py::test_rules_change_under_load",
+    "tests/server/test_replication_limits.py::"
+    "test_an_online_replica_that_stops_reading_is_dropped_at_repl_buffer_limit",
+    "tests/server/test_fairness.py",
+    "tests/server/test_redis_benchmark.py",
+    "tests/server/test_soak.py",
+    "tests/server/test_snapshot.py::test_bgsave_status_lastsave_and_a_second_bgsave_while_one_runs",
+    "tests/server/test_snapshot.py::test_the_server_answers_while_a_bgsave_runs",
+    "tests/server/test_snapshot.py::test_a_killed_bgsave_child_is_reported",
+    "tests/server/test_snapshot.py::test_a_signal_to_the_bgsave_child_does_not_stop_the_server",
+    "tests/server/test_snapshot.py::"
+    "test_a_bgsave_running_at_shutdown_does_not_replace_the_final_snapshot",
+    "tests/server/test_replication_limits.py::test_replicas_arriving_together_share_one_full_copy",
+    "tests/server/test_replication_limits.py::test_full_copies_in_flight_are_capped",
+    "tests/server/test_replication_limits.py::"
+    "test_a_replica_that_never_reads_its_full_copy_is_dropped_at_repl_buffer_limit",
+    "tests/server/test_replication_faults.py::"
+    "test_paused_standby_is_dropped_at_the_buffer_limit_then_resyncs",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "untraced: runs without coverage's line tracing (see UNTRACED in conftest.py)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.startswith(UNTRACED):
+            item.add_marker("untraced")
+
+
+def _running_coverage():
+    """The Coverage measuring this process, if any."""
+    try:
+        import coverage
+    except ImportError:
+        return None
+    return coverage.Coverage.current()
+
+
+@pytest.fixture(autouse=True)
+def _untraced(request):
+    """Pauses coverage for an untraced test; autouse fixtures come first,
+    so the servers the test starts see servers.TRACED cleared."""
+    cov = _running_coverage() if request.node.get_closest_marker("untraced") else None
+    if cov is None:
+        yield
+        return
+    cov.stop()
+    servers.TRACED = False
+    try:
+        yield
+    finally:
+        servers.TRACED = True
+        cov.start()
+
 
 
 @pytest.fixture(scope="session")
-def server():
+def shared_servers():
+    """The manual-clock servers shared by the tests that reset them (see
+    r): one traced, and, started when first needed, one untraced for the
+    untraced tests (see UNTRACED)."""
+    started: dict[bool, ServerProcess] = {}
+
+    def get() -> ServerProcess:
+        if servers.TRACED not in started:
+            started[servers.TRACED] = ServerProcess("--manual-clock").start()
+        return started[servers.TRACED]
+
+    yield get
+    for s in started.values():
+        assert s.stop() in (0, -signal.SIGTERM), s.log()
+
+
+@pytest.fixture
+def server(shared_servers):
     """One manual-clock server shared by the tests that reset it (see r)."""
-    with ServerProcess("--manual-clock") as s:
-        yield s
-    assert s.proc.returncode in (0, -signal.SIGTERM), s.log()
+    return shared_servers()
 
 
 @pytest.fixture

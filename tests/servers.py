@@ -25,6 +25,11 @@ import redis
 from wire import free_port
 
 PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
+# Under `coverage run` (the debug pass of scripts/test.sh) children started
+# with this variable set measure themselves; conftest.py clears TRACED for
+# the tests that run untraced (see UNTRACED there).
+COVERAGE_ENV = "COVERAGE_PROCESS_CONFIG"
+TRACED = True
 READY = re.compile(r"ready to accept connections on .* port (\d+)")
 START_TIMEOUT = 20.0
 
@@ -36,6 +41,11 @@ def process_state(pid) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return None
+
+
+def untraced_env() -> dict[str, str]:
+    """The environment less what starts coverage in a child."""
+    return {k: v for k, v in os.environ.items() if k != COVERAGE_ENV}
 
 
 class ServerProcess:
@@ -56,7 +66,8 @@ class ServerProcess:
             durability += ["--snapshot-file", ""]
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=None if TRACED else untraced_env())
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             m = READY.search(self.log())
