@@ -40,7 +40,8 @@ def test_config_file_settings_take_effect_and_the_command_line_wins(tmp_path):
         assert got["hz"] == "50"
         assert got["maxclients"] == "88"                       # the command line's
         assert got["denial-log-seconds"] == "2.5"
-        assert got["client-output-buffer-limit"] == "normal 1048576 524288 10"
+        assert got["client-output-buffer-limit"] == (
+            "normal 1048576 524288 10 slave 268435456 67108864 60 pubsub 33554432 8388608 60")
         assert c.info("server")["config_file"] == str(tmp_path / "fastlimit.toml")
         c.execute_command("DEBUG", "CLOCK", "SET", 1234)    # manual-clock from the file
         assert c.info("server")["clock_ms"] == 1234
@@ -57,12 +58,13 @@ def test_a_config_file_without_a_server_section_is_read_whole(tmp_path):
         assert s.stop() == 0, s.log()
 
 
-def run_with_config(tmp_path, text: str | None, *args: str) -> subprocess.CompletedProcess:
+def run_with_config(tmp_path, text: str | bytes | None,
+                    *args: str) -> subprocess.CompletedProcess:
     """The server started with a config file (None: a file that is not
     there); it is expected to refuse before serving."""
     path = tmp_path / "fastlimit.toml"
     if text is not None:
-        path.write_text(text)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return subprocess.run(
         [PYTHON, "-m", "fastlimit.server", "--port", "0", "--rules-db", "",
          "--snapshot-file", "", "--config", str(path), *args],
@@ -72,6 +74,8 @@ def run_with_config(tmp_path, text: str | None, *args: str) -> subprocess.Comple
 @pytest.mark.parametrize("text,error", [
     (None, "cannot read config file {path}: No such file or directory"),
     ("hz = = 5\n", "config file {path} is not valid TOML: "),
+    (b"hz = \"\xff\"\n", "config file {path} is not valid TOML: "),
+    ("server = 1\n", "config file {path}: [server] must be a table of settings"),
     ("[server]\nnosuch = 1\n", "nosuch: unknown setting 'nosuch'"),
     ("hz = 0\n", "hz: argument must be between 1 and 500 inclusive"),
     ("hz = true\n", "hz: argument couldn't be parsed into an integer"),
@@ -82,7 +86,7 @@ def run_with_config(tmp_path, text: str | None, *args: str) -> subprocess.Comple
     ("proto-max-bulk-len = \"12 mb\"\n", "proto-max-bulk-len: argument must be a memory value"),
     ("repl-flush-ms = 0.01\n", "repl-flush-ms: argument must be at least 0.1 and at most 1000"),
     ("sweep-budget-ms = 0\n", "sweep-budget-ms: argument must be above 0 and at most 100"),
-    ("client-output-buffer-limit = \"replica 1mb 1mb 0\"\n",
+    ("client-output-buffer-limit = \"foo 1mb 1mb 0\"\n",
      "Invalid client class specified in buffer limit configuration."),
     ("client-output-buffer-limit = [1, 2]\n",
      "Wrong number of arguments in buffer limit configuration."),

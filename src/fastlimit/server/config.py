@@ -563,9 +563,11 @@ def load_file(path: str, settings: Settings) -> None:
             data = tomllib.load(f)
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
     section = data.get("server", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [server] must be a table of settings")
     for name, value in section.items():
         if isinstance(value, dict):
             continue   # other sections belong to later features
