@@ -1,7 +1,10 @@
 """Automatic failover by real redis-sentinel processes: three sentinels, a
 fastlimit primary and two standbys on 127.0.0.1 (scripts/ha.py), with
 down-after-milliseconds 1000.  Real time is the point here, so these
-tests wait on real events, each bounded.
+tests wait on real events, each bounded.  Release build only: they time
+failovers (and the debug pass traces every line of the servers); the
+commands they exercise run on the debug build in test_pubsub.py,
+test_repoint.py and test_config_rewrite.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import fastlimit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from ha import SERVICE, HASet  # noqa: E402
+
+pytestmark = pytest.mark.release_only
 
 FAILOVER_TIMEOUT_S = 30.0
 CAP = 5
