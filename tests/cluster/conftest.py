@@ -12,7 +12,6 @@ import time
 
 import pytest
 import redis
-
 from wire import free_port
 
 START_TIMEOUT = 20.0
@@ -41,6 +40,17 @@ class RedisClusterNode:
             return bool(self.client.ping())
         except redis.ConnectionError:
             return False
+
+    def raw(self, *args, protocol: int = 2):
+        """A reply as redis-py's parser reads it, without the command
+        callbacks that turn CLUSTER replies into dicts."""
+        conn = redis.Connection(host="127.0.0.1", port=self.port, protocol=protocol,
+                                socket_timeout=10)
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        finally:
+            conn.disconnect()
 
     @property
     def addr(self) -> str:
@@ -92,13 +102,13 @@ def redis_cluster(cluster_root):
     try:
         nodes += [RedisClusterNode(cluster_root) for _ in range(4)]
         redis_cli("--cluster", "create", *(n.addr for n in nodes[:3]), "--cluster-yes")
-        master_id = nodes[0].client.execute_command("CLUSTER MYID").decode()
+        master_id = nodes[0].raw("CLUSTER", "MYID").decode()
         redis_cli("--cluster", "add-node", nodes[3].addr, nodes[0].addr,
                   "--cluster-slave", "--cluster-master-id", master_id)
 
         def settled() -> bool:
-            infos = [n.client.execute_command("CLUSTER INFO") for n in nodes]
-            slots = nodes[0].client.execute_command("CLUSTER SLOTS")
+            infos = [n.raw("CLUSTER", "INFO") for n in nodes]
+            slots = nodes[0].raw("CLUSTER", "SLOTS")
             return (all(b"cluster_state:ok" in i and b"cluster_known_nodes:4" in i
                         for i in infos)
                     and any(len(entry) == 4 for entry in slots))

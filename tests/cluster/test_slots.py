@@ -93,7 +93,8 @@ def test_key_slot_equals_redis_for_the_published_vectors(redis_cluster_node):
 def test_key_slot_equals_redis_for_10000_random_keys(redis_cluster_node):
     keys = random_keys(10_000)
     expected = redis_keyslots(redis_cluster_node, keys)
-    mismatches = [(k, keyslot(k), e) for k, e in zip(keys, expected) if keyslot(k) != e]
+    mismatches = [(k, keyslot(k), e)
+                  for k, e in zip(keys, expected, strict=True) if keyslot(k) != e]
     assert mismatches == []
 
 
