@@ -17,6 +17,7 @@ from fastlimit.cluster.map import (
     cluster_shards,
     cluster_slots,
     dumps,
+    load,
     loads,
     static_roles,
 )
@@ -199,6 +200,20 @@ def test_a_map_written_back_reads_as_the_same_map():
     again = loads(dumps(m))
     assert again == m
     assert dumps(again) == dumps(m)
+
+
+def test_a_map_file_is_read_or_refused_naming_the_file(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text(FULL)
+    assert load(str(path)) == loads(FULL)
+    with pytest.raises(MapError, match="cannot read slot map .*missing.toml"):
+        load(str(tmp_path / "missing.toml"))
+    path.write_bytes(b"version = 1\n\xff")
+    with pytest.raises(MapError, match="cannot read slot map .*cluster.toml"):
+        load(str(path))
+    path.write_text("version = [")
+    with pytest.raises(MapError, match="cluster.toml is not valid TOML"):
+        load(str(path))
 
 
 def test_a_node_id_is_pinned_or_derived_from_the_address_the_same_everywhere():

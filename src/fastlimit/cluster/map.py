@@ -67,7 +67,7 @@ class Address:
 
     @classmethod
     def parse(cls, text: object, what: str) -> Address:
-        """ "ip:port" or "[ipv6]:port"; MapError naming what otherwise."""
+        """Reads "ip:port" or "[ipv6]:port"; MapError naming what otherwise."""
         if not isinstance(text, str):
             raise MapError(f"{what}: expected \"ip:port\", got {text!r}")
         host, sep, port_text = text.rpartition(":")
@@ -150,8 +150,11 @@ class SlotMap:
     shards: tuple[Shard, ...]
     sentinels: tuple[Address, ...] = ()
     pinned_ids: Mapping[Address, str] = field(default_factory=dict)
-    # owner[slot] is the index in shards of the slot's shard.
+    # owner[slot] is the index in shards of the slot's shard (a uint16
+    # buffer, so the connection can route in C from a typed view of it).
     owner: array = field(default_factory=lambda: array("H"), repr=False)
+    # (start, end, shard index) per contiguous run, in slot order.
+    runs: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
 
     @classmethod
     def build(cls, version: int, shards: Iterable[Shard], sentinels: Iterable[Address] = (),
@@ -163,7 +166,8 @@ class SlotMap:
         _check_version(version)
         _check_shards(shards, sentinels)
         _check_pinned_ids(pinned)
-        return cls(version, shards, sentinels, pinned, _owner_array(shards))
+        owner = _owner_array(shards)
+        return cls(version, shards, sentinels, pinned, owner, _runs(owner))
 
     def shard_of(self, slot: int) -> Shard:
         """The shard owning slot (0..16383), in O(1)."""
@@ -181,14 +185,9 @@ class SlotMap:
             raise MapError(f"stale slot map: version {self.version} is not newer than the "
                            f"running version {current.version}")
 
-    def runs(self) -> Iterator[tuple[int, int, Shard]]:
-        """Contiguous (start, end, shard) runs in slot order, adjacent ranges
-        of one shard merged, as Redis walks its slots for CLUSTER SLOTS."""
-        start = 0
-        for slot in range(1, SLOTS + 1):
-            if slot == SLOTS or self.owner[slot] != self.owner[start]:
-                yield start, slot - 1, self.shards[self.owner[start]]
-                start = slot
+    def shard_runs(self) -> Iterator[tuple[int, int, Shard]]:
+        """Contiguous (start, end, shard) runs in slot order."""
+        return ((start, end, self.shards[i]) for start, end, i in self.runs)
 
 
 # -- validation ---------------------------------------------------------------
@@ -266,6 +265,18 @@ def _check_pinned_ids(pinned: Mapping[Address, str]) -> None:
         owners[node_id] = addr
 
 
+def _runs(owner: array) -> tuple[tuple[int, int, int], ...]:
+    """Adjacent ranges of one shard merged, as Redis walks its slots for
+    CLUSTER SLOTS; computed once per map, not per reply."""
+    runs = []
+    start = 0
+    for slot in range(1, SLOTS + 1):
+        if slot == SLOTS or owner[slot] != owner[start]:
+            runs.append((start, slot - 1, owner[start]))
+            start = slot
+    return tuple(runs)
+
+
 def _owner_array(shards: tuple[Shard, ...]) -> array:
     owner = array("H", bytes(2 * SLOTS))
     for index, shard in enumerate(shards):
@@ -307,8 +318,12 @@ def loads(text: str, source: str = "slot map") -> SlotMap:
 
 
 def load(path: str) -> SlotMap:
-    with open(path, encoding="utf-8") as f:
-        return loads(f.read(), path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise MapError(f"cannot read slot map {path}: {e}") from None
+    return loads(text, path)
 
 
 def _string_list(value: object, what: str) -> list[str]:
@@ -390,7 +405,7 @@ def cluster_slots(slot_map: SlotMap, roles: Mapping[str, Roles]) -> list[list]:
         return [addr.host, addr.port, slot_map.node_id(addr), {}]
 
     return [[start, end, *(node(a) for a in (roles[s.name].primary, *roles[s.name].standbys))]
-            for start, end, s in slot_map.runs()]
+            for start, end, s in slot_map.shard_runs()]
 
 
 def cluster_shards(slot_map: SlotMap, roles: Mapping[str, Roles],
@@ -406,7 +421,7 @@ def cluster_shards(slot_map: SlotMap, roles: Mapping[str, Roles],
                 "replication-offset": offsets.get(addr, 0), "health": "online"}
 
     by_shard: dict[str, list[int]] = {s.name: [] for s in slot_map.shards}
-    for start, end, s in slot_map.runs():
+    for start, end, s in slot_map.shard_runs():
         by_shard[s.name] += [start, end]
     return [{"slots": by_shard[s.name],
              "nodes": [node(roles[s.name].primary, "master"),
@@ -421,7 +436,7 @@ def cluster_nodes(slot_map: SlotMap, roles: Mapping[str, Roles], myself: Address
     shown as Redis shows an empty master, so there is always a myself line."""
     _roles_of_every_shard(slot_map, roles)
     ranges: dict[str, list[str]] = {s.name: [] for s in slot_map.shards}
-    for start, end, s in slot_map.runs():
+    for start, end, s in slot_map.shard_runs():
         ranges[s.name].append(str(SlotRange(start, end)))
 
     def line(addr: Address, role: str, master: str, epoch: int, slots: list[str]) -> str:
