@@ -23,7 +23,8 @@ WAIT = 30.0
 
 class FakePrimary:
     """Accepts replica links on a free loopback port; each link reads the
-    handshake (the replica's REPLCONF listening-port and CL.SYNC) and
+    handshake (the replica's [AUTH and] CL.SYNC, then REPLCONF
+    listening-port on the link) and
     gets `answer` back, then stays open until the replica hangs up."""
 
     def __init__(self, answer: bytes):
@@ -79,25 +80,28 @@ def fake_primary():
         p.close()
 
 
-SYNC_OK = b"+OK\r\n+FULLSYNC fakereplid 0\r\n"
+SYNC_OK = b"+FULLSYNC fakereplid 0\r\n"
+MASTERAUTH = ("--masterauth", "pw")
 
 
-@pytest.mark.parametrize("answer,logged", [
+@pytest.mark.parametrize("answer,logged,args", [
     (b"-ERR no replicas here\r\n+FULLSYNC x 0\r\n",
-     "the primary refused the handshake: -ERR no replicas here"),
+     "the primary refused the handshake: -ERR no replicas here", ()),
     (b"+OK\r\n-NOAUTH Authentication required.\r\n",
-     "the primary refused the handshake: -NOAUTH Authentication required."),
-    (b"+" + b"x" * 5000, "handshake reply too long"),
-    (SYNC_OK + FRAME.pack(ord("X"), 3) + b"abc", "unknown frame kind 88"),
-    (SYNC_OK + FRAME.pack(ord("B"), 1 << 40), f"frame of {1 << 40} bytes is over the limit"),
+     "the primary refused the handshake: -NOAUTH Authentication required.", MASTERAUTH),
+    (b"+" + b"x" * 5000, "handshake reply too long", ()),
+    (SYNC_OK + FRAME.pack(ord("X"), 3) + b"abc", "unknown frame kind 88", ()),
+    (SYNC_OK + FRAME.pack(ord("B"), 1 << 40), f"frame of {1 << 40} bytes is over the limit",
+     ()),
     (SYNC_OK + FRAME.pack(ord("S"), 20) + b"\0" * 8 + b"not a snapshot",
-     "not a fastlimit snapshot (bad header); resyncing"),
-    (SYNC_OK + FRAME.pack(ord("R"), 9) + b"not json!", "unreadable rules frame: "),
+     "not a fastlimit snapshot (bad header); resyncing", ()),
+    (SYNC_OK + FRAME.pack(ord("R"), 9) + b"not json!", "unreadable rules frame: ", ()),
 ], ids=["refused", "refused-after-ok", "endless-reply", "unknown-kind", "huge-frame",
         "bad-full-copy", "bad-rules"])
-def test_a_bad_primary_costs_the_link_not_the_replica(make_server, fake_primary, answer, logged):
+def test_a_bad_primary_costs_the_link_not_the_replica(make_server, fake_primary, answer, logged,
+                                                      args):
     primary = fake_primary(answer)
-    replica = make_server("--replicaof", "127.0.0.1", str(primary.port))
+    replica = make_server("--replicaof", "127.0.0.1", str(primary.port), *args)
     # the first link fails, the replica logs why and dials again
     wait_until(lambda: primary.links >= 2, WAIT, "the replica to retry its primary")
     assert b"CL.SYNC" in primary.handshakes[0]
