@@ -201,11 +201,15 @@ def test_redis_py_sentinel_client_follows_the_failover(ha):
     sentinel = redis.sentinel.Sentinel([("127.0.0.1", s.port) for s in ha.sentinels],
                                        socket_timeout=0.5)
     primary = sentinel.master_for(SERVICE, socket_timeout=0.5)
-    assert check(primary, "py") == 1
-    took = _first_answer_after(lambda: ha.nodes[0].signal(signal.SIGKILL),
-                               lambda: check(primary, "py2") == 1)
-    print(f"redis-py Sentinel client: kill to first answer {took:.2f} s")
-    assert primary.connection_pool.get_master_address()[1] != ha.nodes[0].port
+    try:
+        assert check(primary, "py") == 1
+        took = _first_answer_after(lambda: ha.nodes[0].signal(signal.SIGKILL),
+                                   lambda: check(primary, "py2") == 1)
+        print(f"redis-py Sentinel client: kill to first answer {took:.2f} s")
+        assert primary.connection_pool.get_master_address()[1] != ha.nodes[0].port
+    finally:
+        primary.close()
+        sentinel.close()
 
 
 def test_fastlimit_client_with_sentinels_follows_the_failover(ha):
