@@ -558,8 +558,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
-        elif self.core.cluster_routing and cmd.first_key and self.redirected(cmd):
-            pass
+        elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
+            self.redirect(cmd)
         elif self.core.readonly and cmd.is_write and (
                 not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
@@ -589,27 +589,27 @@ cdef class Connection:
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
 
-    cdef bint redirected(self, Command cmd):
-        """Redis Cluster's redirect, before the command runs or is queued
-        (so MULTI fails at EXEC as in Redis): a key whose slot another node
-        serves gets -MOVED to it; one whose shard has no known primary,
-        CLUSTERDOWN.  A standby redirects too: clients handle MOVED alike,
-        READONLY not."""
-        cdef ServerCore core = self.core
+    cdef inline bint serves_key(self, Command cmd) noexcept:
+        """Whether this node serves the slot of the command's key as primary
+        (Redis Cluster's routing, before the command runs or is queued)."""
         cdef const Arg* key
-        cdef int slot
         if cmd.first_key >= self.parser.argc:
-            return False
+            return True
         key = &self.parser.argv[cmd.first_key]
-        slot = key_slot(key.ptr, key.len)
-        if core.slot_served[slot]:
-            return False
-        target = core.moved_to[core.slot_shard[slot]]
+        return self.core.slot_served[key_slot(key.ptr, key.len)]
+
+    cdef void redirect(self, Command cmd):
+        """-MOVED to the primary serving the key's slot (a standby redirects
+        too: clients handle MOVED alike, READONLY not), or CLUSTERDOWN when
+        the slot's shard has no known primary.  Refused like any command,
+        so MULTI fails at EXEC as in Redis."""
+        cdef const Arg* key = &self.parser.argv[cmd.first_key]
+        cdef int slot = key_slot(key.ptr, key.len)
+        target = self.core.moved_to[self.core.slot_shard[slot]]
         if target is None:
             self.reject(cmd, "CLUSTERDOWN Hash slot not served")
         else:
             self.reject(cmd, f"MOVED {slot} {target}")
-        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis
