@@ -548,6 +548,10 @@ class _ClientBase:
 
     def _skipped(self, node: _Node, request: _Request) -> Decision:
         self.stats.incr("breaker_skips")
+        if self._cluster is not None:
+            # The map may name another primary by now (a failover): the
+            # refresh, not the breaker's next probe, finds out.
+            self._request_refresh()
         return self._degraded(node, request, "circuit breaker open")
 
     def _degraded(self, node: _Node | None, request: _Request,

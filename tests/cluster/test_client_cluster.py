@@ -21,7 +21,7 @@ from wire import free_port
 
 from fastlimit._cluster import keyslot
 from fastlimit.client import AsyncClient, Client, ClusterMapError
-from fastlimit.cluster_client import SLOTS, SlotMap, primaries_by_slot
+from fastlimit.cluster_client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -213,6 +213,7 @@ def test_a_dead_shards_keys_fail_by_policy_while_the_other_shards_answer(small_c
     dead = 1
     with Client(cluster=[addr(p) for p in cluster.primaries], timeout_ms=TIMEOUT_MS) as client:
         cluster.primaries[dead].stop(signal.SIGKILL)
+        started = time.monotonic()
         for key in keys:
             closed = client.check(key, 5, 1, on_failure="closed")
             opened = client.check(key, 5, 1, on_failure="open")
@@ -226,10 +227,46 @@ def test_a_dead_shards_keys_fail_by_policy_while_the_other_shards_answer(small_c
         assert breakers[addr(cluster.primaries[dead])].is_open
         assert not any(breakers[addr(p)].is_open for i, p in enumerate(cluster.primaries)
                        if i != dead)
-        # the failures asked for refreshes: coalesced, the map unchanged
+        # the failures and skips asked for refreshes: one start per 100 ms at
+        # most, the map unchanged
         wait_until(lambda: not client._refresh_gate._running, "the refreshes to end")
-        assert 2 <= client.stats.map_refreshes <= 6
+        elapsed = time.monotonic() - started
+        assert 2 <= client.stats.map_refreshes <= 2 + elapsed / REFRESH_INTERVAL_S
         assert client.servers == [addr(p) for p in cluster.primaries]
+
+
+def test_a_shard_whose_primary_moved_is_found_on_the_refreshed_map(tmp_path):
+    """The cluster restarted on map version 2, the second shard's primary on
+    a new port: its keys fail by policy until a refresh names the new node,
+    then are answered there, and the old node is forgotten."""
+    ports = [[free_port()] for _ in range(3)]
+    moved_to = free_port()
+
+    def start(ports, version):
+        path = tmp_path / f"map-v{version}.toml"
+        path.write_text(static_map_text(ports, version))
+        return [ServerProcess("--port", str(p), "--manual-clock", "--cluster-enabled", "yes",
+                              "--cluster-config-file", str(path)).start()
+                for [p] in ports]
+
+    nodes = start(ports, 1)
+    try:
+        key = next(k for k in KEYS if keyslot(k) * 3 // SLOTS == 1)
+        with Client(cluster=f"127.0.0.1:{ports[0][0]}", timeout_ms=TIMEOUT_MS) as client:
+            assert client.check(key, 5, 1).remaining == 4
+            for node in nodes:
+                node.stop()
+            nodes = start([ports[0], [moved_to], ports[2]], 2)
+            assert client.check(key, 5, 1, on_failure="closed").source == FAILED_CLOSED
+            wait_until(lambda: client.server_for(key) == f"127.0.0.1:{moved_to}",
+                       "a refresh to find the new primary")
+            decision = client.check(key, 5, 1, on_failure="closed")
+            assert (decision.source, decision.remaining) == (SERVER, 4)   # a new node
+            assert set(client.servers) == {f"127.0.0.1:{p}" for p in
+                                           (ports[0][0], moved_to, ports[2][0])}
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def test_async_dead_shards_keys_fail_by_policy_while_the_other_shards_answer(small_cluster):
