@@ -374,7 +374,8 @@ class _ClientBase:
         return {name: node.breaker for name, node in self._nodes.items()}
 
     def server_for(self, key: Key) -> str:
-        """The server that owns ``key`` (the client key, for ``limit``)."""
+        """The server that owns ``key`` (the client key, for ``limit``);
+        ClusterMapError in cluster mode while no slot map is known."""
         node = self._node_for(key_bytes(key))
         if node is None:
             raise ClusterMapError("no slot map yet: no cluster node has answered CLUSTER SLOTS")
@@ -391,13 +392,14 @@ class _ClientBase:
 
     # ---- cluster mode ---------------------------------------------------
 
-    def _redirect(self, moved: MovedError, hops: int) -> _Node | None:
-        """The node to re-send to after a MOVED reply, or None: not in
+    def _redirect(self, node: _Node, moved: MovedError, hops: int) -> _Node | None:
+        """The node to re-send to after node's MOVED reply, or None: not in
         cluster mode, or too many hops (the reply is then an error reply)."""
         if self._cluster is None or hops >= MAX_REDIRECTS or not 0 <= moved.slot_id < SLOTS:
             return None
         self.stats.incr("moved")
-        host, port = moved.host, moved.port
+        # "MOVED 3999 :6381": an unknown endpoint, the host of the node asked (Redis 7)
+        host, port = moved.host or parse_address(node.name)[0], moved.port
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         with self._topology_lock:
             node = self._cluster_node(address)
@@ -663,7 +665,7 @@ class Client(_ClientBase):
                 self._round_trip_failed(node, 1, e)
                 return self._degraded(node, request, e)
             self._round_trip_ok(node, 1)
-            target = self._redirect(reply, hops) if type(reply) is MovedError else None
+            target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
             if target is None:
                 return self._answered(node, request, reply)
             node, hops = target, hops + 1
@@ -943,7 +945,7 @@ class AsyncClient(_ClientBase):
                 reply = await pipeliner.submit(request.command)
             except Exception as e:  # noqa: BLE001 - counted by the pipeliner
                 return self._degraded(node, request, e)
-            target = self._redirect(reply, hops) if type(reply) is MovedError else None
+            target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
             if target is None:
                 return self._answered(node, request, reply)
             node, hops = target, hops + 1
@@ -1016,8 +1018,10 @@ class AsyncClient(_ClientBase):
         self._closed = True
         if self._watcher is not None:
             await self._watcher.close()
-        # A refresh running now ends within its timeouts and starts no other.
-        await asyncio.gather(*self._background, return_exceptions=True)
+        # A refresh running now ends within its timeouts and starts no other
+        # (the nodes it retires are closed in tasks of their own).
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._first_map is not None:
             await asyncio.gather(self._first_map, return_exceptions=True)
         for node in list(self._nodes.values()):
