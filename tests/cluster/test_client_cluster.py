@@ -15,7 +15,7 @@ import time
 from array import array
 
 import pytest
-from conftest import FastlimitCluster, static_map_text
+from cluster_rig import FastlimitCluster, static_map_text
 from servers import ServerProcess
 from wire import free_port
 
