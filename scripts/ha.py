@@ -93,8 +93,9 @@ class Node:
     def _write_config(self) -> Path:
         if self.kind == "redis":
             path = self.dir / "redis.conf"
+            # no diskless-sync delay: a replica is in sync at once, not after 5 s
             lines = [f"port {self.port}", "bind 127.0.0.1", 'save ""', "appendonly no",
-                     f"dir {self.dir}"]
+                     f"dir {self.dir}", "repl-diskless-sync-delay 0"]
             if self.password:
                 lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
             if self.replicaof:
