@@ -4,12 +4,13 @@
 # only as an object with write/close/abort/get_write_buffer_size, so it
 # runs under asyncio, uvloop or a test double alike.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint16_t
 
 from fastlimit._core cimport BucketStore, Clock
 from fastlimit._rules cimport RuleEngine
 from fastlimit._resp cimport Parser, ParseLimits, Arg
 from fastlimit._core cimport CheckResult
+from fastlimit._cluster cimport CLUSTER_SLOTS
 
 
 cdef enum FastPath:
@@ -84,6 +85,13 @@ cdef class ServerCore:
     cdef public bint readonly         # a replica: writes get -READONLY
     cdef public object app            # the event-loop layer's server object
     cdef public object log
+    # Cluster mode (server/cluster.py sets these through set_routing): a
+    # keyed command for a slot this node does not serve as primary gets
+    # -MOVED to the slot's shard's primary, moved_to[slot_shard[slot]].
+    cdef readonly bint cluster_routing
+    cdef unsigned char slot_served[CLUSTER_SLOTS]
+    cdef uint16_t slot_shard[CLUSTER_SLOTS]
+    cdef list moved_to                # per shard: "ip:port", or None when no primary is known
 
 
 # Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
@@ -138,6 +146,7 @@ cdef class Connection:
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)
+    cdef bint redirected(self, Command cmd)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)

@@ -4,7 +4,7 @@ the asyncio protocol of one client connection."""
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fastlimit._core import BucketStore, Clock
@@ -93,6 +93,7 @@ class ServerCore:
     log: logging.Logger
     max_bulk_len: int
     max_multibulk_len: int
+    cluster_routing: bool
 
     def __init__(self, store: BucketStore, rules: RuleEngine, commands: dict[bytes, Command],
                  *, requirepass: bytes | None = None, max_bulk_len: int = ...,
@@ -100,6 +101,11 @@ class ServerCore:
                  output_hard_limit: int = ..., output_soft_limit: int = ...,
                  output_soft_seconds: float = 60.0, maxclients: int = 10000, app: Any = None,
                  log: logging.Logger | None = None) -> None: ...
+    def set_routing(self, served: Sequence[int] | None, shard_of_slot: Sequence[int] | None,
+                    moved_to: list[str | None] | None) -> None:
+        """Cluster routing per slot (None for all: standalone)."""
+    def serves_slot(self, slot: int) -> bool:
+        """Whether a keyed command for slot runs here."""
 
 class Connection:
     """One client connection; an asyncio protocol (it has the callbacks,

@@ -5,6 +5,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memmove
 
+from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
@@ -217,6 +218,33 @@ cdef class ServerCore:
         self.next_client_id = 1
         self.app = app
         self.log = log or logging.getLogger("fastlimit")
+
+    def set_routing(self, served, shard_of_slot, list moved_to):
+        """Cluster routing: served[slot] is true where this node serves the
+        slot as primary, shard_of_slot[slot] the slot's shard index (both
+        of CLUSTER_SLOTS entries), moved_to the redirect target per shard.
+        None for all three turns routing off (standalone)."""
+        cdef int slot
+        if moved_to is None:
+            self.cluster_routing = False
+            self.moved_to = None
+            return
+        if len(served) != CLUSTER_SLOTS or len(shard_of_slot) != CLUSTER_SLOTS:
+            raise ValueError(f"routing needs {CLUSTER_SLOTS} entries per slot")
+        for slot in range(CLUSTER_SLOTS):
+            if not 0 <= shard_of_slot[slot] < len(moved_to):
+                raise ValueError(f"slot {slot}: no shard {shard_of_slot[slot]}")
+        for slot in range(CLUSTER_SLOTS):
+            self.slot_served[slot] = 1 if served[slot] else 0
+            self.slot_shard[slot] = shard_of_slot[slot]
+        self.moved_to = list(moved_to)
+        self.cluster_routing = True
+
+    def serves_slot(self, int slot):
+        """Whether a keyed command for slot runs here (always, standalone)."""
+        if not 0 <= slot < CLUSTER_SLOTS:
+            raise ValueError("slot out of range")
+        return not self.cluster_routing or bool(self.slot_served[slot])
 
     property max_bulk_len:
         def __get__(self):
@@ -529,6 +557,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
+        elif self.core.cluster_routing and cmd.first_key and self.redirected(cmd):
+            pass
         elif self.core.readonly and cmd.is_write and (
                 not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
@@ -557,6 +587,28 @@ cdef class Connection:
                               "does not take; closing the link", self.id, self.addr,
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
+
+    cdef bint redirected(self, Command cmd):
+        """Redis Cluster's redirect, before the command runs or is queued
+        (so MULTI fails at EXEC as in Redis): a key whose slot another node
+        serves gets -MOVED to it; one whose shard has no known primary,
+        CLUSTERDOWN.  A standby redirects too: clients handle MOVED alike,
+        READONLY not."""
+        cdef ServerCore core = self.core
+        cdef const Arg* key
+        cdef int slot
+        if cmd.first_key >= self.parser.argc:
+            return False
+        key = &self.parser.argv[cmd.first_key]
+        slot = key_slot(key.ptr, key.len)
+        if core.slot_served[slot]:
+            return False
+        target = core.moved_to[core.slot_shard[slot]]
+        if target is None:
+            self.reject(cmd, "CLUSTERDOWN Hash slot not served")
+        else:
+            self.reject(cmd, f"MOVED {slot} {target}")
+        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis

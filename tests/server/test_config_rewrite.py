@@ -169,7 +169,9 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--replica-announce-port", "7002", "--replica-announced", "no",
             "--repl-user", "ru", "--repl-password", "rp", "--repl-max-full-copies", "3",
             "--repl-timeout", "30", "--repl-flush-ms", "5", "--repl-buffer-limit", "1mb",
-            "--rules-cache-size", "0"]
+            "--rules-cache-size", "0", "--cluster-enabled", "yes",
+            "--cluster-config-file", "map.toml", "--cluster-announce-ip", "10.0.0.8",
+            "--cluster-announce-port", "7003"]
     settings = cfg.from_args(argv)
     defaults = cfg.Settings()
     unchanged = [name for name in cfg.get_all(settings)

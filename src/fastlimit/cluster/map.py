@@ -390,29 +390,23 @@ def static_roles(slot_map: SlotMap) -> dict[str, Roles]:
             for s in slot_map.shards if s.primary is not None}
 
 
-def _roles_of_every_shard(slot_map: SlotMap, roles: Mapping[str, Roles]) -> None:
-    missing = [s.name for s in slot_map.shards if s.name not in roles]
-    if missing:
-        raise MapError(f"no primary known for shard(s) {', '.join(missing)}")
-
-
 def cluster_slots(slot_map: SlotMap, roles: Mapping[str, Roles]) -> list[list]:
     """CLUSTER SLOTS: [start, end, primary, standby...] per contiguous run,
-    each node [ip, port, id, {}] (the map is empty: the endpoint is the ip)."""
-    _roles_of_every_shard(slot_map, roles)
+    each node [ip, port, id, {}] (the map is empty: the endpoint is the ip).
+    A shard whose primary is not known (not in roles) is left out, as Redis
+    leaves out slots no node serves; so are its slots in SHARDS and NODES."""
 
     def node(addr: Address) -> list:
         return [addr.host, addr.port, slot_map.node_id(addr), {}]
 
     return [[start, end, *(node(a) for a in (roles[s.name].primary, *roles[s.name].standbys))]
-            for start, end, s in slot_map.shard_runs()]
+            for start, end, s in slot_map.shard_runs() if s.name in roles]
 
 
 def cluster_shards(slot_map: SlotMap, roles: Mapping[str, Roles],
                    offsets: Mapping[Address, int] | None = None) -> list[dict]:
     """CLUSTER SHARDS: per shard {"slots": [s1, e1, ...], "nodes": [...]},
     each node map in Redis 7.0's field order."""
-    _roles_of_every_shard(slot_map, roles)
     offsets = offsets or {}
 
     def node(addr: Address, role: str) -> dict:
@@ -426,7 +420,7 @@ def cluster_shards(slot_map: SlotMap, roles: Mapping[str, Roles],
     return [{"slots": by_shard[s.name],
              "nodes": [node(roles[s.name].primary, "master"),
                        *(node(a, "replica") for a in roles[s.name].standbys)]}
-            for s in slot_map.shards]
+            for s in slot_map.shards if s.name in roles]
 
 
 def cluster_nodes(slot_map: SlotMap, roles: Mapping[str, Roles], myself: Address) -> str:
@@ -434,7 +428,6 @@ def cluster_nodes(slot_map: SlotMap, roles: Mapping[str, Roles], myself: Address
     "\\n" only (Lettuce fails on "\\r\\n").  fastlimit has no cluster bus, so
     the bus port is 0; ping and pong times are 0.  A node in no shard is
     shown as Redis shows an empty master, so there is always a myself line."""
-    _roles_of_every_shard(slot_map, roles)
     ranges: dict[str, list[str]] = {s.name: [] for s in slot_map.shards}
     for start, end, s in slot_map.shard_runs():
         ranges[s.name].append(str(SlotRange(start, end)))
@@ -447,6 +440,8 @@ def cluster_nodes(slot_map: SlotMap, roles: Mapping[str, Roles], myself: Address
     lines = []
     listed = False
     for s in slot_map.shards:
+        if s.name not in roles:
+            continue
         r = roles[s.name]
         primary_id = slot_map.node_id(r.primary)
         lines.append(line(r.primary, "master", "-", r.epoch, ranges[s.name]))

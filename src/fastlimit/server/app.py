@@ -19,6 +19,7 @@ from fastlimit._rules import RuleEngine
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
+from fastlimit.server.cluster import Cluster
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
 from fastlimit.server.pubsub import PubSub
@@ -48,17 +49,21 @@ class Server:
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
         self.expiry = Expiry([self.store, self.rule_engine])
         self.pubsub = PubSub(self.core)
+        self.port = settings.port
+        # Reads the slot map; raises MapError (the server refuses to start)
+        # if it cannot be used.
+        self.cluster = Cluster(self, log)
+        self.cluster.load(settings)
         # in the order they start; they stop in the reverse order
         self.subsystems: list[Subsystem] = [
             self.expiry, RulesSubsystem(self.rules, self.rule_engine, log),
-            self.replication, self.snapshots, self.pubsub]
+            self.replication, self.snapshots, self.pubsub, self.cluster]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.peak_rss = 0
-        self.port = settings.port
         self.loop_name = "asyncio"
         self.ops_per_sec = 0
         self._servers: list[asyncio.AbstractServer] = []

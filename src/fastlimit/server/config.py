@@ -208,6 +208,10 @@ class Settings:
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
     rules_cache_size: int = 16 * 1024**2
+    cluster_enabled: bool = False
+    cluster_config_file: str | None = None
+    cluster_announce_ip: str | None = None
+    cluster_announce_port: int = 0
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -224,6 +228,8 @@ class Settings:
             raise ConfigError("repl-user must not be empty")
         if self.masteruser and not self.masterauth:
             raise ConfigError("masteruser needs masterauth (its password)")
+        if self.cluster_enabled and not self.cluster_config_file:
+            raise ConfigError("cluster-enabled needs cluster-config-file (the slot map)")
         return self
 
 
@@ -264,6 +270,10 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
     "repl-buffer-limit": (lambda v: parse_memory(v, 1024), str),
     "rules-cache-size": (lambda v: parse_memory(v, 0, 2**40), str),
+    "cluster-enabled": (parse_bool, lambda v: "yes" if v else "no"),
+    "cluster-config-file": (lambda v: str(v) or None, lambda v: v or ""),
+    "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
+    "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
 }
 
 
@@ -303,13 +313,14 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "masteruser", "replica-priority", "replica-announce-ip",
                     "replica-announce-port", "replica-announced", "repl-user",
                     "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
-                    "repl-buffer-limit", "rules-cache-size"}
+                    "repl-buffer-limit", "rules-cache-size", "cluster-announce-ip",
+                    "cluster-announce-port"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
 FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
          "maxmemory": "0", "maxmemory-policy": "noeviction",
-         "cluster-enabled": "no", "protected-mode": "no"}
+         "protected-mode": "no"}
 
 
 def attr_name(name: str) -> str:
@@ -738,6 +749,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "past which it is dropped and resyncs (default 256mb)")
     p.add_argument("--rules-cache-size", metavar="SIZE",
                    help="bytes the CL.LIMIT match cache may hold (default 16mb; 0: no cache)")
+    p.add_argument("--cluster-enabled", metavar="yes|no",
+                   help="serve the hash slots the slot map gives this node's shard, "
+                        "and redirect the others with -MOVED (default no)")
+    p.add_argument("--cluster-config-file", metavar="PATH",
+                   help="the slot map (TOML), needed with cluster-enabled")
+    p.add_argument("--cluster-announce-ip", metavar="ADDR",
+                   help="this node's address in the slot map and in CLUSTER replies "
+                        "(default: the first bind address)")
+    p.add_argument("--cluster-announce-port", metavar="N",
+                   help="this node's port there (default 0: the port it listens on)")
     return p
 
 

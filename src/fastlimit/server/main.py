@@ -16,11 +16,12 @@ def main(argv=None) -> None:
         print(f"fastlimit-server: {e}", file=sys.stderr)
         sys.exit(2)
     setup_logging(settings.loglevel)
+    from fastlimit.cluster.map import MapError
     from fastlimit.rules.model import RuleError
     from fastlimit.server.app import run
     try:
         run(settings)
-    except (OSError, RuleError) as e:
+    except (OSError, RuleError, MapError) as e:
         logging.getLogger("fastlimit").error("cannot start: %s", e)
         sys.exit(1)
 

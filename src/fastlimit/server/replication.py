@@ -460,6 +460,7 @@ class Replication(Subsystem):
             self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
         self.replid = os.urandom(20).hex()
         self.log.warning("promoted to primary; serving from the state replicated so far")
+        self.app.cluster.promoted()
 
     def stop_following(self):
         """Ends the link to the primary; returns its connect task (see

@@ -17,6 +17,7 @@ from fastlimit._protocol import Command
 from fastlimit.server.commands import (
     buckets,
     client,
+    cluster,
     config,
     connection,
     introspection,
@@ -199,8 +200,46 @@ def build_table() -> dict[bytes, Command]:
                 "Resets the server's statistics."),
         ], {"summary": "A container for server configuration commands.", "group": "server"}),
         *pubsub_commands(),
+        *cluster_commands(),
     ]
     return {c.name.encode(): c for c in commands}
+
+
+def cluster_commands() -> list[Command]:
+    """CLUSTER and the connection commands cluster clients send, with
+    Redis 7.0's arity, flags and ACL categories."""
+    stale = ("stale",)
+    shown = ("loading", "stale")
+    slow = ("@slow",)
+    connection_flags = ("fast", "loading", "stale")
+
+    def connection_command(name, handler, summary):
+        return command(name, 1, connection_flags, handler, acl=("@fast", "@connection"),
+                       group="cluster", since="0.6.0", summary=summary)
+
+    return [
+        container("cluster", -2, (), [
+            sub("cluster", "slots", 2, cluster.cmd_cluster_slots,
+                "Returns the mapping of cluster slots to nodes.", shown, acl=slow),
+            sub("cluster", "shards", 2, cluster.cmd_cluster_shards,
+                "Returns the mapping of cluster slots to shards.", shown, acl=slow),
+            sub("cluster", "nodes", 2, cluster.cmd_cluster_nodes,
+                "Returns the cluster configuration for a node.", stale, acl=slow),
+            sub("cluster", "info", 2, cluster.cmd_cluster_info,
+                "Returns information about the state of a node.", stale, acl=slow),
+            sub("cluster", "myid", 2, cluster.cmd_cluster_myid, "Returns the ID of a node.",
+                stale, acl=slow),
+            sub("cluster", "keyslot", 3, cluster.cmd_cluster_keyslot,
+                "Returns the hash slot for a key.", stale, [("key", "string")], acl=slow),
+        ], {"summary": "A container for Redis Cluster commands.", "group": "cluster",
+            "since": "0.6.0"}, acl=slow),
+        connection_command("readonly", cluster.cmd_readonly,
+                           "Enables read-only queries for a connection to a replica node."),
+        connection_command("readwrite", cluster.cmd_readwrite,
+                           "Enables read-write queries for a connection to a replica node."),
+        connection_command("asking", cluster.cmd_asking,
+                           "Signals that a cluster client is following an -ASK redirect."),
+    ]
 
 
 def pubsub_commands() -> list[Command]:
