@@ -389,6 +389,89 @@ def test_a_sentinel_that_never_answers_costs_start_one_timeout(shards, silent_se
     run(alone())
 
 
+def test_a_stopped_sentinel_is_noticed_and_costs_each_read_one_timeout(shards):
+    """SIGSTOP: the sentinel's sockets stay open but nothing answers, so
+    only the timeouts can tell (the subscription's PING, the queries)."""
+    frozen = shards.sentinels[0]
+
+    async def scenario():
+        log, lines = quiet_logger()
+        rec = Recorder()
+        roles = ShardRoles(sentinel_addrs(shards), MASTERS, rec, poll_s=0.2, timeout_s=0.3,
+                           log=log)
+        await roles.start()
+        try:
+            frozen.proc.send_signal(signal.SIGSTOP)
+            async with asyncio.timeout(10):
+                while roles.info_fields()["cluster_sentinels_reachable"] > 2:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            assert len(lines.at(logging.WARNING)) == 1
+            assert roles.roles() == expected_roles(shards) and len(rec.calls) == 1
+            frozen.proc.send_signal(signal.SIGCONT)
+            async with asyncio.timeout(10):
+                while roles.info_fields()["cluster_sentinels_reachable"] < 3:
+                    await asyncio.sleep(0.05)
+            assert len(lines.at(logging.INFO)) == 1
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+            await roles.stop()
+    run(scenario())
+
+
+@pytest.fixture
+def garbage_sentinel():
+    """A server that answers anything with bytes that are not RESP."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    done = threading.Event()
+
+    def serve():
+        conns = []
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+                conns.append(conn)
+                conn.settimeout(1)
+                if conn.recv(4096):
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            except OSError:
+                continue
+        for c in conns:
+            c.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield at(listener.getsockname()[1])
+    done.set()
+    thread.join(5)
+    listener.close()
+
+
+def test_a_sentinel_answering_garbage_is_unreachable_and_the_others_decide(
+        shards, garbage_sentinel):
+    async def scenario():
+        log, lines = quiet_logger()
+        roles = ShardRoles([garbage_sentinel, *sentinel_addrs(shards)], MASTERS,
+                           lambda view: None, poll_s=0.1, log=log)
+        await roles.start()
+        try:
+            await asyncio.sleep(1.0)           # polls and resubscriptions keep failing
+            assert roles.roles() == expected_roles(shards)
+            info = roles.info_fields()
+            assert info["cluster_sentinels_reachable"] == 3
+            assert str(garbage_sentinel.port) in info["cluster_sentinel_last_error"]
+            assert len(lines.at(logging.WARNING)) == 1
+            assert lines.at(logging.ERROR) == [], "no traceback for bad input"
+            assert all(not t.done() for t in roles._tasks)
+        finally:
+            await roles.stop()
+    run(scenario())
+
+
 def _open_sockets() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):

@@ -70,9 +70,10 @@ CHANNELS = (SWITCH_CHANNEL, "+sdown", "-sdown", "+odown", "+slave", "+convert-to
             "+failover-end")
 # Replica flags that make a standby unavailable (Redis lists only healthy ones).
 _DOWN_FLAGS = frozenset({b"s_down", b"o_down", b"disconnected"})
-# A sentinel that cannot be reached or did not answer in time (the
-# builtin TimeoutError, which asyncio.timeout raises, is an OSError).
-_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# A sentinel that cannot be reached, did not answer in time (the builtin
+# TimeoutError, which asyncio.timeout raises, is an OSError) or answered
+# something that is not RESP.
+_UNREACHABLE = (redis.exceptions.RedisError, OSError)
 # The longest error text kept for INFO.
 _ERROR_CHARS = 200
 
@@ -317,8 +318,11 @@ class ShardRoles:
             except TimeoutError:
                 pass
             wake.clear()
-            if await self._refresh(shard):
-                self._publish()
+            try:
+                if await self._refresh(shard):
+                    self._publish()
+            except Exception:      # a bug here must not stop the shard being followed
+                self._log.exception("cluster: reading shard %s from Sentinel failed", shard)
 
     def _publish(self) -> None:
         self._updates += 1
@@ -342,6 +346,8 @@ class ShardRoles:
                 await self._listen(pubsub)
             except _UNREACHABLE as e:
                 self._down(s, e)
+            except Exception:      # a bug here must not stop the events being followed
+                self._log.exception("cluster: following sentinel %s failed", s.addr)
             finally:
                 await pubsub.aclose()
             await asyncio.sleep(RETRY_S)
