@@ -472,13 +472,23 @@ def test_a_sentinel_answering_garbage_is_unreachable_and_the_others_decide(
     run(scenario())
 
 
-def _open_sockets() -> int:
-    count = 0
+def _sockets_to(ports: set[int]) -> int:
+    """This process's TCP sockets whose remote port is one of ports."""
+    inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                count += fields[9] in inodes and remote_port in ports
     return count
 
 
@@ -487,15 +497,15 @@ def test_stop_leaves_no_tasks_sockets_or_warnings(shards):
 
     async def scenario():
         asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: problems.append(ctx))
-        before = _open_sockets()
+        ports = {s.port for s in shards.sentinels}
         roles = ShardRoles(sentinel_addrs(shards), MASTERS, lambda view: None, poll_s=0.05)
         await roles.start()
         await asyncio.sleep(0.5)       # subscribed everywhere, polls in flight
-        assert _open_sockets() > before
+        assert _sockets_to(ports) >= len(ports)
         await roles.stop()
         await asyncio.sleep(0.05)      # transports close on the next iteration
         assert asyncio.all_tasks() == {asyncio.current_task()}
-        assert _open_sockets() == before
+        assert _sockets_to(ports) == 0
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -37,8 +37,10 @@ How (cluster.md §3.4-3.5):
   answering without closing the socket is noticed.
 - Every sentinel call is bounded by ``timeout_s``; a sentinel that is
   down is retried every ``RETRY_S`` (its subscription) and at each poll
-  (its queries), with one warning when it goes down and one info line
-  when it is back.  Nothing queues: a shard re-read requested while one
+  (its queries).  The queries say whether it is reachable: one warning
+  when they start failing, one info line when they are answered again
+  (an answer to a query sent before the last change is stale and changes
+  nothing, so the state does not flap).  Nothing queues: a shard re-read requested while one
   runs is one more re-read, however many events asked for it.
 - A sentinel that is unreachable without refusing connections delays
   each re-read by up to ``timeout_s``.  A Sentinel config reset to a lower
@@ -187,11 +189,15 @@ def _short(error: BaseException) -> str:
 @dataclass(eq=False)
 class _Sentinel:
     """One sentinel: its client (a pool of at most one connection per
-    shard plus the subscription) and whether it answered last time."""
+    shard plus the subscription) and whether its queries are answered."""
 
     addr: Address
     client: redis.asyncio.Redis
     up: bool | None = None       # None: not tried yet
+    # When the query that last changed `up` was sent: a query sent before
+    # it and ending after it is stale (it timed out against a sentinel
+    # that has answered since), and changes nothing.
+    since: float = 0.0
 
 
 class ShardRoles:
@@ -278,6 +284,7 @@ class ShardRoles:
 
     async def _ask(self, s: _Sentinel, master: str) -> Roles | None:
         """One sentinel's answer for master, None if it has none."""
+        sent = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(self._timeout_s):
                 async with s.client.pipeline(transaction=False) as pipe:
@@ -285,9 +292,9 @@ class ShardRoles:
                     pipe.execute_command("SENTINEL", "REPLICAS", master)
                     master_reply, replicas_reply = await pipe.execute(raise_on_error=False)
         except _UNREACHABLE as e:
-            self._down(s, e)
+            self._down(s, sent, e)
             return None
-        self._up(s)
+        self._up(s, sent)
         try:
             for reply in (master_reply, replicas_reply):
                 if isinstance(reply, Exception):
@@ -340,12 +347,13 @@ class ShardRoles:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     await pubsub.subscribe(*CHANNELS)
-                self._up(s)
                 for wake in self._wake.values():     # events may have been missed
                     wake.set()
                 await self._listen(pubsub)
             except _UNREACHABLE as e:
-                self._down(s, e)
+                # The queries (every poll_s) say whether s is reachable;
+                # the subscription only retries, quietly.
+                self._error(s, f"subscription: {_short(e)}")
             except Exception:      # a bug here must not stop the events being followed
                 self._log.exception("cluster: following sentinel %s failed", s.addr)
             finally:
@@ -374,19 +382,20 @@ class ShardRoles:
                         if master == name:
                             self._wake[shard].set()
 
-    # -- sentinel state, logged on change only -----------------------------
+    # -- sentinel state, from the queries, logged on change only ------------
 
-    def _up(self, s: _Sentinel) -> None:
-        if s.up is False:
-            self._log.info("cluster: sentinel %s is reachable again", s.addr)
-        s.up = True
+    def _up(self, s: _Sentinel, sent: float) -> None:
+        if s.up is not True and sent >= s.since:
+            if s.up is False:
+                self._log.info("cluster: sentinel %s is reachable again", s.addr)
+            s.up, s.since = True, sent
 
-    def _down(self, s: _Sentinel, error: BaseException) -> None:
+    def _down(self, s: _Sentinel, sent: float, error: BaseException) -> None:
         self._error(s, _short(error))
-        if s.up is not False:
+        if s.up is not False and sent >= s.since:
             self._log.warning("cluster: sentinel %s unreachable (%s); retrying",
                               s.addr, _short(error))
-        s.up = False
+            s.up, s.since = False, sent
 
     def _error(self, s: _Sentinel, text: str) -> None:
         self._last_error = f"{s.addr}: {text}"[:_ERROR_CHARS]
