@@ -84,6 +84,7 @@ def test_an_answer_keeps_only_available_replicas():
         _flat(ip="127.0.0.1", port="7006", flags="slave", master_link_status="err"),
         _flat(ip="some-host", port="7007", flags="slave", master_link_status="ok"),
         _flat(ip="127.0.0.1", port="7000", flags="slave", master_link_status="ok"),
+        b"not an entry", [b"ip"],
     ]
     assert roles_from_answer(master, replicas) == Roles(at(7000), (at(7001), at(7003)), 3)
 

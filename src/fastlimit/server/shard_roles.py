@@ -110,8 +110,8 @@ def _available(fields: Mapping[bytes, bytes]) -> bool:
 
 def roles_from_answer(master: object, replicas: object) -> Roles:
     """The replies to SENTINEL MASTER and SENTINEL REPLICAS -> Roles, the
-    replicas not available left out (and any replica Sentinel lists
-    without a usable address).  AnswerError if the master part is unusable."""
+    replicas not available left out, and any replica entry without a
+    usable address.  AnswerError if the master part is unusable."""
     m = _fields(master)
     primary = _address(m, "sentinel's master")
     epoch = parse_integer(m.get(b"config-epoch", b""))
@@ -121,11 +121,10 @@ def roles_from_answer(master: object, replicas: object) -> Roles:
         raise AnswerError("SENTINEL REPLICAS did not answer an array")
     standbys = set()
     for reply in replicas:
-        r = _fields(reply)
-        if not _available(r):
-            continue
         try:
-            standbys.add(_address(r, "sentinel's replica"))
+            r = _fields(reply)
+            if _available(r):
+                standbys.add(_address(r, "sentinel's replica"))
         except AnswerError:
             continue
     standbys.discard(primary)
