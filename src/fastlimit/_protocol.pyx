@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 
-from fastlimit._resp import ReplyError, Sliced
+from fastlimit._resp import Awaited, ReplyError, Sliced
 
 # All replies of one read are gathered here and sent with one write.
 # The server is single-threaded and a read is handled to completion
@@ -410,7 +410,8 @@ cdef class Connection:
         self.busy = True
         try:
             if not self.sliced.advance(SLICE_BUDGET_S):
-                asyncio.get_running_loop().call_soon(self.run_slices)
+                if type(self.sliced) is Sliced:    # an Awaited one wakes this when done
+                    asyncio.get_running_loop().call_soon(self.run_slices)
                 return
             reply, self.sliced, self.sliced_cmd = self.sliced.reply, None, None
             encode_reply(&OUT, reply, self.proto)
@@ -557,8 +558,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
-        elif self.core.cluster_routing and cmd.first_key and self.redirected(cmd):
-            pass
+        elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
+            self.redirect(cmd)
         elif self.core.readonly and cmd.is_write and (
                 not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
@@ -588,27 +589,27 @@ cdef class Connection:
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
 
-    cdef bint redirected(self, Command cmd):
-        """Redis Cluster's redirect, before the command runs or is queued
-        (so MULTI fails at EXEC as in Redis): a key whose slot another node
-        serves gets -MOVED to it; one whose shard has no known primary,
-        CLUSTERDOWN.  A standby redirects too: clients handle MOVED alike,
-        READONLY not."""
-        cdef ServerCore core = self.core
+    cdef inline bint serves_key(self, Command cmd) noexcept:
+        """Whether this node serves the slot of the command's key as primary
+        (Redis Cluster's routing, before the command runs or is queued)."""
         cdef const Arg* key
-        cdef int slot
         if cmd.first_key >= self.parser.argc:
-            return False
+            return True
         key = &self.parser.argv[cmd.first_key]
-        slot = key_slot(key.ptr, key.len)
-        if core.slot_served[slot]:
-            return False
-        target = core.moved_to[core.slot_shard[slot]]
+        return self.core.slot_served[key_slot(key.ptr, key.len)]
+
+    cdef void redirect(self, Command cmd):
+        """-MOVED to the primary serving the key's slot (a standby redirects
+        too: clients handle MOVED alike, READONLY not), or CLUSTERDOWN when
+        the slot's shard has no known primary.  Refused like any command,
+        so MULTI fails at EXEC as in Redis."""
+        cdef const Arg* key = &self.parser.argv[cmd.first_key]
+        cdef int slot = key_slot(key.ptr, key.len)
+        target = self.core.moved_to[self.core.slot_shard[slot]]
         if target is None:
             self.reject(cmd, "CLUSTERDOWN Hash slot not served")
         else:
             self.reject(cmd, f"MOVED {slot} {target}")
-        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis
@@ -694,11 +695,13 @@ cdef class Connection:
             # Python commands may move the manual clock (DEBUG CLOCK) for
             # the commands after them in this read.
             self.now_ms = self.core.clock.now_ms()
-            if type(reply) is Sliced:
+            if type(reply) is Sliced or type(reply) is Awaited:
                 if queued or not self.may_slice():
                     reply = reply.finish()     # EXEC runs as one
                 else:
                     self.sliced, self.sliced_cmd = reply, cmd
+                    if type(reply) is Awaited:
+                        reply.begin(self.run_slices)
                     return
             encode_reply(&OUT, reply, self.proto)
         except ReplyError as e:
