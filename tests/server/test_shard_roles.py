@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -34,7 +35,7 @@ from fastlimit.server.shard_roles import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from ha import HASet  # noqa: E402
+from ha import HASet, Node, answers, free_port, terminate, wait_until  # noqa: E402
 
 MASTERS = {"shard-a": "fl-0", "shard-b": "fl-1"}
 WAIT_S = 30.0
@@ -351,6 +352,43 @@ def test_with_every_sentinel_down_start_returns_at_once_and_the_view_fills_later
         finally:
             await roles.stop()
     run(scenario())
+
+
+@pytest.fixture
+def password_sentinel(tmp_path):
+    """A redis-server primary (fl-0) and one sentinel with requirepass."""
+    primary = Node("redis", free_port(), tmp_path, sys.executable, None, None, []).start()
+    port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nrequirepass s3cret\n"
+                      f"sentinel monitor fl-0 127.0.0.1 {primary.port} 1\n")
+    proc = subprocess.Popen(["redis-sentinel", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: answers(port, "s3cret"), 20, "the sentinel")
+        yield at(port), primary
+    finally:
+        terminate(proc)
+        primary.stop()
+
+
+def test_a_password_protected_sentinel_is_read_with_its_password(password_sentinel):
+    sentinel, primary = password_sentinel
+
+    async def scenario(password: bytes) -> tuple[dict, dict]:
+        log, _ = quiet_logger()
+        roles = ShardRoles([sentinel], {"shard-a": "fl-0"}, lambda view: None,
+                           password=password, log=log)
+        await roles.start()
+        try:
+            return roles.roles(), roles.info_fields()
+        finally:
+            await roles.stop()
+    view, _ = run(scenario(b"s3cret"))
+    assert view == {"shard-a": Roles(at(primary.port), (), 0)}
+    view, info = run(scenario(b"wrong"))
+    assert view == {} and info["cluster_sentinels_reachable"] == 0
+    assert "invalid" in info["cluster_sentinel_last_error"].lower()
 
 
 @pytest.fixture
