@@ -7,7 +7,6 @@ middleware runs on top unchanged."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -15,7 +14,7 @@ import time
 from array import array
 
 import pytest
-from cluster_rig import FastlimitCluster, static_map_text
+from cluster_rig import FastlimitCluster, ruled_servers, static_map_text
 from servers import ServerProcess
 from wire import free_port
 
@@ -61,11 +60,7 @@ def addr(node) -> str:
 @pytest.fixture(scope="module")
 def ruled(tmp_path_factory):
     """Three shards and one standalone server, the same rules on each."""
-    root = tmp_path_factory.mktemp("ruled-client")
-    rules = root / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    cluster = FastlimitCluster(str(root), 3, 0, "--rules-file", str(rules))
-    single = ServerProcess("--manual-clock", "--rules-file", str(rules)).start()
+    cluster, single = ruled_servers(tmp_path_factory.mktemp("ruled-client"), RULES)
     yield cluster, single
     single.stop()
     cluster.stop()
