@@ -1,8 +1,8 @@
 """One shard's primary killed under load in a Sentinel-watched cluster
 (scripts/cluster.py's rig): Sentinel promotes its standby, every node
 names the new primary soon after the sentinels announce it, clients
-recover, an exhausted key stays limited, and the other shard's answers
-never stop.  Real time: release build, run alone."""
+recover, an exhausted key stays limited, the old primary redirects when
+it returns, and the other shard's answers never stop.  Real time: release build, run alone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from servers import PYTHON
-from wire import wait_until
+from wire import Wire, wait_until
 
 from fastlimit._cluster import keyslot
 
@@ -112,6 +112,12 @@ def test_a_killed_shard_primary_is_replaced_everywhere_and_the_other_shard_never
             wait_until(lambda: _answers(rc, exhausted), 10, "the client to reach fl-0 again",
                        interval=0.05)
             assert rc.execute_command("CL.CHECK", exhausted, *HOURLY)[0] == 0
+            # The old primary comes back believing it is one: it redirects to
+            # the primary Sentinel names instead of taking the shard's writes.
+            old.start()
+            with Wire.to(old.port) as w:
+                assert w.call("CL.CHECK", exhausted, "5", "1") == \
+                    f"-MOVED {slot} 127.0.0.1:{standby.port}\r\n".encode()
         finally:
             load.done.set()
             load.join(10)
