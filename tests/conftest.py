@@ -34,6 +34,7 @@ UNTRACED = (
     "test_ten_thousand_rules_load_change_and_miss_within_generous_cpu_bounds",
     "tests/server/test_config.py::test_config_get_with_many_patterns_is_cheap",
     "tests/server/test_partial_commands.py::test_partial_command_is_not_reparsed_from_the_start",
+    "tests/server/test_protocol.py::test_big_pipeline_in_one_write",     # 20,000 commands
     "tests/test_embedded.py::test_many_threads",        # tracing lets threads into a check
     "tests/test_resp.py::test_huge_declared_lengths_are_just_incomplete",  # bounds time
     "tests/test_resp.py::test_random_and_mutated_input_never_crashes_and_is_consistent",

@@ -88,7 +88,9 @@ class Wire:
 
     def _more(self, deadline: float, wanted: str) -> None:
         if not self.fill(deadline):
-            got = f"got {self.buf!r} (eof={self.eof}, reset={self.reset})"
+            shown = self.buf if len(self.buf) <= 400 else self.buf[:200] + b"..." + self.buf[-200:]
+            got = (f"got {len(self.buf)} bytes {shown!r} (eof={self.eof}, "
+                   f"reset={self.reset})")
             if self.eof:
                 raise EOFError(f"connection closed before {wanted}; {got}")
             raise TimeoutError(f"deadline passed before {wanted}; {got}")
