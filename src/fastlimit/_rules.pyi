@@ -10,6 +10,8 @@ MAX_RULES_PER_REQUEST: int
 # (allowed, limit, remaining, retry_after_ms, reset_after_ms)
 _Five = tuple[int, int, int, int, int]
 
+from fastlimit._core import SlotCursor, SlotKeys
+
 class RuleEngine:
     """The buckets of named rules, one table per algorithm, and the
     all-or-nothing evaluation of every rule matching a request."""
@@ -64,5 +66,15 @@ class RuleEngine:
     def memory_bytes(self) -> int: ...
     @property
     def expired_total(self) -> int: ...
+    # cluster slots: the key a client routes by decides a bucket's slot
+    def count_in_slot(self, slot: int, now_ms: int | None = None) -> int:
+        """Live buckets of a hash slot (scans the whole table)."""
+    def keys_in_slot(self, keys: SlotKeys, slot: int, now_ms: int | None = None) -> None:
+        """Adds the routing keys of a slot's live buckets to keys."""
+    def export_slots(self, cursor: SlotCursor, budget_ms: float = 1.0,
+                     max_bytes: int = 1048576) -> list[bytes]:
+        """The next buckets of the cursor's slots, as snapshot sections."""
+    def delete_slots(self, cursor: SlotCursor, budget_ms: float = 1.0) -> int:
+        """Deletes the next buckets of the cursor's slots; how many."""
 
 def throttle_params_error(burst: int, count: int, period_s: int, quantity: int) -> str | None: ...

@@ -6,8 +6,10 @@ answer Redis's "cluster support disabled" error."""
 from __future__ import annotations
 
 from fastlimit._cluster import keyslot
+from fastlimit._core import SlotKeys
 from fastlimit._resp import ReplyError, Verbatim
 from fastlimit.cluster import map as clustermap
+from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
 
 DISABLED = "ERR This instance has cluster support disabled"
@@ -66,3 +68,36 @@ def cmd_asking(conn, args):
     # command needs it; clients may still send it.
     _cluster(conn)
     return OK
+
+
+# ---- keys of a slot ------------------------------------------------------------------
+#
+# fastlimit keeps no per-slot index (Redis does, one entry per key): each
+# call scans the whole table in C, with no Python object per bucket.  The
+# count is of buckets; the keys are the keys clients route by (a CL.CHECK
+# key, or the client key of rule buckets), each once.
+
+def _slot(value: bytes) -> int:
+    return integer(value, "value")
+
+
+def cmd_cluster_countkeysinslot(conn, args):
+    _cluster(conn)
+    slot = _slot(args[2])
+    if not 0 <= slot < 16384:
+        raise ReplyError("ERR Invalid slot")
+    app = conn.core.app
+    return app.store.count_in_slot(slot) + app.rule_engine.count_in_slot(slot)
+
+
+def cmd_cluster_getkeysinslot(conn, args):
+    _cluster(conn)
+    slot = _slot(args[2])
+    count = integer(args[3], "value")
+    if not 0 <= slot < 16384 or count < 0:
+        raise ReplyError("ERR Invalid slot or number of keys")
+    app = conn.core.app
+    keys = SlotKeys(count)
+    app.store.keys_in_slot(keys, slot)
+    app.rule_engine.keys_in_slot(keys, slot)
+    return keys.keys()
