@@ -285,6 +285,10 @@ cdef uint64_t count_in_slot(list named, route_key rule_route, const void* ctx,
                             int slot, int64_t now_ms) except? 0
 cdef int keys_in_slot(list named, route_key rule_route, const void* ctx, int slot,
                       int64_t now_ms, SlotKeys keys) except -1
+# The records of a section (a drain's, tombstones included) whose slot is
+# in mask, as a section again ([] when none is).
+cdef list filter_section(bytes name, uint32_t value_size, const unsigned char[:] data,
+                         uint64_t records, bytes mask, route_key route, const void* ctx)
 cdef object walk_slots(list named, route_key rule_route, const void* ctx,
                        SlotCursor cursor, double budget_ms, size_t max_bytes, bint delete)
 

@@ -82,6 +82,9 @@ class BucketStore:
         """The next buckets of the cursor's slots, as snapshot sections."""
     def delete_slots(self, cursor: SlotCursor, budget_ms: float = 1.0) -> int:
         """Deletes the next buckets of the cursor's slots; how many."""
+    def filter_section(self, mask: bytes, name: bytes, value_size: int, data: Any,
+                       records: int) -> list[bytes]:
+        """A drained section's records in mask's slots, as a section."""
     def __getattr__(self, name: str) -> Any: ...  # the replication and snapshot internals
 
 class SlotKeys:

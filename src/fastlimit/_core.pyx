@@ -1271,6 +1271,12 @@ cdef class BucketStore:
         budget_ms; returns how many."""
         return walk_slots(self.slot_tables(), NULL, NULL, cursor, budget_ms, 0, True)
 
+    def filter_section(self, bytes mask, bytes name, uint32_t value_size,
+                       const unsigned char[:] data, uint64_t records):
+        """A drained "check" section's records in mask's slots, as a
+        section ([] when none)."""
+        return filter_section(name, value_size, data, records, mask, whole_key, NULL)
+
     def __len__(self):
         return table_count(&self.table)
 
@@ -1351,6 +1357,58 @@ cdef int keys_in_slot(list named, route_key rule_route, const void* ctx, int slo
                            route_of(by_rule, rule_route), ctx, &keys.kl) != FL_OK:
             raise MemoryError()
     return 0
+
+
+cdef int filter_records(uint32_t value_size, const char* buf, size_t length,
+                        uint64_t records, const unsigned char* mask, route_key route,
+                        const void* ctx, char* out, size_t* outlen,
+                        uint64_t* kept) noexcept nogil:
+    """Copies the records of buf whose slot is in mask to out (as long as
+    buf); FL_EFORMAT if the records do not fit their section."""
+    cdef size_t pos = 0, n, keylen
+    cdef uint64_t k
+    cdef const char* key
+    cdef size_t routed_len
+    for k in range(records):
+        if length - pos < RECORD_HEADER:
+            return FL_EFORMAT
+        keylen = fl_get_u16(buf + pos + 4)
+        n = RECORD_HEADER + value_size + keylen
+        if n > length - pos:
+            return FL_EFORMAT
+        if route(buf + pos + RECORD_HEADER + value_size, keylen, ctx, &key,
+                 &routed_len) == 0 and mask[key_slot(key, routed_len)]:
+            memcpy(out + outlen[0], buf + pos, n)
+            outlen[0] += n
+            kept[0] += 1
+        pos += n
+    return FL_OK if pos == length else FL_EFORMAT
+
+
+cdef list filter_section(bytes name, uint32_t value_size, const unsigned char[:] data,
+                         uint64_t records, bytes mask, route_key route, const void* ctx):
+    cdef size_t n = data.shape[0], used = 0
+    cdef uint64_t kept = 0
+    cdef char* out
+    cdef int rc
+    if len(mask) != CLUSTER_SLOTS:
+        raise ValueError(f"a slot mask has {CLUSTER_SLOTS} bytes")
+    if n == 0:
+        return []
+    out = <char*>malloc(n)
+    if out == NULL:
+        raise MemoryError()
+    try:
+        rc = filter_records(value_size, <const char*>&data[0], n, records,
+                            <const unsigned char*><const char*>mask, route, ctx, out,
+                            &used, &kept)
+        if rc != FL_OK:
+            raise ValueError("malformed bucket records")
+        if kept == 0:
+            return []
+        return [section_header(name, value_size, kept, used), out[:used]]
+    finally:
+        free(out)
 
 
 cdef object walk_slots(list named, route_key rule_route, const void* ctx,

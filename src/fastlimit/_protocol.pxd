@@ -88,8 +88,12 @@ cdef class ServerCore:
     # Cluster mode (server/cluster.py sets these through set_routing): a
     # keyed command for a slot this node does not serve as primary gets
     # -MOVED to the slot's shard's primary, moved_to[slot_shard[slot]].
+    # A paused slot (SLOT_PAUSED, during the last step of a slot move) is
+    # served, but a command on it waits, unanswered and unconsumed, with its
+    # connection's input held, in slot_waiters until resume_slots().
     cdef readonly bint cluster_routing
-    cdef unsigned char slot_served[CLUSTER_SLOTS]
+    cdef unsigned char slot_served[CLUSTER_SLOTS]   # SLOT_NOT_SERVED, _SERVED, _PAUSED
+    cdef dict slot_waiters            # connection id -> Connection
     cdef uint16_t slot_shard[CLUSTER_SLOTS]
     cdef list moved_to                # per shard: "ip:port", or None when no primary is known
 
@@ -147,6 +151,7 @@ cdef class Connection:
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)
     cdef bint redirected(self, Command cmd)
+    cdef void wait_for_slot(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)

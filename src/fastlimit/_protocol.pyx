@@ -40,6 +40,16 @@ cdef enum:
 # A Sliced reply gets this much time per event-loop turn.
 SLICE_BUDGET_S = 0.0005
 
+# ServerCore.slot_served values.
+cdef enum:
+    SLOT_NOT_SERVED = 0
+    SLOT_SERVED = 1
+    SLOT_PAUSED = 2
+
+# Connection.sliced while its next command waits for a paused slot: like a
+# sliced reply, it holds the input and the commands after it.
+SLOT_WAIT = object()
+
 
 cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
     cdef size_t i
@@ -218,6 +228,7 @@ cdef class ServerCore:
         self.next_client_id = 1
         self.app = app
         self.log = log or logging.getLogger("fastlimit")
+        self.slot_waiters = {}
 
     def set_routing(self, served, shard_of_slot, list moved_to):
         """Cluster routing: served[slot] is true where this node serves the
@@ -235,10 +246,44 @@ cdef class ServerCore:
             if not 0 <= shard_of_slot[slot] < len(moved_to):
                 raise ValueError(f"slot {slot}: no shard {shard_of_slot[slot]}")
         for slot in range(CLUSTER_SLOTS):
-            self.slot_served[slot] = 1 if served[slot] else 0
+            # A pause outlives a routing change for the slots still served.
+            self.slot_served[slot] = SLOT_NOT_SERVED if not served[slot] else (
+                SLOT_PAUSED if self.slot_served[slot] == SLOT_PAUSED else SLOT_SERVED)
             self.slot_shard[slot] = shard_of_slot[slot]
         self.moved_to = list(moved_to)
         self.cluster_routing = True
+
+    def pause_slots(self, mask):
+        """Commands on the served slots set in mask (CLUSTER_SLOTS bytes)
+        wait from now until resume_slots(); returns how many were paused."""
+        cdef int slot, paused = 0
+        if not self.cluster_routing or len(mask) != CLUSTER_SLOTS:
+            raise ValueError("pausing slots needs cluster routing and a slot mask")
+        for slot in range(CLUSTER_SLOTS):
+            if mask[slot] and self.slot_served[slot] == SLOT_SERVED:
+                self.slot_served[slot] = SLOT_PAUSED
+                paused += 1
+        return paused
+
+    def resume_slots(self):
+        """Ends every pause; the waiting commands run (or are redirected,
+        if their slot moved meanwhile), each connection on its own turn."""
+        cdef int slot
+        cdef Connection conn
+        for slot in range(CLUSTER_SLOTS):
+            if self.slot_served[slot] == SLOT_PAUSED:
+                self.slot_served[slot] = SLOT_SERVED
+        waiters, self.slot_waiters = self.slot_waiters, {}
+        loop = asyncio.get_running_loop()
+        for conn in waiters.values():
+            if conn.sliced is SLOT_WAIT:
+                conn.sliced = None
+                conn.more_input = conn.inlen > 0
+                loop.call_soon(conn.next_turn)
+
+    @property
+    def slot_waiting_clients(self):
+        return len(self.slot_waiters)
 
     def serves_slot(self, int slot):
         """Whether a keyed command for slot runs here (always, standalone)."""
@@ -391,7 +436,8 @@ cdef class Connection:
             self.flush()
             if self.sliced is not None and not self.closed:
                 self.hold_input()
-                asyncio.get_running_loop().call_soon(self.run_slices)
+                if self.sliced is not SLOT_WAIT:
+                    asyncio.get_running_loop().call_soon(self.run_slices)
         except Exception:
             self.core.log.exception("client id=%d addr=%s: internal error; closing it",
                                     self.id, self.addr)
@@ -463,6 +509,8 @@ cdef class Connection:
                 t_prev = t_now
             pos += used
             if self.sliced is not None:
+                if self.sliced is SLOT_WAIT:
+                    pos -= used     # not run: it is parsed again when its slot resumes
                 break    # its reply comes first: the rest waits in the buffer
             if pos >= TURN_BYTES and pos < n:
                 self.more_input = True
@@ -601,14 +649,23 @@ cdef class Connection:
             return False
         key = &self.parser.argv[cmd.first_key]
         slot = key_slot(key.ptr, key.len)
-        if core.slot_served[slot]:
+        if core.slot_served[slot] == SLOT_SERVED:
             return False
+        if core.slot_served[slot] == SLOT_PAUSED:
+            self.wait_for_slot()
+            return True
         target = core.moved_to[core.slot_shard[slot]]
         if target is None:
             self.reject(cmd, "CLUSTERDOWN Hash slot not served")
         else:
             self.reject(cmd, f"MOVED {slot} {target}")
         return True
+
+    cdef void wait_for_slot(self):
+        """The command just parsed waits for its slot's pause to end: no
+        reply, and it stays in the buffer (see run_commands)."""
+        self.sliced = SLOT_WAIT
+        self.core.slot_waiters[self.id] = self
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis

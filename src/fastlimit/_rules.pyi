@@ -3,14 +3,12 @@
 from collections import deque
 from typing import Any
 
-from fastlimit._core import Clock
+from fastlimit._core import Clock, SlotCursor, SlotKeys
 
 MAX_RULES_PER_REQUEST: int
 
 # (allowed, limit, remaining, retry_after_ms, reset_after_ms)
 _Five = tuple[int, int, int, int, int]
-
-from fastlimit._core import SlotCursor, SlotKeys
 
 class RuleEngine:
     """The buckets of named rules, one table per algorithm, and the
@@ -76,5 +74,8 @@ class RuleEngine:
         """The next buckets of the cursor's slots, as snapshot sections."""
     def delete_slots(self, cursor: SlotCursor, budget_ms: float = 1.0) -> int:
         """Deletes the next buckets of the cursor's slots; how many."""
+    def filter_section(self, mask: bytes, name: bytes, value_size: int, data: Any,
+                       records: int) -> list[bytes]:
+        """A drained section's records in mask's slots, as a section."""
 
 def throttle_params_error(burst: int, count: int, period_s: int, quantity: int) -> str | None: ...

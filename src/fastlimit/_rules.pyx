@@ -18,7 +18,7 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               drain_section, oldest_note, log_overflowed, value_check,
                               in_range, bucket_value_ok, fl_get_u16, route_key,
                               SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
-                              walk_slots)
+                              walk_slots, filter_section, whole_key)
 from fastlimit._core import checked_slot
 
 import collections
@@ -1085,6 +1085,14 @@ cdef class RuleEngine:
         cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
         return walk_slots(self.slot_tables(), rule_client_key, &route, cursor, budget_ms,
                           0, True)
+
+    def filter_section(self, bytes mask, bytes name, uint32_t value_size,
+                       const unsigned char[:] data, uint64_t records):
+        """A drained section's records in mask's slots (see BucketStore's)."""
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        if name == b"throttle":
+            return filter_section(name, value_size, data, records, mask, whole_key, NULL)
+        return filter_section(name, value_size, data, records, mask, rule_client_key, &route)
 
     cdef list all_tables(self):
         """Addresses of every table (see named_tables)."""
