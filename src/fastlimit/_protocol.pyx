@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 
-from fastlimit._resp import ReplyError, Sliced
+from fastlimit._resp import Awaited, ReplyError, Sliced
 
 # All replies of one read are gathered here and sent with one write.
 # The server is single-threaded and a read is handled to completion
@@ -456,7 +456,8 @@ cdef class Connection:
         self.busy = True
         try:
             if not self.sliced.advance(SLICE_BUDGET_S):
-                asyncio.get_running_loop().call_soon(self.run_slices)
+                if type(self.sliced) is Sliced:    # an Awaited one wakes this when done
+                    asyncio.get_running_loop().call_soon(self.run_slices)
                 return
             reply, self.sliced, self.sliced_cmd = self.sliced.reply, None, None
             encode_reply(&OUT, reply, self.proto)
@@ -751,11 +752,13 @@ cdef class Connection:
             # Python commands may move the manual clock (DEBUG CLOCK) for
             # the commands after them in this read.
             self.now_ms = self.core.clock.now_ms()
-            if type(reply) is Sliced:
+            if type(reply) is Sliced or type(reply) is Awaited:
                 if queued or not self.may_slice():
                     reply = reply.finish()     # EXEC runs as one
                 else:
                     self.sliced, self.sliced_cmd = reply, cmd
+                    if type(reply) is Awaited:
+                        reply.begin(self.run_slices)
                     return
             encode_reply(&OUT, reply, self.proto)
         except ReplyError as e:

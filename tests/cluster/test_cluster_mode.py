@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import redis
 import redis.asyncio
-from conftest import FastlimitCluster, info, static_map_text
+from cluster_rig import FastlimitCluster, info
 from servers import ServerProcess
 from wire import Wire, free_port
 
@@ -57,8 +57,8 @@ def test_every_node_answers_the_same_cluster_slots_covering_every_slot(fl_cluste
     assert all(r == replies[0] for r in replies)
     covered = sorted((e[0], e[1]) for e in replies[0])
     assert covered[0][0] == 0 and covered[-1][1] == 16383
-    assert all(a[1] + 1 == b[0] for a, b in zip(covered, covered[1:]))
-    for entry, shard in zip(replies[0], fl_cluster.nodes):
+    assert all(a[1] + 1 == b[0] for a, b in zip(covered, covered[1:], strict=False))
+    for entry, shard in zip(replies[0], fl_cluster.nodes, strict=True):
         assert [(n[0], n[1]) for n in entry[2:]] == [(b"127.0.0.1", s.port) for s in shard]
         assert all(len(n[2]) == 40 and n[3] == [] for n in entry[2:])
     resp3 = raw(fl_cluster.primaries[0], "CLUSTER", "SLOTS", protocol=3)

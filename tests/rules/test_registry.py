@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastlimit.rules.model import RuleError, parse_rule
 from fastlimit.rules.matching import compile_glob
+from fastlimit.rules.model import RuleError, parse_rule
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore, StoreError
 

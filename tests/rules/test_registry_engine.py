@@ -10,6 +10,7 @@ import pytest
 
 from fastlimit.rules.model import NUMBER_FIELDS, RuleError, parse_rule
 
+
 def tb(capacity, rate=1, **fields):
     return {"capacity": capacity, "refill_per_second": rate, **fields}
 

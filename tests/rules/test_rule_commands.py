@@ -21,8 +21,9 @@ def reg(fake_engine, store, registry_factory):
 @pytest.fixture
 def call(reg):
     command = rule_container()
-    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg), readonly=False),
-                           last_subcommand=None)
+    standalone = SimpleNamespace(enabled=False)
+    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg, cluster=standalone),
+                                                readonly=False), last_subcommand=None)
 
     def run(*args):
         return command.handler(conn, [b"CL.RULE", *[a if isinstance(a, bytes) else a.encode()

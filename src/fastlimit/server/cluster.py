@@ -21,13 +21,26 @@ primary Sentinel names, so it takes no writes meant for the new one.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import redis
 
 from fastlimit._cluster import SLOTS
+from fastlimit._resp import ReplyError
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import Address, MapError, Roles, SlotMap
+from fastlimit.rules.model import RuleError
+from fastlimit.server import config as cfg
+from fastlimit.server.peers import Peers, names, unreached
 from fastlimit.server.subsystem import Subsystem
+
+# How often a node compares its map and rules with a peer's (a node that
+# missed a change catches up within this).
+CATCH_UP_S = 5.0
 
 
 class Cluster(Subsystem):
@@ -42,6 +55,16 @@ class Cluster(Subsystem):
         # announced yet.
         self.promotion: tuple[str, int] | None = None
         self.route_updates = 0
+        self.peers = Peers(lambda: self.app.settings.requirepass)
+        # The cluster-wide rules version: (counter, id of the node that made
+        # the change); the highest wins everywhere.
+        self.rules_epoch: tuple[int, str] = (0, "")
+        # The registry's own version when the rules last matched rules_epoch.
+        self.rules_seen = 0
+        self._rules_lock = asyncio.Lock()
+        self._catch_up_task: asyncio.Task | None = None
+        self._next_catch_up = 0.0
+        self._peer_turn = 0
 
     @property
     def enabled(self) -> bool:
@@ -53,6 +76,10 @@ class Cluster(Subsystem):
         if settings.cluster_enabled:
             self.slot_map = clustermap.load(settings.cluster_config_file)
             self.roles = clustermap.static_roles(self.slot_map)
+            self.myself = self._announced(settings)
+            self._route()
+            self.rules_seen = self.app.rules.version
+            self._catch_up_at_start(primary=settings.replicaof is None)
 
     # ---- settings and lifecycle ------------------------------------------------
 
@@ -86,6 +113,23 @@ class Cluster(Subsystem):
         self.log.info("cluster mode: slot map version %d, %d shard(s); this node is %s",
                       self.slot_map.version, len(self.slot_map.shards), self.myself)
 
+    def cron(self) -> None:
+        if not self.enabled:
+            return
+        if self.app.rules.version != self.rules_seen:
+            self._rules_changed_here()
+        now = time.monotonic()
+        if now >= self._next_catch_up and (self._catch_up_task is None
+                                           or self._catch_up_task.done()):
+            self._next_catch_up = now + CATCH_UP_S
+            self._catch_up_task = asyncio.ensure_future(self._catch_up())
+
+    async def stop(self) -> None:
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+            await asyncio.gather(self._catch_up_task, return_exceptions=True)
+        await self.peers.close()
+
     # ---- roles -----------------------------------------------------------------
 
     def sentinels_changed(self, roles: Mapping[str, Roles]) -> None:
@@ -109,7 +153,7 @@ class Cluster(Subsystem):
                          shard)
         self._merge_roles()
 
-    def _merge_roles(self) -> None:
+    def _merge_roles(self, map_changed: bool = False) -> None:
         assert self.slot_map is not None
         roles = clustermap.static_roles(self.slot_map)
         roles.update(self.sentinel_roles)
@@ -120,7 +164,7 @@ class Cluster(Subsystem):
             if before is not None and before.primary != self.myself:
                 standbys += (before.primary,)
             roles[shard] = Roles(self.myself, standbys, before.epoch if before else 0)
-        if roles != self.roles:
+        if roles != self.roles or map_changed:
             self.roles = roles
             self._route()
 
@@ -136,6 +180,179 @@ class Cluster(Subsystem):
         """The shard this node is primary or standby of, if any."""
         return next((name for name, r in self.roles.items()
                      if self.myself == r.primary or self.myself in r.standbys), None)
+
+    def other_nodes(self, *maps: SlotMap) -> list[Address]:
+        """Every node the maps and the roles name, but this one."""
+        nodes = {a for r in self.roles.values() for a in (r.primary, *r.standbys)}
+        nodes |= {a for m in maps for s in m.shards
+                  for a in ((s.primary,) if s.primary else ()) + s.standbys}
+        if self.myself is not None:
+            nodes.discard(self.myself)
+        return sorted(nodes)
+
+    def other_primaries(self) -> list[Address]:
+        return sorted({r.primary for r in self.roles.values()} - {self.myself})
+
+    def is_primary(self) -> bool:
+        return not self.app.core.readonly and any(
+            r.primary == self.myself for r in self.roles.values())
+
+    @property
+    def my_id(self) -> str:
+        assert self.slot_map is not None and self.myself is not None
+        return self.slot_map.node_id(self.myself)
+
+    # ---- the slot map: changes and catching up ------------------------------------
+
+    def install_text(self, text: str) -> bool:
+        """CL.CLUSTER SETMAP: installs a newer map; False if it is the
+        running one.  MapError names what is wrong with any other."""
+        return self.install(clustermap.loads(text, "the new slot map"))
+
+    def install(self, new: SlotMap) -> bool:
+        """Makes new the running map, written to cluster-config-file first
+        (so a restart keeps it); a stale or unwritable one changes nothing."""
+        assert self.slot_map is not None
+        if new == self.slot_map:
+            return False
+        new.check_replaces(self.slot_map)
+        path = self.app.settings.cluster_config_file
+        try:
+            cfg.replace_file(path, clustermap.dumps(new).encode())
+        except cfg.ConfigError as e:
+            raise MapError(f"cannot write the slot map to {path}: {e.reason}") from None
+        self.slot_map = new
+        self.log.warning("cluster: slot map version %d installed (%d shards)", new.version,
+                         len(new.shards))
+        self._merge_roles(map_changed=True)
+        return True
+
+    async def push_map(self, text: str) -> None:
+        """CL.CLUSTER PUSH: installs the map here and hands it to every node
+        of the old and the new map; ReplyError names the nodes not reached
+        (they catch up from a peer)."""
+        assert self.slot_map is not None
+        old = self.slot_map
+        new = clustermap.loads(text, "the new slot map")
+        self.install(new)
+        others = self.other_nodes(old, new)
+        replies = await self.peers.call_each(others, "CL.CLUSTER", "SETMAP", clustermap.dumps(new))
+        failed = unreached(replies)
+        if failed:
+            raise ReplyError(
+                f"ERR slot map version {new.version} is in force here and on "
+                f"{len(others) - len(failed)} of {len(others)} other nodes; not reached: "
+                f"{_reasons(replies, failed)}; they take it from a peer within "
+                f"{CATCH_UP_S:g} s of coming back")
+
+    def versions(self) -> list:
+        """CL.CLUSTER VERSIONS: [map version, rules counter, rules origin]."""
+        assert self.slot_map is not None
+        return [self.slot_map.version, self.rules_epoch[0], self.rules_epoch[1]]
+
+    def _catch_up_at_start(self, primary: bool) -> None:
+        """Before listening: takes the newest map and (on a primary) the
+        newest rules any reachable peer has, so a node that was away does
+        not answer from what it missed."""
+        assert self.slot_map is not None
+        best: tuple[list, Address] | None = None
+        for peer in self.other_nodes(self.slot_map):
+            try:
+                v = self.peers.call_at_start(peer, "CL.CLUSTER", "VERSIONS")
+            except (redis.RedisError, OSError):
+                continue
+            if best is None or _newer(v, best[0]):
+                best = (v, peer)
+        if best is None:
+            return
+        (map_version, *_), peer = best
+        try:
+            if map_version > self.slot_map.version:
+                self.install_text(_text(self.peers.call_at_start(peer, "CL.CLUSTER", "MAP")))
+            if primary:
+                self.set_rules(*self.peers.call_at_start(peer, "CL.CLUSTER", "RULES"))
+        except (redis.RedisError, OSError, MapError, ReplyError) as e:
+            self.log.warning("cluster: could not catch up from %s at start: %s", peer, e)
+
+    async def _catch_up(self) -> None:
+        """Compares versions with the next peer in turn and takes what it
+        has that is newer."""
+        assert self.slot_map is not None
+        peers = self.other_nodes(self.slot_map)
+        if not peers:
+            return
+        self._peer_turn = (self._peer_turn + 1) % len(peers)
+        peer = peers[self._peer_turn]
+        try:
+            map_version, counter, origin = await self.peers.call(peer, "CL.CLUSTER", "VERSIONS")
+            if map_version > self.slot_map.version:
+                self.install_text(_text(await self.peers.call(peer, "CL.CLUSTER", "MAP")))
+            if self.is_primary() and (counter, _text(origin)) > self.rules_epoch:
+                self.set_rules(*await self.peers.call(peer, "CL.CLUSTER", "RULES"))
+        except (TimeoutError, redis.RedisError, OSError, MapError, ReplyError) as e:
+            self.log.debug("cluster: catching up from %s: %s", peer, e)
+
+    # ---- one rule set for the whole cluster -----------------------------------------
+
+    def rules_state(self) -> list:
+        """CL.CLUSTER RULES: [counter, origin, the rules as JSON rows]."""
+        return [self.rules_epoch[0], self.rules_epoch[1], json.dumps(self.app.rules.export())]
+
+    def set_rules(self, counter, origin, rows) -> bool:
+        """CL.CLUSTER SETRULES: takes a newer cluster rule set (all or
+        nothing); False if it is not newer than the one in force."""
+        epoch = (int(counter), _text(origin))
+        if epoch <= self.rules_epoch:
+            return False
+        try:
+            self.app.rules.mirror(json.loads(_text(rows)))
+        except (RuleError, ValueError, TypeError) as e:
+            raise ReplyError(f"ERR rules version {epoch[0]} cannot be used: {e}") from None
+        self.rules_epoch = epoch
+        self.rules_seen = self.app.rules.version
+        self.log.warning("cluster: rules version %d from %s in force", epoch[0], epoch[1][:8])
+        return True
+
+    async def rule_change(self, run: Callable[[], object]):
+        """A rule change from a client (CL.RULE SET, DEL, RELOAD): refused,
+        with nothing changed, unless every other primary answers; then
+        made here and handed to each of them before the reply."""
+        async with self._rules_lock:
+            others = self.other_primaries()
+            replies = await self.peers.call_each(others, "CL.CLUSTER", "RULES")
+            failed = unreached(replies)
+            if failed:
+                raise ReplyError(f"CLUSTERDOWN rule change refused, nothing changed: "
+                                 f"primaries not reachable: {_reasons(replies, failed)}")
+            for state in replies.values():
+                self.set_rules(*state)       # a newer set first, as the base
+            counter = max([self.rules_epoch[0], *(int(r[0]) for r in replies.values())])
+            before = self.app.rules.version
+            reply = run()
+            if self.app.rules.version == before:
+                return reply
+            failed = await self._hand_out_rules(counter + 1, others)
+            if failed:
+                raise ReplyError(
+                    f"ERR the rule change is in force here and on {len(others) - len(failed)} "
+                    f"of {len(others)} other primaries; not reached: {names(failed)}; they "
+                    f"take it from a peer within {CATCH_UP_S:g} s of coming back")
+            return reply
+
+    def _rules_changed_here(self) -> None:
+        """A change not made through a command (SIGHUP, replication)."""
+        if not self.is_primary():
+            self.rules_seen = self.app.rules.version
+            return
+        asyncio.ensure_future(self._hand_out_rules(self.rules_epoch[0] + 1,
+                                                   self.other_primaries()))
+
+    async def _hand_out_rules(self, counter: int, others: Iterable[Address]) -> list[Address]:
+        self.rules_epoch = (counter, self.my_id)
+        self.rules_seen = self.app.rules.version
+        replies = await self.peers.call_each(others, "CL.CLUSTER", "SETRULES",
+                                             *self.rules_state())
+        return unreached(replies)
 
     # ---- routing -----------------------------------------------------------------
 
@@ -161,7 +378,9 @@ class Cluster(Subsystem):
         fields: dict[str, object] = {
             "cluster_enabled": 1, "cluster_slot_map_version": self.slot_map.version,
             "cluster_state": self.state(), "cluster_shard": self.my_shard() or "",
-            "cluster_route_updates": self.route_updates}
+            "cluster_route_updates": self.route_updates,
+            "cluster_rules_version": self.rules_epoch[0],
+            "cluster_peer_calls": self.peers.calls, "cluster_peer_failures": self.peers.failures}
         return {"server": {"redis_mode": "cluster"}, "cluster": fields}
 
     def state(self) -> str:
@@ -191,4 +410,20 @@ class Cluster(Subsystem):
                 "cluster_my_epoch": self.roles[mine].epoch if mine else 0,
                 "cluster_stats_messages_sent": 0, "cluster_stats_messages_received": 0,
                 "total_cluster_links_buffer_limit_exceeded": 0,
-                "cluster_slot_map_version": self.slot_map.version}
+                "cluster_slot_map_version": self.slot_map.version,
+                "rules_version": self.rules_epoch[0]}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _newer(versions: list, than: list) -> bool:
+    """Whether a peer's VERSIONS reply is ahead of another's."""
+    return (versions[0], versions[1], _text(versions[2])) > (than[0], than[1], _text(than[2]))
+
+
+def _reasons(replies: Mapping[Address, object], failed: Iterable[Address]) -> str:
+    """Each failed node with why: its error reply, or that it did not answer."""
+    return ", ".join(f"{a} ({replies[a]})" if isinstance(replies[a], redis.ResponseError)
+                     else f"{a} (no answer)" for a in failed)

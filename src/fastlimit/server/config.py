@@ -612,7 +612,7 @@ def rewrite(settings: Settings, path: str) -> None:
                 del table[lines[0]]
         elif lines or value != getattr(defaults, attr_name(key)):
             table[lines[0] if lines else key] = _toml_value(value, fmt)
-    _replace_file(target, tomlkit.dumps(doc).encode())
+    replace_file(target, tomlkit.dumps(doc).encode())
 
 
 def _read_for_rewrite(path: str) -> tomlkit.TOMLDocument:
@@ -646,7 +646,10 @@ def _toml_value(value, fmt):
     return fmt(value)
 
 
-def _replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes) -> None:
+    """Writes data to path all or nothing (a temporary file renamed over
+    it, both made durable), keeping path's permissions; ConfigError says
+    what failed."""
     directory = os.path.dirname(path)
     try:
         mode = os.stat(path).st_mode & 0o7777

@@ -1,14 +1,16 @@
 """Cluster mode's commands: CLUSTER SLOTS, SHARDS, NODES, INFO, MYID and
 KEYSLOT in Redis 7.0's shapes, and READONLY, READWRITE and ASKING, from
-the cluster subsystem (server/cluster.py).  Without cluster-enabled they
+the cluster subsystem (server/cluster.py); CL.CLUSTER, through which the
+nodes hand each other slot maps and rules.  Without cluster-enabled they
 answer Redis's "cluster support disabled" error."""
 
 from __future__ import annotations
 
 from fastlimit._cluster import keyslot
 from fastlimit._core import SlotKeys
-from fastlimit._resp import ReplyError, Verbatim
+from fastlimit._resp import Awaited, ReplyError, Verbatim
 from fastlimit.cluster import map as clustermap
+from fastlimit.cluster.map import MapError
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
 
@@ -69,6 +71,60 @@ def cmd_asking(conn, args):
     _cluster(conn)
     return OK
 
+
+# ---- CL.CLUSTER: slot maps and rules between nodes ------------------------------------
+
+def cmd_cl_cluster_map(conn, args):
+    return clustermap.dumps(_cluster(conn).slot_map)
+
+
+def cmd_cl_cluster_setmap(conn, args):
+    try:
+        _cluster(conn).install_text(args[2].decode("utf-8", "replace"))
+    except MapError as e:
+        raise ReplyError(f"ERR {e}") from None
+    return OK
+
+
+def cmd_cl_cluster_push(conn, args):
+    cluster = _cluster(conn)
+
+    async def push():
+        try:
+            await cluster.push_map(args[2].decode("utf-8", "replace"))
+        except MapError as e:
+            raise ReplyError(f"ERR {e}") from None
+        return OK
+
+    return Awaited(push())
+
+
+def cmd_cl_cluster_versions(conn, args):
+    return _cluster(conn).versions()
+
+
+def cmd_cl_cluster_rules(conn, args):
+    return _cluster(conn).rules_state()
+
+
+def cmd_cl_cluster_setrules(conn, args):
+    cluster = _cluster(conn)
+    if conn.core.readonly:
+        raise ReplyError("ERR a standby takes its rules from its primary")
+    counter = integer(args[2], "rules version", 0)
+    return 1 if cluster.set_rules(counter, args[3], args[4]) else 0
+
+
+def cluster_wide(handler):
+    """A rule change (CL.RULE SET, DEL, RELOAD): in cluster mode it is in
+    force on every primary before the reply, or refused
+    (Cluster.rule_change)."""
+    def run(conn, args):
+        cluster = conn.core.app.cluster
+        if not cluster.enabled:
+            return handler(conn, args)
+        return Awaited(cluster.rule_change(lambda: handler(conn, args)))
+    return run
 
 # ---- keys of a slot ------------------------------------------------------------------
 #

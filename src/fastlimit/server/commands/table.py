@@ -212,6 +212,8 @@ def cluster_commands() -> list[Command]:
     shown = ("loading", "stale")
     slow = ("@slow",)
     connection_flags = ("fast", "loading", "stale")
+    admin = ("@admin", "@slow", "@dangerous")
+    admin_flags = ("admin", "noscript", "loading", "stale")
 
     def connection_command(name, handler, summary):
         return command(name, 1, connection_flags, handler, acl=("@fast", "@connection"),
@@ -239,6 +241,26 @@ def cluster_commands() -> list[Command]:
                 [("slot", "integer"), ("count", "integer")], acl=slow),
         ], {"summary": "A container for Redis Cluster commands.", "group": "cluster",
             "since": "0.6.0"}, acl=slow),
+        container("cl.cluster", -2, (), [
+            sub("cl.cluster", "map", 2, cluster.cmd_cl_cluster_map,
+                "Returns the running slot map (TOML).", shown, acl=admin),
+            sub("cl.cluster", "setmap", 3, cluster.cmd_cl_cluster_setmap,
+                "Installs a newer slot map on this node.", admin_flags,
+                [("map", "string")], acl=admin),
+            sub("cl.cluster", "push", 3, cluster.cmd_cl_cluster_push,
+                "Installs a newer slot map here and on every node of the cluster.",
+                admin_flags, [("map", "string")], acl=admin),
+            sub("cl.cluster", "versions", 2, cluster.cmd_cl_cluster_versions,
+                "Returns [slot map version, rules version, rules origin].", shown, acl=admin),
+            sub("cl.cluster", "rules", 2, cluster.cmd_cl_cluster_rules,
+                "Returns [rules version, origin, rules] for a peer to catch up.", shown,
+                acl=admin),
+            sub("cl.cluster", "setrules", 5, cluster.cmd_cl_cluster_setrules,
+                "Takes a newer cluster-wide rule set (sent by the node a rule changed on).",
+                admin_flags, [("version", "integer"), ("origin", "string"),
+                              ("rules", "string")], acl=admin),
+        ], {"summary": "Slot maps and rules handed between the nodes of a fastlimit cluster.",
+            "group": "cluster", "since": "0.6.0"}, acl=admin),
         connection_command("readonly", cluster.cmd_readonly,
                            "Enables read-only queries for a connection to a replica node."),
         connection_command("readwrite", cluster.cmd_readwrite,
@@ -312,16 +334,16 @@ def rule_subcommands() -> list[Command]:
     write = ("write", "noscript")
     read = ("readonly", "loading", "stale")
     return [
-        sub("cl.rule", "set", 4, rules.cmd_rule_set,
+        sub("cl.rule", "set", 4, cluster.cluster_wide(rules.cmd_rule_set),
             "Creates or replaces a named rule from its JSON document.", write,
             [("id", "string"), ("rule", "string")]),
         sub("cl.rule", "get", 3, rules.cmd_rule_get,
             "Returns a rule's JSON document, or null.", read, [("id", "string")]),
-        sub("cl.rule", "del", 3, rules.cmd_rule_del,
+        sub("cl.rule", "del", 3, cluster.cluster_wide(rules.cmd_rule_del),
             "Deletes a rule and drops its buckets. Replies 1 if it existed.", write,
             [("id", "string")]),
         sub("cl.rule", "list", 2, rules.cmd_rule_list, "Returns the ids of all rules.", read),
-        sub("cl.rule", "reload", 2, rules.cmd_rule_reload,
+        sub("cl.rule", "reload", 2, cluster.cluster_wide(rules.cmd_rule_reload),
             "Re-reads the rules file, all or nothing.", write),
         sub("cl.rule", "stats", -2, rules.cmd_rule_stats,
             "Returns allowed, denied and shadow-denied counts per rule.", read,

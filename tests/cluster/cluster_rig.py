@@ -1,0 +1,81 @@
+"""A fastlimit cluster on loopback for tests: static shards of real
+server processes (tests import it; conftest.py has the fixture)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from servers import ServerProcess
+from wire import free_port
+
+START_TIMEOUT = 20.0
+
+
+def wait_for(predicate, what: str, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class FastlimitCluster:
+    """A static-map fastlimit cluster on loopback: shards of a primary and
+    standbys (replicating), every node on the manual clock, the map in
+    root/map.toml.  Slots are split evenly in shard order."""
+
+    def __init__(self, root: str, shards: int = 3, standbys: int = 1, *extra: str):
+        self.ports = [[free_port() for _ in range(1 + standbys)] for _ in range(shards)]
+        self.map_path = os.path.join(root, f"map-{self.ports[0][0]}.toml")
+        with open(self.map_path, "w") as f:
+            f.write(static_map_text(self.ports))
+        self.nodes: list[list] = []
+        try:
+            for ports in self.ports:
+                primary = ServerProcess(*self.node_args(ports[0]), *extra).start()
+                replicas = [ServerProcess(*self.node_args(p), "--replicaof", "127.0.0.1",
+                                          str(ports[0]), *extra).start() for p in ports[1:]]
+                self.nodes.append([primary, *replicas])
+            wait_for(self._replicas_linked, "the standbys to link")
+        except BaseException:
+            self.stop()
+            raise
+
+    def node_args(self, port: int) -> list[str]:
+        return ["--port", str(port), "--manual-clock", "--cluster-enabled", "yes",
+                "--cluster-config-file", self.map_path]
+
+    def _replicas_linked(self) -> bool:
+        return all(info(r, "replication").get("master_link_status") == "up"
+                   for shard in self.nodes for r in shard[1:])
+
+    @property
+    def primaries(self) -> list:
+        return [shard[0] for shard in self.nodes]
+
+    @property
+    def every_node(self) -> list:
+        return [n for shard in self.nodes for n in shard]
+
+    def stop(self) -> None:
+        for n in self.every_node:
+            n.stop()
+
+
+def info(node, section: str) -> dict:
+    with node.client() as c:
+        return c.info(section)
+
+
+def static_map_text(ports: list[list[int]], version: int = 1) -> str:
+    """A map giving shard i slots i*16384/N .. (i+1)*16384/N - 1, primary
+    ports[i][0] and standbys ports[i][1:]."""
+    n = len(ports)
+    lines = [f"version = {version}"]
+    for i, shard in enumerate(ports):
+        standbys = ", ".join(f'"127.0.0.1:{p}"' for p in shard[1:])
+        lines += ["", "[[shard]]", f'name = "fl-{i}"',
+                  f'slots = ["{i * 16384 // n}-{(i + 1) * 16384 // n - 1}"]',
+                  f'primary = "127.0.0.1:{shard[0]}"', f"standbys = [{standbys}]"]
+    return "\n".join(lines) + "\n"
