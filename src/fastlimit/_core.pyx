@@ -507,6 +507,10 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
     cdef uint32_t expire_s = fl_get_u32(rec)
     cdef char* stored
     cdef Probe p
+    cdef int rc = FL_OK
+    # Every load is noted as a change: a primary importing moved slots has
+    # its standbys take them (a snapshot loads before any replica, and a
+    # replica keeps no log: nothing is noted there).
     if lookup_hashed(t, h, key, keylen, &p):
         if deletes and expire_s == 0:
             table_delete(t, &p)
@@ -514,10 +518,13 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
             stored = probe_record(t, &p)
             fl_put_u32(stored, expire_s)
             memcpy(stored + RECORD_HEADER, rec + RECORD_HEADER, t.value_size)
+    elif deletes and expire_s == 0:
         return FL_OK
-    if deletes and expire_s == 0:
-        return FL_OK
-    return table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+    else:
+        rc = table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+    if rc == FL_OK:
+        note_change(t, &p, key, keylen)
+    return rc
 
 
 # ---- change logs -------------------------------------------------------------------

@@ -157,3 +157,24 @@ def cmd_cluster_getkeysinslot(conn, args):
     app.store.keys_in_slot(keys, slot)
     app.rule_engine.keys_in_slot(keys, slot)
     return keys.keys()
+
+
+# ---- moving slots (server/reshard.py) -------------------------------------------------
+
+def cmd_cl_cluster_move(conn, args):
+    _cluster(conn)
+    try:
+        slots = clustermap.SlotRange.parse(args[2].decode("utf-8", "replace"), "slot range")
+    except MapError as e:
+        raise ReplyError(f"ERR {e}") from None
+    return Awaited(conn.core.app.reshard.move(slots, args[3].decode("utf-8", "replace")))
+
+
+def cmd_cl_cluster_movestatus(conn, args):
+    _cluster(conn)
+    return conn.core.app.reshard.move_status()
+
+
+def cmd_cl_cluster_import(conn, args):
+    _cluster(conn)
+    return conn.core.app.reshard.import_blob(args[2])
