@@ -10,7 +10,9 @@ change shows that it costs the check path nothing:
     callgrind_annotate --inclusive=yes cg.out | grep data_received
 
 and divide Connection.data_received's inclusive count by N, for the build
-before and after the change.
+before and after the change.  With a second argument ``cluster`` the
+connection routes as a cluster node serving every slot (each command's
+slot is computed and looked up, nothing is redirected).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
     clock = Clock(manual=True)
     core = ServerCore(BucketStore(clock=clock), RuleEngine(clock=clock), build_table())
+    if sys.argv[2:] == ["cluster"]:
+        core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:1"])
     conn = Connection(core)
     conn.connection_made(Transport())
     reads = [b"".join(check(j) for j in range(i, i + 16)) for i in range(0, n, 16)]

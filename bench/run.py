@@ -169,12 +169,12 @@ class Fastlimit(Server):
 class RedisServer(Server):
     name = "redis"
 
-    def __init__(self, workdir: Path, binary: str):
+    def __init__(self, workdir: Path, binary: str, extra: list[str] = ()):
         super().__init__(workdir)
         self.port = free_port()
         self._spawn([binary, "--port", str(self.port), "--bind", "127.0.0.1",
                      "--save", "", "--appendonly", "no", "--dir", str(workdir),
-                     "--daemonize", "no", "--logfile", ""])
+                     "--daemonize", "no", "--logfile", "", *extra])
 
     def _ready(self) -> bool:
         c = self.client(socket_timeout=1)
@@ -207,9 +207,9 @@ class Row:
 
 
 def run_benchmark(binary: str, port: int, clients: int, n: int, pipeline: int,
-                  command: list[str], random_keys: int | None) -> Result:
+                  command: list[str], random_keys: int | None, cluster: bool = False) -> Result:
     argv = [binary, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
-            "-n", str(n), "-P", str(pipeline), "--csv"]
+            "-n", str(n), "-P", str(pipeline), "--csv", *(["--cluster"] if cluster else [])]
     if random_keys:
         argv += ["-r", str(random_keys)]
     argv += command
@@ -220,7 +220,9 @@ def run_benchmark(binary: str, port: int, clients: int, n: int, pipeline: int,
                               preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"redis-benchmark timed out after {timeout:.0f} s")
-    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    # --cluster prints the masters it found before the CSV
+    header = proc.stdout.find('"test",')
+    rows = list(csv.DictReader(io.StringIO(proc.stdout[max(header, 0):])))
     if proc.returncode != 0 or not rows:
         err = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
                or ["no output"])

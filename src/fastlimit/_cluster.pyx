@@ -4,14 +4,19 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint16_t
 from libc.string cimport memchr
 
-# CRC16-XMODEM (poly 0x1021, init 0, no reflection, no final xor), one
-# table lookup per byte as Redis's crc16.c; filled once at import.
-cdef uint16_t _CRC16_TABLE[256]
+# CRC16-XMODEM (poly 0x1021, init 0, no reflection, no final xor), as
+# Redis's crc16.c computes it, but eight bytes per step ("slicing by 8"):
+# _TABLES[k][x] is the CRC of byte x followed by k zero bytes, so by the
+# CRC's linearity the CRC after eight bytes is the xor of one lookup per
+# byte, the running CRC mixing into the first two.  Routing computes this
+# for every keyed command in cluster mode; it is half the instructions
+# of one lookup per byte.  Filled once at import.
+cdef uint16_t _TABLES[8][256]
 
 
-cdef void _fill_crc16_table() noexcept nogil:
-    cdef uint16_t crc
-    cdef int i, bit
+cdef void _fill_crc16_tables() noexcept nogil:
+    cdef uint16_t crc, prev
+    cdef int i, bit, k
     for i in range(256):
         crc = <uint16_t>(i << 8)
         for bit in range(8):
@@ -19,17 +24,28 @@ cdef void _fill_crc16_table() noexcept nogil:
                 crc = <uint16_t>((crc << 1) ^ 0x1021)
             else:
                 crc = <uint16_t>(crc << 1)
-        _CRC16_TABLE[i] = crc
+        _TABLES[0][i] = crc
+    for k in range(1, 8):
+        for i in range(256):
+            prev = _TABLES[k - 1][i]
+            _TABLES[k][i] = <uint16_t>(((prev & 0xFF) << 8) ^ _TABLES[0][prev >> 8])
 
 
-_fill_crc16_table()
+_fill_crc16_tables()
 
 
 cdef inline uint16_t _crc16(const unsigned char* buf, size_t n) noexcept nogil:
     cdef uint16_t crc = 0
-    cdef size_t i
-    for i in range(n):
-        crc = <uint16_t>((crc << 8) ^ _CRC16_TABLE[((crc >> 8) ^ buf[i]) & 0xFF])
+    while n >= 8:
+        crc = (_TABLES[7][(crc >> 8) ^ buf[0]] ^ _TABLES[6][(crc & 0xFF) ^ buf[1]]
+               ^ _TABLES[5][buf[2]] ^ _TABLES[4][buf[3]] ^ _TABLES[3][buf[4]]
+               ^ _TABLES[2][buf[5]] ^ _TABLES[1][buf[6]] ^ _TABLES[0][buf[7]])
+        buf += 8
+        n -= 8
+    while n:
+        crc = <uint16_t>((crc << 8) ^ _TABLES[0][((crc >> 8) ^ buf[0]) & 0xFF])
+        buf += 1
+        n -= 1
     return crc
 
 

@@ -150,7 +150,8 @@ cdef class Connection:
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)
-    cdef bint redirected(self, Command cmd)
+    cdef bint serves_key(self, Command cmd) noexcept
+    cdef void redirect(self, Command cmd)
     cdef void wait_for_slot(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1

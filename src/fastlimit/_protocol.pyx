@@ -606,8 +606,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
-        elif self.core.cluster_routing and cmd.first_key and self.redirected(cmd):
-            pass
+        elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
+            self.redirect(cmd)
         elif self.core.readonly and cmd.is_write and (
                 not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
             self.reject(cmd, READONLY_ERROR)
@@ -637,30 +637,31 @@ cdef class Connection:
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
 
-    cdef bint redirected(self, Command cmd):
-        """Redis Cluster's redirect, before the command runs or is queued
-        (so MULTI fails at EXEC as in Redis): a key whose slot another node
-        serves gets -MOVED to it; one whose shard has no known primary,
-        CLUSTERDOWN.  A standby redirects too: clients handle MOVED alike,
-        READONLY not."""
-        cdef ServerCore core = self.core
+    cdef inline bint serves_key(self, Command cmd) noexcept:
+        """Whether this node serves the slot of the command's key as primary
+        (Redis Cluster's routing, before the command runs or is queued)."""
         cdef const Arg* key
-        cdef int slot
         if cmd.first_key >= self.parser.argc:
-            return False
-        key = &self.parser.argv[cmd.first_key]
-        slot = key_slot(key.ptr, key.len)
-        if core.slot_served[slot] == SLOT_SERVED:
-            return False
-        if core.slot_served[slot] == SLOT_PAUSED:
-            self.wait_for_slot()
             return True
-        target = core.moved_to[core.slot_shard[slot]]
+        key = &self.parser.argv[cmd.first_key]
+        return self.core.slot_served[key_slot(key.ptr, key.len)] == SLOT_SERVED
+
+    cdef void redirect(self, Command cmd):
+        """-MOVED to the primary serving the key's slot (a standby redirects
+        too: clients handle MOVED alike, READONLY not), or CLUSTERDOWN when
+        the slot's shard has no known primary.  Refused like any command,
+        so MULTI fails at EXEC as in Redis.  A paused slot's command waits
+        instead (see pause_slots)."""
+        cdef const Arg* key = &self.parser.argv[cmd.first_key]
+        cdef int slot = key_slot(key.ptr, key.len)
+        if self.core.slot_served[slot] == SLOT_PAUSED:
+            self.wait_for_slot()
+            return
+        target = self.core.moved_to[self.core.slot_shard[slot]]
         if target is None:
             self.reject(cmd, "CLUSTERDOWN Hash slot not served")
         else:
             self.reject(cmd, f"MOVED {slot} {target}")
-        return True
 
     cdef void wait_for_slot(self):
         """The command just parsed waits for its slot's pause to end: no
