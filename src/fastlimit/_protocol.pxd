@@ -122,6 +122,8 @@ cdef class Connection:
     cdef bint input_held       # reading paused: for others' turn, or a sliced reply
     cdef bint more_input       # whole commands wait in inbuf for this connection's next turn
     cdef object sliced         # a Sliced reply being made (its later commands wait)
+    cdef bint waits_for_slot   # sliced is SLOT_WAIT: waiting_command waits for its slot
+    cdef bytes waiting_command
     cdef Command sliced_cmd
     cdef readonly int64_t id
     cdef public int proto
@@ -153,6 +155,7 @@ cdef class Connection:
     cdef bint serves_key(self, Command cmd) noexcept
     cdef void redirect(self, Command cmd)
     cdef void wait_for_slot(self)
+    cdef bint requeue_waiting(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)

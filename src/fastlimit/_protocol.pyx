@@ -276,9 +276,7 @@ cdef class ServerCore:
         waiters, self.slot_waiters = self.slot_waiters, {}
         loop = asyncio.get_running_loop()
         for conn in waiters.values():
-            if conn.sliced is SLOT_WAIT:
-                conn.sliced = None
-                conn.more_input = conn.inlen > 0
+            if conn.waits_for_slot and conn.requeue_waiting():
                 loop.call_soon(conn.next_turn)
 
     @property
@@ -342,6 +340,8 @@ cdef class Connection:
     def connection_lost(self, exc):
         self.closed = True
         self.sliced = self.sliced_cmd = None
+        self.waits_for_slot = False
+        self.waiting_command = None
         self.core.clients.pop(self.id, None)
         if self.replica is not None:
             self.core.app.replication.detach(self)
@@ -436,7 +436,7 @@ cdef class Connection:
             self.flush()
             if self.sliced is not None and not self.closed:
                 self.hold_input()
-                if self.sliced is not SLOT_WAIT:
+                if not self.waits_for_slot:
                     asyncio.get_running_loop().call_soon(self.run_slices)
         except Exception:
             self.core.log.exception("client id=%d addr=%s: internal error; closing it",
@@ -510,8 +510,6 @@ cdef class Connection:
                 t_prev = t_now
             pos += used
             if self.sliced is not None:
-                if self.sliced is SLOT_WAIT:
-                    pos -= used     # not run: it is parsed again when its slot resumes
                 break    # its reply comes first: the rest waits in the buffer
             if pos >= TURN_BYTES and pos < n:
                 self.more_input = True
@@ -665,9 +663,43 @@ cdef class Connection:
 
     cdef void wait_for_slot(self):
         """The command just parsed waits for its slot's pause to end: no
-        reply, and it stays in the buffer (see run_commands)."""
+        reply; a copy of it (as a multibulk) goes back in front of the
+        buffer when the pause ends (requeue_waiting), and what follows it
+        waits as after a sliced reply.  All of it off the path of commands
+        that run: run_commands is untouched."""
+        cdef int i
+        cdef const Arg* a
+        parts = [b"*%d\r\n" % self.parser.argc]
+        for i in range(self.parser.argc):
+            a = &self.parser.argv[i]
+            parts.append(b"$%d\r\n%s\r\n" % (a.len, a.ptr[:a.len]))
+        self.waiting_command = b"".join(parts)
         self.sliced = SLOT_WAIT
+        self.waits_for_slot = True
         self.core.slot_waiters[self.id] = self
+
+    cdef bint requeue_waiting(self):
+        """Puts the waiting command back before the rest of the buffer;
+        False if the connection is closed for want of memory."""
+        cdef bytes command = self.waiting_command
+        cdef size_t n = PyBytes_GET_SIZE(command)
+        cdef char* grown
+        self.waiting_command = None
+        self.waits_for_slot = False
+        self.sliced = None
+        if self.inlen + n > self.incap:
+            grown = <char*>realloc(self.inbuf, self.inlen + n)
+            if grown == NULL:
+                self.core.log.error("client id=%d: out of memory for its query buffer", self.id)
+                self.abort()
+                return False
+            self.inbuf = grown
+            self.incap = self.inlen + n
+        memmove(self.inbuf + n, self.inbuf, self.inlen)
+        memcpy(self.inbuf, PyBytes_AS_STRING(command), n)
+        self.inlen += n
+        self.more_input = True
+        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis

@@ -135,10 +135,11 @@ def test_a_reshard_under_load_loses_and_doubles_nothing(cluster):
         s.join(30)
     print(f"\nslots {MOVING.start}-{MOVING.stop - 1} moved: pause {final['pause_ms']} ms, "
           f"copy {final['copy_ms']} ms, {final['buckets']} buckets in {final['batches']} "
-          f"batches, {final['changes']} changes; "
+          f"batches, {final['changes']} changes, {final['waited']} clients waited; "
           f"{sum(s.requests for s in spenders)} requests under load")
     assert all(not s.errors and not s.is_alive() for s in spenders)
     assert final["buckets"] >= before and 0 <= float(final["pause_ms"]) < 1000
+    assert final["waited"] >= 1     # delayed by the pause, then MOVED: never an error
 
     # Every token spent is spent on the new owner: allowed + remaining = capacity.
     allowed = {k: n for s in spenders for k, n in s.allowed.items()}

@@ -191,7 +191,7 @@ class Reshard(Subsystem):
         mask = slot_mask(slots)
         self.status = {"state": "copying", "slots": str(slots), "target": str(target),
                        "map_version": new_map.version, "buckets": 0, "changes": 0,
-                       "batches": 0, "pause_ms": None, "copy_ms": None, "error": "",
+                       "batches": 0, "pause_ms": None, "waited": 0, "copy_ms": None, "error": "",
                        "unreached": ""}
         started = time.monotonic()
         self._start_tracking(mask)
@@ -261,6 +261,7 @@ class Reshard(Subsystem):
             late = self._take_changes()
             cluster.install(new_map)
         finally:
+            self.status["waited"] = app.core.slot_waiting_clients
             app.core.resume_slots()
             self.status["pause_ms"] = round((time.monotonic() - paused_at) * 1000, 3)
         if late:
