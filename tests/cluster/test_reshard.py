@@ -216,3 +216,15 @@ def test_a_move_that_cannot_be_made_is_refused_with_nothing_changed(cluster, arg
     with pytest.raises(redis.ResponseError, match=error):
         move(source, *args)
     assert info(source, "cluster")["cluster_slot_map_version"] == 1
+
+
+def test_a_standby_neither_moves_nor_imports_slots_and_bad_data_is_refused(cluster):
+    standby = cluster.nodes[0][1]
+    with pytest.raises(redis.ResponseError, match="from the primary serving them"):
+        move(standby, "100-200", "fl-1")
+    with standby.client() as c, pytest.raises(redis.ResponseError, match="shard's primary"):
+        c.execute_command("CL.CLUSTER", "IMPORT", b"x")
+    with cluster.primaries[1].client() as c:
+        with pytest.raises(redis.ResponseError, match="unusable slot data: not a fastlimit"):
+            c.execute_command("CL.CLUSTER", "IMPORT", b"FLSNAP but not one")
+        assert c.execute_command("DBSIZE") == 0
