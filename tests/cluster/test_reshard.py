@@ -75,7 +75,7 @@ def status(node) -> dict:
     with node.client() as c:
         reply = c.execute_command("CL.CLUSTER", "MOVESTATUS")
     if isinstance(reply, list):
-        reply = dict(zip(reply[::2], reply[1::2]))
+        reply = dict(zip(reply[::2], reply[1::2], strict=True))
     return {k.decode(): v.decode() if isinstance(v, bytes) else v for k, v in reply.items()}
 
 
@@ -128,12 +128,13 @@ def test_a_reshard_under_load_loses_and_doubles_nothing(cluster):
 
     final = move(source, f"{MOVING.start}-{MOVING.stop - 1}", "fl-1")
     final = {k.decode(): v for k, v in (final.items() if isinstance(final, dict)
-                                        else zip(final[::2], final[1::2]))}
+                                        else zip(final[::2], final[1::2], strict=True))}
     done_at = time.monotonic()
     for s in spenders:
         s.stop_after = done_at + 0.5
         s.join(30)
-    print(f"\nslots {MOVING.start}-{MOVING.stop - 1} moved: pause {final['pause_ms']} ms, "
+    print(f"\nslots {MOVING.start}-{MOVING.stop - 1} moved: pause {final['pause_ms']} ms "
+          f"(of which the map installs {final['flip_ms']} ms), "
           f"copy {final['copy_ms']} ms, {final['buckets']} buckets in {final['batches']} "
           f"batches, {final['changes']} changes, {final['waited']} clients waited; "
           f"{sum(s.requests for s in spenders)} requests under load")
@@ -158,7 +159,7 @@ def test_a_reshard_under_load_loses_and_doubles_nothing(cluster):
                               5, 1)
     assert info(source, "errorstats").get("errorstat_MOVED", {}).get("count", 0) > 0
     for node in cluster.every_node:
-        wait_for(lambda: info(node, "cluster")["cluster_slot_map_version"] == 2,
+        wait_for(lambda n=node: info(n, "cluster")["cluster_slot_map_version"] == 2,
                  "every node to take the new map")
         with node.client() as c:
             slots = c.execute_command("CLUSTER", "SLOTS")

@@ -64,6 +64,25 @@ CATCH_UP_ROUNDS = 20
 PAUSE_ROUNDS = 5
 
 
+@dataclasses.dataclass
+class MoveStatus:
+    """What CL.CLUSTER MOVESTATUS shows of the running or last move."""
+
+    state: str = "none"       # copying, paused, flipping, pushing, done, abandoned, failed
+    slots: str = ""
+    target: str = ""
+    map_version: int = 0
+    buckets: int = 0          # sent by the copy
+    changes: int = 0          # sent after it (changes made meanwhile)
+    batches: int = 0          # CL.CLUSTER IMPORT calls
+    copy_ms: float | None = None
+    pause_ms: float | None = None   # the slots' commands waited this long
+    flip_ms: float | None = None    # of which the map installs on the target and here
+    waited: int = 0           # connections whose commands waited
+    error: str = ""
+    unreached: str = ""       # nodes that did not take the new map (they catch up)
+
+
 class MoveError(Exception):
     """Why a move was abandoned (or refused before it began)."""
 
@@ -74,7 +93,7 @@ class Reshard(Subsystem):
         self.log = log
         self.mask: bytes | None = None       # the slots moving now
         self.pending: list[bytes] = []       # their changes drained, not sent yet
-        self.status: dict[str, object] = {"state": "none"}
+        self.status = MoveStatus()
         self.deleting: list[SlotCursor] = []  # store's and engine's, of moved slots
         self.task: asyncio.Task | None = None
         self.moves = 0
@@ -148,16 +167,14 @@ class Reshard(Subsystem):
             self._abandoned(str(e))
         except (redis.RedisError, OSError, TimeoutError) as e:
             self._abandoned(f"target {target_addr} failed: {type(e).__name__}: {e}")
-        except MapError as e:      # a newer map came meanwhile: it wins
-            self._abandoned(str(e))
         finally:
             self.task = None
-        return self.status
+        return self.move_status()
 
     def _abandoned(self, why: str) -> None:
-        self.status.update(state="abandoned", error=why)
+        self.status.state, self.status.error = "abandoned", why
         self.log.warning("cluster: move of slots %s abandoned, map and buckets untouched: %s",
-                         self.status["slots"], why)
+                         self.status.slots, why)
         raise ReplyError(f"ERR slot move abandoned, the map and every bucket untouched: {why}")
 
     def _plan(self, slots: SlotRange, target: str):
@@ -166,6 +183,9 @@ class Reshard(Subsystem):
         cluster = self.app.cluster
         if self.task is not None:
             raise ReplyError("ERR a slot move is already running (CL.CLUSTER MOVESTATUS)")
+        if self.deleting:
+            raise ReplyError("ERR the last move's buckets are still being deleted here; "
+                             "retry once CL.CLUSTER MOVESTATUS shows deleting:0")
         if not cluster.is_primary():
             raise ReplyError("ERR slots move from the primary serving them")
         core = self.app.core
@@ -186,34 +206,31 @@ class Reshard(Subsystem):
         return new_map, roles.primary
 
     async def _run(self, slots: SlotRange, new_map: SlotMap, target) -> None:
-        app, cluster = self.app, self.app.cluster
+        cluster = self.app.cluster
         old_map = cluster.slot_map
         mask = slot_mask(slots)
-        self.status = {"state": "copying", "slots": str(slots), "target": str(target),
-                       "map_version": new_map.version, "buckets": 0, "changes": 0,
-                       "batches": 0, "pause_ms": None, "waited": 0, "copy_ms": None, "error": "",
-                       "unreached": ""}
+        self.status = MoveStatus("copying", str(slots), str(target), new_map.version)
         started = time.monotonic()
         self._start_tracking(mask)
         try:
             await self._copy(target, mask)
             await self._catch_up(target)
-            self.status["copy_ms"] = round((time.monotonic() - started) * 1000, 3)
+            self.status.copy_ms = round((time.monotonic() - started) * 1000, 3)
             await self._pause_and_flip(target, new_map, mask)
         finally:
             self._stop_tracking()
         self.deleting = [SlotCursor(mask), SlotCursor(mask)]
-        self.status["state"] = "pushing"
+        self.status.state = "pushing"
         others = [a for a in cluster.other_nodes(old_map, new_map) if a != target]
         replies = await cluster.peers.call_each(others, "CL.CLUSTER", "SETMAP",
                                                 clustermap.dumps(new_map))
-        self.status["unreached"] = ", ".join(
+        self.status.unreached = ", ".join(
             str(a) for a, r in sorted(replies.items()) if isinstance(r, BaseException))
-        self.status["state"] = "done"
+        self.status.state = "done"
         self.log.warning("cluster: slots %s moved to %s in %.1f ms (pause %.3f ms), %d "
                          "buckets and %d changes sent", slots, target,
-                         (time.monotonic() - started) * 1000, self.status["pause_ms"],
-                         self.status["buckets"], self.status["changes"])
+                         (time.monotonic() - started) * 1000, self.status.pause_ms,
+                         self.status.buckets, self.status.changes)
 
     async def _copy(self, target, mask: bytes) -> None:
         app = self.app
@@ -226,24 +243,28 @@ class Reshard(Subsystem):
                 batch += parts
                 size += sum(len(p) for p in parts)
                 if size >= BATCH_BYTES:
-                    self.status["buckets"] += await self._send(target, batch)
+                    # Changes replication drained meanwhile go along: what
+                    # is kept between sends is one batch interval's worth.
+                    batch += self.pending
+                    self.pending = []
+                    self.status.buckets += await self._send(target, batch)
                     batch, size = [], 0
                 await asyncio.sleep(0)     # the others' turn between steps
         if batch:
-            self.status["buckets"] += await self._send(target, batch)
+            self.status.buckets += await self._send(target, batch)
 
     async def _catch_up(self, target) -> None:
         """Sends the changes made during the copy, while they are many."""
         for _ in range(CATCH_UP_ROUNDS):
             parts = self._take_changes()
             if parts:
-                self.status["changes"] += await self._send(target, parts)
+                self.status.changes += await self._send(target, parts)
             if sum(len(p) for p in parts) < SMALL_ROUND_BYTES:
                 return
 
     async def _pause_and_flip(self, target, new_map: SlotMap, mask: bytes) -> None:
         app, cluster = self.app, self.app.cluster
-        self.status["state"] = "paused"
+        self.status.state = "paused"
         paused_at = time.monotonic()
         app.core.pause_slots(mask)
         try:
@@ -251,21 +272,33 @@ class Reshard(Subsystem):
                 parts = self._take_changes()
                 if not parts:
                     break
-                self.status["changes"] += await self._send(target, parts)
+                self.status.changes += await self._send(target, parts)
             else:
                 raise MoveError("the moving slots kept changing during the pause")
-            self.status["state"] = "flipping"
+            self.status.state = "flipping"
+            flip_at = time.monotonic()
             await self._flip_on(target, new_map)
             # Past the commit point.  A write no pause holds (a MULTI queued
             # before the pause) may have run meanwhile: it follows.
             late = self._take_changes()
-            cluster.install(new_map)
+            try:
+                cluster.install(new_map)
+            except MapError as e:    # a newer map arrived during the pause: it wins
+                self.status.state, self.status.error = "failed", (
+                    f"the target took map version {new_map.version} but this node "
+                    f"refused it: {e}")
+                raise ReplyError(f"ERR {self.status.error}") from None
+            self.status.flip_ms = round((time.monotonic() - flip_at) * 1000, 3)
         finally:
-            self.status["waited"] = app.core.slot_waiting_clients
+            self.status.waited = app.core.slot_waiting_clients
             app.core.resume_slots()
-            self.status["pause_ms"] = round((time.monotonic() - paused_at) * 1000, 3)
+            self.status.pause_ms = round((time.monotonic() - paused_at) * 1000, 3)
         if late:
-            self.status["changes"] += await self._send(target, late)
+            try:
+                self.status.changes += await self._send(target, late)
+            except (redis.RedisError, OSError, TimeoutError) as e:   # past the commit point
+                self.status.error = f"late changes not sent to {target}: {e}"
+                self.log.error("cluster: %s", self.status.error)
 
     async def _flip_on(self, target, new_map: SlotMap) -> None:
         """The target takes the new map.  An error reply (it refuses the
@@ -277,14 +310,14 @@ class Reshard(Subsystem):
         except redis.ResponseError as e:
             raise MoveError(f"target {target} refused the new slot map: {e}") from None
         except (redis.RedisError, OSError, TimeoutError) as e:
-            self.status["error"] = (f"target {target} did not confirm the new slot map "
+            self.status.error = (f"target {target} did not confirm the new slot map "
                                     f"({type(e).__name__}); it takes it from a peer")
 
     async def _send(self, target, parts: list[bytes]) -> int:
         """One CL.CLUSTER IMPORT of sections; the buckets it carried."""
         blob = pack(self.app, parts)
         loaded = await self.app.cluster.peers.call(target, "CL.CLUSTER", "IMPORT", blob)
-        self.status["batches"] += 1
+        self.status.batches += 1
         return int(loaded)
 
     # ---- the target's side -------------------------------------------------------
@@ -323,7 +356,7 @@ class Reshard(Subsystem):
         self.deleting = []
 
     def move_status(self) -> dict[str, object]:
-        status = dict(self.status)
+        status: dict[str, object] = dataclasses.asdict(self.status)
         status["deleting"] = 1 if self.deleting else 0
         return status
 
@@ -334,10 +367,11 @@ class Reshard(Subsystem):
     def info_sections(self, sections, named):
         if not self.app.cluster.enabled:
             return {}
-        pause = self.status.get("pause_ms")
+        pause = self.status.pause_ms
         return {"cluster": {"cluster_moves": self.moves,
-                            "cluster_move_state": self.status["state"],
-                            "cluster_move_last_pause_ms": pause if pause is not None else -1}}
+                            "cluster_move_state": self.status.state,
+                            "cluster_move_last_pause_ms": pause if pause is not None else -1},
+                "memory": {"mem_slot_move_pending": sum(len(p) for p in self.pending)}}
 
 
 def slot_mask(slots: SlotRange) -> bytes:
