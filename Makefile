@@ -1,4 +1,4 @@
-.PHONY: serve test bench soak ha build clean
+.PHONY: serve test bench soak ha cluster cluster-stop build clean
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -21,6 +21,13 @@ soak:           ## every attack of the hardening review at once, a good client's
 ha:             ## a local HA set: primary, two standbys, three redis-sentinels on 127.0.0.1 (scripts/ha.py)
 	scripts/bootstrap.sh
 	.venv/bin/python scripts/ha.py
+
+cluster:        ## a local cluster: 3 shards of primary + standby, 3 redis-sentinels, on 127.0.0.1:7000-7008 (scripts/cluster.py)
+	scripts/bootstrap.sh
+	.venv/bin/python scripts/cluster.py start
+
+cluster-stop:   ## stops what make cluster started
+	.venv/bin/python scripts/cluster.py stop
 
 build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace

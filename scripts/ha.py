@@ -2,7 +2,9 @@
 """A local high-availability set on 127.0.0.1: a primary, two standbys and
 three redis-sentinel processes watching them, for trying a failover by
 hand (``make ha``) and for the tests and the failover benchmark, which
-build the same set of fastlimit servers or of real redis-servers.
+build the same set of fastlimit servers or of real redis-servers.  The
+same sentinels can watch several services (shards), each its own primary
+and standbys (``HASet(services=[...])``; scripts/cluster.py uses that).
 
     .venv/bin/python scripts/ha.py [--port 6380] [--sentinel-port 26380]
 
@@ -75,8 +77,10 @@ class Node:
     """One data server (fastlimit or redis-server) with its config file."""
 
     def __init__(self, kind: str, port: int, workdir: Path, python: str,
-                 password: str | None, replicaof: int | None, extra: list[str]):
+                 password: str | None, replicaof: int | None, extra: list[str],
+                 detach: bool = False):
         self.kind, self.port, self.password = kind, port, password
+        self.detach = detach
         self.dir = workdir / f"node-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.dir / "log"
@@ -89,8 +93,9 @@ class Node:
     def _write_config(self) -> Path:
         if self.kind == "redis":
             path = self.dir / "redis.conf"
+            # no diskless-sync delay: a replica is in sync at once, not after 5 s
             lines = [f"port {self.port}", "bind 127.0.0.1", 'save ""', "appendonly no",
-                     f"dir {self.dir}"]
+                     f"dir {self.dir}", "repl-diskless-sync-delay 0"]
             if self.password:
                 lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
             if self.replicaof:
@@ -115,7 +120,8 @@ class Node:
     def start(self) -> Node:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir)
+                                     stdin=subprocess.DEVNULL, cwd=self.dir,
+                                     start_new_session=self.detach)
         log.close()
         wait_until(lambda: answers(self.port, self.password) or self._exited(),
                    START_TIMEOUT_S, f"{self.kind} on port {self.port}")
@@ -146,30 +152,49 @@ class Node:
         terminate(self.proc)
 
 
+def sentinel_config(port: int, workdir: Path, primaries: dict[str, int], quorum: int,
+                    down_after_ms: int, failover_timeout_ms: int,
+                    password: str | None) -> str:
+    """server/sentinel.conf filled in; its per-service lines (those naming
+    SERVICE) repeated for each service in primaries (name -> primary port)."""
+    lines = []
+    for line in SENTINEL_TEMPLATE.read_text().splitlines():
+        if line.startswith("sentinel ") and f" {SERVICE} " in line:
+            lines += [line.replace(f" {SERVICE} ", f" {name} ").replace(
+                "{PRIMARY_PORT}", str(primary)) for name, primary in primaries.items()]
+        else:
+            lines.append(line)
+    text = "\n".join(lines) + "\n"
+    for name, value in (("PORT", port), ("DIR", workdir), ("QUORUM", quorum),
+                        ("DOWN_AFTER_MS", down_after_ms),
+                        ("FAILOVER_TIMEOUT_MS", failover_timeout_ms)):
+        text = text.replace("{" + name + "}", str(value))
+    if password:
+        text += "".join(f"sentinel auth-pass {name} {password}\n" for name in primaries)
+    return text
+
+
 class Sentinel:
     """One redis-sentinel process, its config copied from server/sentinel.conf."""
 
-    def __init__(self, port: int, workdir: Path, primary_port: int, quorum: int,
-                 down_after_ms: int, failover_timeout_ms: int, password: str | None):
+    def __init__(self, port: int, workdir: Path, primaries: dict[str, int], quorum: int,
+                 down_after_ms: int, failover_timeout_ms: int, password: str | None,
+                 detach: bool = False):
         self.port = port
+        self.detach = detach
         self.dir = workdir / f"sentinel-{port}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.dir / "log"
-        text = SENTINEL_TEMPLATE.read_text()
-        for name, value in (("PORT", port), ("DIR", self.dir), ("PRIMARY_PORT", primary_port),
-                            ("QUORUM", quorum), ("DOWN_AFTER_MS", down_after_ms),
-                            ("FAILOVER_TIMEOUT_MS", failover_timeout_ms)):
-            text = text.replace("{" + name + "}", str(value))
-        if password:
-            text += f"sentinel auth-pass {SERVICE} {password}\n"
         self.config = self.dir / "sentinel.conf"
-        self.config.write_text(text)
+        self.config.write_text(sentinel_config(port, self.dir, primaries, quorum, down_after_ms,
+                                               failover_timeout_ms, password))
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Sentinel:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(["redis-sentinel", str(self.config)], stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=self.detach)
         log.close()
         wait_until(lambda: answers(self.port), START_TIMEOUT_S, f"sentinel on {self.port}")
         return self
@@ -178,11 +203,11 @@ class Sentinel:
         kwargs.setdefault("socket_timeout", 5)
         return redis.Redis(port=self.port, decode_responses=True, **kwargs)
 
-    def primary(self) -> int | None:
-        """The port this sentinel names as the primary, None if it cannot say."""
+    def primary(self, service: str = SERVICE) -> int | None:
+        """The port this sentinel names as service's primary, None if it cannot say."""
         try:
             addr = self.client(socket_timeout=1).execute_command(
-                "SENTINEL", "get-master-addr-by-name", SERVICE)
+                "SENTINEL", "get-master-addr-by-name", service)
         except (redis.ConnectionError, redis.TimeoutError):
             return None
         return int(addr[1]) if addr else None
@@ -195,32 +220,46 @@ class Sentinel:
 
 
 class HASet:
-    """A primary, `replicas` standbys and `sentinels` sentinels, of fastlimit
-    servers (kind "fastlimit") or real redis-servers (kind "redis")."""
+    """For each of `services` (one, SERVICE, unless told) a primary and
+    `replicas` standbys, all watched by `sentinels` sentinels; fastlimit
+    servers (kind "fastlimit") or real redis-servers (kind "redis").
+    `ports` lists the data nodes service by service, each primary first;
+    `nodes` is all of them, `services[name]` one service's."""
 
     def __init__(self, kind: str = "fastlimit", *, ports: list[int] | None = None,
                  sentinel_ports: list[int] | None = None, replicas: int = 2,
                  sentinels: int = 3, down_after_ms: int = 1000,
                  failover_timeout_ms: int = 10_000, password: str | None = None,
                  python: str = sys.executable, extra: list[str] | None = None,
-                 workdir: str | None = None):
+                 workdir: str | None = None, services: list[str] | None = None,
+                 detach: bool = False):
         self.kind = kind
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"ha-{kind}-"))
-        ports = ports or [free_port() for _ in range(replicas + 1)]
+        names = services or [SERVICE]
+        ports = ports or [free_port() for _ in range(len(names) * (replicas + 1))]
+        per = len(ports) // len(names)
+        if per < 1 or per * len(names) != len(ports):
+            raise ValueError(f"{len(ports)} ports do not split evenly over {len(names)} services")
         sentinel_ports = sentinel_ports or [free_port() for _ in range(sentinels)]
         self.password = password
-        self.nodes = [Node(kind, port, self.workdir, python, password,
-                           None if i == 0 else ports[0], extra or [])
-                      for i, port in enumerate(ports)]
+        self.services: dict[str, list[Node]] = {}
+        for n, name in enumerate(names):
+            group = ports[n * per:(n + 1) * per]
+            self.services[name] = [Node(kind, port, self.workdir, python, password,
+                                        None if i == 0 else group[0], extra or [], detach)
+                                   for i, port in enumerate(group)]
+        self.nodes = [node for group in self.services.values() for node in group]
         quorum = len(sentinel_ports) // 2 + 1
-        self.sentinels = [Sentinel(port, self.workdir, ports[0], quorum, down_after_ms,
-                                   failover_timeout_ms, password)
+        primaries = {name: group[0].port for name, group in self.services.items()}
+        self.sentinels = [Sentinel(port, self.workdir, primaries, quorum, down_after_ms,
+                                   failover_timeout_ms, password, detach)
                           for port in sentinel_ports]
 
     def start(self, timeout_s: float = 30.0) -> HASet:
         for node in self.nodes:
             node.start()
-        self.wait_replicas_online(self.nodes[0], len(self.nodes) - 1, timeout_s)
+        for group in self.services.values():
+            self.wait_replicas_online(group[0], len(group) - 1, timeout_s)
         for sentinel in self.sentinels:
             sentinel.start()
         self.wait_discovered(timeout_s)
@@ -240,23 +279,25 @@ class HASet:
         wait_until(online, timeout_s, f"{count} replicas online at {primary.port}")
 
     def wait_discovered(self, timeout_s: float) -> None:
-        """Every sentinel knows every replica and every other sentinel."""
+        """Every sentinel knows every replica and every other sentinel of
+        every service."""
+        def known_by(s: Sentinel, name: str, group: list[Node]) -> bool:
+            try:
+                c = s.client(socket_timeout=1)
+                replicas = c.execute_command("SENTINEL", "replicas", name)
+                others = c.execute_command("SENTINEL", "sentinels", name)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                return False
+            return len(replicas) >= len(group) - 1 and len(others) >= len(self.sentinels) - 1
+
         def known() -> bool:
-            for s in self.sentinels:
-                try:
-                    c = s.client(socket_timeout=1)
-                    replicas = c.execute_command("SENTINEL", "replicas", SERVICE)
-                    others = c.execute_command("SENTINEL", "sentinels", SERVICE)
-                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
-                    return False
-                if len(replicas) < len(self.nodes) - 1 or len(others) < len(self.sentinels) - 1:
-                    return False
-            return True
+            return all(known_by(s, name, group) for s in self.sentinels
+                       for name, group in self.services.items())
         wait_until(known, timeout_s, "the sentinels to discover the set", every_s=0.2)
 
-    def primary_port(self) -> int | None:
-        """The primary every answering sentinel agrees on, else None."""
-        seen = {s.primary() for s in self.sentinels}
+    def primary_port(self, service: str = SERVICE) -> int | None:
+        """The primary of service every answering sentinel agrees on, else None."""
+        seen = {s.primary(service) for s in self.sentinels}
         seen.discard(None)
         return seen.pop() if len(seen) == 1 else None
 

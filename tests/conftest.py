@@ -68,9 +68,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
+    # The tests that bound CPU time or latency (the untraced ones) and the
+    # real-time failovers must not share the cores with other tests:
+    # scripts/test.sh runs them alone, after the parallel part.
     for item in items:
         if item.nodeid.startswith(UNTRACED):
             item.add_marker("untraced")
+        if item.nodeid.startswith(UNTRACED) or item.get_closest_marker("release_only"):
+            item.add_marker("serial")
 
 
 def _running_coverage():

@@ -23,6 +23,11 @@ server moves about 1/N of the keys.
 With ``sentinels=[...]`` and ``service="name"`` (or several names, hashed
 the same way), the client asks Redis Sentinel where each service's
 primary is and follows it through failovers (see ``failover.py``).
+
+With ``cluster=[...]`` (startup nodes of a fastlimit or Redis Cluster),
+keys go where the cluster's slot map says, and ``-MOVED`` replies are
+followed (see ``cluster_client.py``); the breaker and the failure policy
+are per primary, so one dead shard leaves the others' keys answered.
 """
 
 from __future__ import annotations
@@ -43,16 +48,26 @@ import redis.asyncio.sentinel
 import redis.sentinel
 from hiredis import pack_command
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import MovedError, ResponseError
 from redis.retry import Retry
 
 from fastlimit.breaker import CircuitBreaker
+from fastlimit.cluster_client import (
+    DEFAULT_CLUSTER_TIMEOUT_MS,
+    MAX_REDIRECTS,
+    SLOTS,
+    ClusterMapError,
+    RefreshGate,
+    SlotMap,
+    primaries_by_slot,
+)
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER, Decision
 from fastlimit.embedded import Key, LocalFallback, check_on_failure, key_bytes
 from fastlimit.failover import AsyncSwitchWatcher, SwitchWatcher, parse_address, sentinel_list
 from fastlimit.ring import DEFAULT_VNODES, HashRing
 
-__all__ = ["AsyncClient", "CircuitBreaker", "Client", "Decision", "LocalFallback", "Stats"]
+__all__ = ["AsyncClient", "CircuitBreaker", "Client", "ClusterMapError", "Decision",
+           "LocalFallback", "Stats"]
 
 log = logging.getLogger("fastlimit.client")
 
@@ -88,6 +103,8 @@ class Stats:
     error_replies: int = 0   # error replies from a live server (unknown command, bad argument)
     breaker_skips: int = 0   # calls that skipped the network: the server's breaker was open
     master_switches: int = 0  # failovers the sentinels announced (+switch-master)
+    moved: int = 0           # MOVED replies followed to another node (cluster mode)
+    map_refreshes: int = 0   # slot maps read from CLUSTER SLOTS (cluster mode)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def incr(self, name: str, n: int = 1) -> None:
@@ -268,8 +285,15 @@ class _ClientBase:
                  sentinels: Iterable[str | tuple[str, int]] | None = None,
                  service: Servers | None = None, sentinel_password: str | None = None,
                  sentinel_timeout_ms: float = DEFAULT_SENTINEL_TIMEOUT_MS,
+                 cluster: Servers | None = None,
+                 cluster_timeout_ms: float = DEFAULT_CLUSTER_TIMEOUT_MS,
                  **redis_kwargs):
-        names = _server_list(servers) if sentinels is None else _names(service, "service")
+        if cluster is not None and sentinels is not None:
+            raise ValueError("cluster= and sentinels= exclude each other: a cluster's "
+                             "nodes say who serves which slot")
+        self._cluster = _server_list(cluster) if cluster is not None else None
+        names = (_server_list(servers) if sentinels is None else _names(service, "service")
+                 ) if cluster is None else []
         self.stats = Stats()
         self.fallback = fallback
         self.timeout_ms = timeout_ms
@@ -282,6 +306,8 @@ class _ClientBase:
         # No retries: a failed round trip goes straight to the policy; the
         # breaker, not a retry loop, decides when to try again.
         options.update(redis_kwargs)
+        self._options = options
+        self._breaker = breaker
         if sentinels is None:
             self._sentinel = None
             clients = {name: self._redis_client(*parse_address(name), options)
@@ -291,14 +317,24 @@ class _ClientBase:
                 password=sentinel_password, socket_timeout=sentinel_timeout_ms / 1000,
                 socket_connect_timeout=sentinel_timeout_ms / 1000))
             clients = {name: self._sentinel.master_for(name, **options) for name in names}
-        self._nodes = {name: _Node(name, clients[name],
-                                   breaker.copy() if breaker is not None else None)
-                       for name in names}
+        self._nodes = {name: self._new_node(name, clients[name]) for name in names}
         self._watcher = (self._switch_watcher(self._sentinel.sentinels, set(names))
                          if self._sentinel is not None else None)
+        # Cluster mode: the map, the primaries' nodes in self._nodes, and
+        # what questions about the map are asked with.
+        self._slot_map: SlotMap[_Node] | None = None
+        self._refresh_gate = RefreshGate()
+        self._topology_lock = threading.Lock()
+        self._cluster_options = dict(options, socket_timeout=cluster_timeout_ms / 1000,
+                                     socket_connect_timeout=cluster_timeout_ms / 1000)
+        self._closed = False
         self._prefetch = (_Prefetch(preaggregate, preaggregate_ttl_ms / 1000)
                           if preaggregate else None)
         self._failure_log = _FailureLog()
+
+    def _new_node(self, name: str, client) -> _Node:
+        breaker = self._breaker
+        return _Node(name, client, breaker.copy() if breaker is not None else None)
 
     def _redis_client(self, host: str, port: int, options: dict):
         raise NotImplementedError
@@ -338,17 +374,82 @@ class _ClientBase:
         return {name: node.breaker for name, node in self._nodes.items()}
 
     def server_for(self, key: Key) -> str:
-        """The server that owns ``key`` (the client key, for ``limit``)."""
-        if self._only is not None:
-            return self._only
-        assert self._ring is not None       # more than one server
-        return self._ring.node_for(key_bytes(key))
+        """The server that owns ``key`` (the client key, for ``limit``);
+        ClusterMapError in cluster mode while no slot map is known."""
+        node = self._node_for(key_bytes(key))
+        if node is None:
+            raise ClusterMapError("no slot map yet: no cluster node has answered CLUSTER SLOTS")
+        return node.name
 
-    def _node_for(self, route_key: bytes) -> _Node:
+    def _node_for(self, route_key: bytes) -> _Node | None:
+        """The key's node; None in cluster mode before any map is known."""
         if self._only is not None:
             return self._nodes[self._only]
-        assert self._ring is not None       # more than one server
-        return self._nodes[self._ring.node_for(route_key)]
+        if self._ring is not None:
+            return self._nodes[self._ring.node_for(route_key)]
+        slot_map = self._slot_map
+        return None if slot_map is None else slot_map.node_for(route_key)
+
+    # ---- cluster mode ---------------------------------------------------
+
+    def _redirect(self, node: _Node, moved: MovedError, hops: int) -> _Node | None:
+        """The node to re-send to after node's MOVED reply, or None: not in
+        cluster mode, or too many hops (the reply is then an error reply)."""
+        if self._cluster is None or hops >= MAX_REDIRECTS or not 0 <= moved.slot_id < SLOTS:
+            return None
+        self.stats.incr("moved")
+        # "MOVED 3999 :6381": an unknown endpoint, the host of the node asked (Redis 7)
+        host, port = moved.host or parse_address(node.name)[0], moved.port
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        with self._topology_lock:
+            node = self._cluster_node(address)
+            if self._slot_map is not None:
+                self._slot_map = self._slot_map.moved(moved.slot_id, node)
+        self._request_refresh()
+        return node
+
+    def _cluster_node(self, address: str) -> _Node:
+        """The node of one primary, made on first sight (topology lock held)."""
+        node = self._nodes.get(address)
+        if node is None:
+            client = self._redis_client(*parse_address(address), self._options)
+            node = self._nodes[address] = self._new_node(address, client)
+        return node
+
+    def _map_sources(self) -> list[str]:
+        """Whom to ask for the map, in turn: the primaries known (a MOVED's
+        target among them), then the startup nodes."""
+        known = [n.name for n in self._slot_map.nodes] if self._slot_map is not None else []
+        assert self._cluster is not None
+        return list(dict.fromkeys([*known, *self._cluster]))
+
+    def _install_map(self, reply, asked_host: str) -> list[_Node]:
+        """A CLUSTER SLOTS reply becomes the map (ClusterMapError if it cannot
+        be); returns the nodes it no longer names, for closing."""
+        addresses, slots = primaries_by_slot(reply, asked_host)
+        with self._topology_lock:
+            nodes = [self._cluster_node(address) for address in addresses]
+            named = set(addresses)
+            retired = [node for name, node in self._nodes.items() if name not in named]
+            for node in retired:
+                del self._nodes[node.name]
+            self._slot_map = SlotMap(nodes, slots)
+        self.stats.incr("map_refreshes")
+        return retired
+
+    @staticmethod
+    def _no_usable_map(problems: list[str]) -> ClusterMapError:
+        return ClusterMapError("no cluster node gave a slot map covering every slot: "
+                               + "; ".join(problems))
+
+    def _request_refresh(self) -> None:
+        """Asks for the map again, in the background (coalesced)."""
+        raise NotImplementedError
+
+    def _unmapped(self, request: _Request) -> Decision:
+        """No map yet: the failure policy answers, and a refresh is asked for."""
+        self._request_refresh()
+        return self._degraded(None, request, "no slot map yet")
 
     # ---- requests -----------------------------------------------------
 
@@ -424,6 +525,8 @@ class _ClientBase:
         self.stats.incr("round_trips")
         self.stats.incr("commands_sent", commands)
         self.stats.incr("errors")
+        if self._cluster is not None:
+            self._request_refresh()     # a failover or a reshard may have moved its slots
         if node.breaker is not None and node.breaker.record_failure():
             b = node.breaker
             log.error("fastlimit server %s failed %d times within %.1fs (%s): circuit "
@@ -447,9 +550,14 @@ class _ClientBase:
 
     def _skipped(self, node: _Node, request: _Request) -> Decision:
         self.stats.incr("breaker_skips")
+        if self._cluster is not None:
+            # The map may name another primary by now (a failover): the
+            # refresh, not the breaker's next probe, finds out.
+            self._request_refresh()
         return self._degraded(node, request, "circuit breaker open")
 
-    def _degraded(self, node: _Node, request: _Request, error: BaseException | str) -> Decision:
+    def _degraded(self, node: _Node | None, request: _Request,
+                  error: BaseException | str) -> Decision:
         """The decision without the server: fallback, else the policy."""
         decision = request.local() if request.local is not None else None
         if decision is None:
@@ -459,7 +567,8 @@ class _ClientBase:
             else:   # nothing known to be spent: remaining is the limit (-1 if unknown)
                 decision = Decision(True, request.limit, request.limit, 0, 0, FAILED_OPEN)
         self.stats.incr(decision.source)
-        self._failure_log.record(decision.source, node.name, error)
+        self._failure_log.record(decision.source, "cluster" if node is None else node.name,
+                                 error)
         return decision
 
 
@@ -483,11 +592,24 @@ class Client(_ClientBase):
     the primary of each service is found through Redis Sentinel and
     followed through failovers; ``sentinel_password`` is the sentinels'
     own, and ``sentinel_timeout_ms`` bounds each question to them.
+    ``cluster`` ("host:port" or a list: startup nodes of a fastlimit or
+    Redis Cluster) takes the place of ``servers``: the slot map comes from
+    ``CLUSTER SLOTS`` (the constructor raises ``ClusterMapError`` if no
+    startup node gives one covering every slot), each call goes to its
+    key's primary, ``-MOVED`` is followed (up to 5 hops) and refreshes the
+    map, as does a failed round trip; ``cluster_timeout_ms`` bounds each
+    ``CLUSTER SLOTS``.  Breakers and the failure policy are per primary.
     Other keyword arguments go to ``redis.Redis``.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if self._cluster is not None:
+            try:
+                self._load_map()
+            except ClusterMapError:
+                self.close()
+                raise
         if self._watcher is not None:
             self._watcher.start()
 
@@ -529,23 +651,66 @@ class Client(_ClientBase):
 
     def _execute(self, request: _Request) -> Decision:
         node = self._node_for(request.route_key)
-        if node.breaker is not None and not node.breaker.allow():
-            return self._skipped(node, request)
-        try:
-            reply = node.redis.execute_command(*request.command)
-        except ResponseError as e:
-            reply = e
-        except Exception as e:  # noqa: BLE001 - a limiter failure must not fail the caller
-            self._round_trip_failed(node, 1, e)
-            return self._degraded(node, request, e)
-        self._round_trip_ok(node, 1)
-        return self._answered(node, request, reply)
+        hops = 0
+        while True:
+            if node is None:
+                return self._unmapped(request)
+            if node.breaker is not None and not node.breaker.allow():
+                return self._skipped(node, request)
+            try:
+                reply = node.redis.execute_command(*request.command)
+            except ResponseError as e:
+                reply = e
+            except Exception as e:  # noqa: BLE001 - a limiter failure must not fail the caller
+                self._round_trip_failed(node, 1, e)
+                return self._degraded(node, request, e)
+            self._round_trip_ok(node, 1)
+            target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
+            if target is None:
+                return self._answered(node, request, reply)
+            node, hops = target, hops + 1
+
+    # ---- cluster mode ---------------------------------------------------
+
+    def _load_map(self) -> None:
+        """Asks each source in turn for CLUSTER SLOTS until one gives a usable map."""
+        problems = []
+        for address in self._map_sources():
+            host, port = parse_address(address)
+            asker = redis.Redis(host=host, port=port, **self._cluster_options)
+            try:
+                retired = self._install_map(asker.execute_command("CLUSTER", "SLOTS"), host)
+            except (ClusterMapError, redis.RedisError, OSError) as e:
+                problems.append(f"{address}: {_describe(e)}")
+                continue
+            finally:
+                asker.close()
+            for node in retired:
+                node.redis.close()
+            return
+        raise self._no_usable_map(problems)
+
+    def _request_refresh(self) -> None:
+        if self._refresh_gate.ask():
+            threading.Thread(target=self._refresh, name="fastlimit-cluster-map",
+                             daemon=True).start()
+
+    def _refresh(self) -> None:
+        again = True
+        while again and not self._closed:
+            time.sleep(self._refresh_gate.wait_s())
+            try:
+                self._load_map()
+            except ClusterMapError as e:
+                log.warning("fastlimit cluster map not refreshed, the old one stays: %s", e)
+            again = self._refresh_gate.finished()
 
     def close(self) -> None:
         """Closes every server's connections (and the sentinels')."""
+        self._closed = True
         if self._watcher is not None:
             self._watcher.close()
-        for node in self._nodes.values():
+        for node in list(self._nodes.values()):
             node.redis.close()
         if self._sentinel is not None:
             self._sentinel.close()
@@ -702,12 +867,21 @@ class AsyncClient(_ClientBase):
 
     Same constructor, policy and results as ``Client``; use it from one
     event loop, and ``await client.aclose()`` (or ``async with``) at the end.
+    In cluster mode the slot map is read on first use (the first calls wait
+    for it; if no node gives one, calls are answered by the failure policy
+    until one does), or by ``await client.initialize()``, which raises
+    ``ClusterMapError`` as ``Client()`` does; pipelining is per primary.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for node in self._nodes.values():
-            node.pipeliner = _Pipeliner(self, node)
+        self._first_map: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+
+    def _new_node(self, name: str, client) -> _Node:
+        node = super()._new_node(name, client)
+        node.pipeliner = _Pipeliner(self, node)
+        return node
 
     def _redis_client(self, host: str, port: int, options: dict) -> redis.asyncio.Redis:
         return redis.asyncio.Redis(host=host, port=port, **options)
@@ -752,29 +926,106 @@ class AsyncClient(_ClientBase):
         if self._watcher is not None and not self._watcher.started:
             self._watcher.start()
         node = self._node_for(request.route_key)
-        if node.breaker is not None and not node.breaker.allow():
-            # Every answer, even one that skips the network, lets the loop
-            # run: a caller checking in a loop must not starve other tasks
-            # while the breaker is open.
-            await asyncio.sleep(0)
-            return self._skipped(node, request)
-        pipeliner = node.pipeliner
-        assert pipeliner is not None        # AsyncClient gives every node one
+        if node is None and (self._first_map is None or not self._first_map.done()):
+            node = await self._after_first_map(request.route_key)
+        hops = 0
+        while True:
+            if node is None:
+                await asyncio.sleep(0)      # as below: let the loop run
+                return self._unmapped(request)
+            if node.breaker is not None and not node.breaker.allow():
+                # Every answer, even one that skips the network, lets the loop
+                # run: a caller checking in a loop must not starve other tasks
+                # while the breaker is open.
+                await asyncio.sleep(0)
+                return self._skipped(node, request)
+            pipeliner = node.pipeliner
+            assert pipeliner is not None        # AsyncClient gives every node one
+            try:
+                reply = await pipeliner.submit(request.command)
+            except Exception as e:  # noqa: BLE001 - counted by the pipeliner
+                return self._degraded(node, request, e)
+            target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
+            if target is None:
+                return self._answered(node, request, reply)
+            node, hops = target, hops + 1
+
+    # ---- cluster mode ---------------------------------------------------
+
+    async def initialize(self) -> None:
+        """Cluster mode: reads the slot map now; ClusterMapError if no
+        startup node gives one covering every slot."""
+        if self._cluster is not None:
+            await self._load_map()
+
+    async def _after_first_map(self, route_key: bytes) -> _Node | None:
+        """The first calls wait for the first map (one read for all of them)."""
+        if self._first_map is None:
+            self._first_map = asyncio.ensure_future(self._quietly(self._load_map()))
+        await asyncio.shield(self._first_map)
+        return self._node_for(route_key)
+
+    async def _load_map(self) -> None:
+        """Asks each source in turn for CLUSTER SLOTS until one gives a usable map."""
+        problems = []
+        for address in self._map_sources():
+            host, port = parse_address(address)
+            asker = redis.asyncio.Redis(host=host, port=port, **self._cluster_options)
+            try:
+                retired = self._install_map(
+                    await asker.execute_command("CLUSTER", "SLOTS"), host)
+            except (ClusterMapError, redis.RedisError, OSError) as e:
+                problems.append(f"{address}: {_describe(e)}")
+                continue
+            finally:
+                await asker.aclose()
+            for node in retired:
+                self._in_background(self._close_node(node))
+            return
+        raise self._no_usable_map(problems)
+
+    async def _quietly(self, loading) -> None:
         try:
-            reply = await pipeliner.submit(request.command)
-        except Exception as e:  # noqa: BLE001 - counted by the pipeliner
-            return self._degraded(node, request, e)
-        return self._answered(node, request, reply)
+            await loading
+        except ClusterMapError as e:
+            log.warning("fastlimit cluster map not read, the failure policy answers: %s", e)
+
+    def _request_refresh(self) -> None:
+        if not self._closed and self._refresh_gate.ask():
+            self._in_background(self._refresh())
+
+    async def _refresh(self) -> None:
+        again = True
+        while again and not self._closed:
+            await asyncio.sleep(self._refresh_gate.wait_s())
+            await self._quietly(self._load_map())
+            again = self._refresh_gate.finished()
+
+    def _in_background(self, work) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)          # the loop keeps only weak references
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _close_node(node: _Node) -> None:
+        assert node.pipeliner is not None
+        await node.pipeliner.drain()
+        await node.redis.aclose()
 
     async def aclose(self) -> None:
         """Waits for the pipelines in flight, then closes every server's
         connections."""
+        self._closed = True
         if self._watcher is not None:
             await self._watcher.close()
-        for node in self._nodes.values():
-            assert node.pipeliner is not None
-            await node.pipeliner.drain()
-            await node.redis.aclose()
+        # A refresh running now ends within its timeouts and starts no other
+        # (the nodes it retires are closed in tasks of their own).
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._first_map is not None:
+            await asyncio.gather(self._first_map, return_exceptions=True)
+        for node in list(self._nodes.values()):
+            await self._close_node(node)
         if self._sentinel is not None:
             await self._sentinel.aclose()
 

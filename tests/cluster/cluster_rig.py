@@ -3,9 +3,12 @@ server processes (tests import it; conftest.py has the fixture)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
+import redis
 from servers import ServerProcess
 from wire import free_port
 
@@ -79,3 +82,27 @@ def static_map_text(ports: list[list[int]], version: int = 1) -> str:
                   f'slots = ["{i * 16384 // n}-{(i + 1) * 16384 // n - 1}"]',
                   f'primary = "127.0.0.1:{shard[0]}"', f"standbys = [{standbys}]"]
     return "\n".join(lines) + "\n"
+
+
+def raw_reply(port: int, *args, protocol: int = 2):
+    """A reply as redis-py's parser reads it, without the command
+    callbacks that turn CLUSTER replies into dicts."""
+    conn = redis.Connection(host="127.0.0.1", port=port, protocol=protocol, socket_timeout=10)
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    finally:
+        conn.disconnect()
+
+
+def ruled_servers(root: Path, rules: dict) -> tuple[FastlimitCluster, ServerProcess]:
+    """Three shards of one primary and one standalone server, the same
+    rules file on each, to compare their answers."""
+    path = root / "rules.json"
+    path.write_text(json.dumps(rules))
+    cluster = FastlimitCluster(str(root), 3, 0, "--rules-file", str(path))
+    try:
+        return cluster, ServerProcess("--manual-clock", "--rules-file", str(path)).start()
+    except BaseException:
+        cluster.stop()
+        raise

@@ -8,14 +8,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 
 import pytest
 import redis
-from cluster_rig import FastlimitCluster
+from cluster_rig import FastlimitCluster, raw_reply, wait_for
 from wire import free_port
-
-START_TIMEOUT = 20.0
 
 
 class RedisClusterNode:
@@ -43,15 +40,7 @@ class RedisClusterNode:
             return False
 
     def raw(self, *args, protocol: int = 2):
-        """A reply as redis-py's parser reads it, without the command
-        callbacks that turn CLUSTER replies into dicts."""
-        conn = redis.Connection(host="127.0.0.1", port=self.port, protocol=protocol,
-                                socket_timeout=10)
-        try:
-            conn.send_command(*args)
-            return conn.read_response()
-        finally:
-            conn.disconnect()
+        return raw_reply(self.port, *args, protocol=protocol)
 
     @property
     def addr(self) -> str:
@@ -64,14 +53,6 @@ class RedisClusterNode:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def wait_for(predicate, what: str, timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def redis_cli(*args: str) -> None:

@@ -101,9 +101,10 @@ def test_a_stale_or_unusable_map_is_refused_and_the_running_one_stays(cluster, c
 def test_the_running_map_sent_again_changes_nothing(cluster):
     with open(cluster.map_path) as f:
         text = f.read()
+    before = info(cluster.primaries[0], "cluster")["cluster_route_updates"]
     for command in ("SETMAP", "PUSH"):
         assert call(cluster.primaries[0], "CL.CLUSTER", command, text) == b"OK"
-    assert info(cluster.primaries[0], "cluster")["cluster_route_updates"] == 1
+    assert info(cluster.primaries[0], "cluster")["cluster_route_updates"] == before
 
 
 def test_a_map_pushed_while_a_node_is_down_names_it_and_it_catches_up(cluster):

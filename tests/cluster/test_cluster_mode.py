@@ -6,13 +6,12 @@ the manual clock compared with one standalone fastlimit's."""
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 
 import pytest
 import redis
 import redis.asyncio
-from cluster_rig import FastlimitCluster, info
+from cluster_rig import info, raw_reply, ruled_servers
 from servers import ServerProcess
 from wire import Wire, free_port
 
@@ -35,13 +34,7 @@ def elsewhere(cluster, key: bytes):
 
 
 def raw(node, *args, protocol: int = 2):
-    conn = redis.Connection(host="127.0.0.1", port=node.port, protocol=protocol,
-                            socket_timeout=10)
-    try:
-        conn.send_command(*args)
-        return conn.read_response()
-    finally:
-        conn.disconnect()
+    return raw_reply(node.port, *args, protocol=protocol)
 
 
 def set_clock(cluster, ms: int, *others) -> None:
@@ -184,11 +177,7 @@ RULES = {"rules": {"api": {"match": {"resource": "GET /api"}, "capacity": 3,
 def ruled_cluster(tmp_path_factory):
     """The same rules on every node of a cluster and on one standalone
     server, to compare their answers."""
-    root = tmp_path_factory.mktemp("ruled")
-    rules = root / "rules.json"
-    rules.write_text(json.dumps(RULES))
-    cluster = FastlimitCluster(str(root), 3, 0, "--rules-file", str(rules))
-    single = ServerProcess("--manual-clock", "--rules-file", str(rules)).start()
+    cluster, single = ruled_servers(tmp_path_factory.mktemp("ruled"), RULES)
     yield cluster, single
     single.stop()
     cluster.stop()

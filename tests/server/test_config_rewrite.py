@@ -171,7 +171,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--repl-timeout", "30", "--repl-flush-ms", "5", "--repl-buffer-limit", "1mb",
             "--rules-cache-size", "0", "--cluster-enabled", "yes",
             "--cluster-config-file", "map.toml", "--cluster-announce-ip", "10.0.0.8",
-            "--cluster-announce-port", "7003"]
+            "--cluster-announce-port", "7003", "--cluster-sentinel-password", "sp"]
     settings = cfg.from_args(argv)
     defaults = cfg.Settings()
     unchanged = [name for name in cfg.get_all(settings)

@@ -36,6 +36,7 @@ from fastlimit.cluster.map import Address, MapError, Roles, SlotMap
 from fastlimit.rules.model import RuleError
 from fastlimit.server import config as cfg
 from fastlimit.server.peers import Peers, names, unreached
+from fastlimit.server.shard_roles import ShardRoles
 from fastlimit.server.subsystem import Subsystem
 
 # How often a node compares its map and rules with a peer's (a node that
@@ -65,6 +66,8 @@ class Cluster(Subsystem):
         self._catch_up_task: asyncio.Task | None = None
         self._next_catch_up = 0.0
         self._peer_turn = 0
+        self.watcher: ShardRoles | None = None
+        self._started = False
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +113,8 @@ class Cluster(Subsystem):
             return
         self.apply_settings(self.app.settings)
         assert self.slot_map is not None
+        self._started = True
+        await self._watch_sentinels()
         self.log.info("cluster mode: slot map version %d, %d shard(s); this node is %s",
                       self.slot_map.version, len(self.slot_map.shards), self.myself)
 
@@ -124,7 +129,25 @@ class Cluster(Subsystem):
             self._next_catch_up = now + CATCH_UP_S
             self._catch_up_task = asyncio.ensure_future(self._catch_up())
 
+    async def _watch_sentinels(self) -> None:
+        """(Re)starts the Sentinel watcher for the map's Sentinel shards."""
+        assert self.slot_map is not None
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+        masters = {s.name: s.sentinel for s in self.slot_map.shards if s.sentinel}
+        self.sentinel_roles = {k: v for k, v in self.sentinel_roles.items() if k in masters}
+        if masters:
+            password = self.app.settings.cluster_sentinel_password
+            self.watcher = ShardRoles(self.slot_map.sentinels, masters, self.sentinels_changed,
+                                      password=password.encode() if password else None,
+                                      log=self.log)
+            await self.watcher.start()
+        self._merge_roles(map_changed=True)
+
     async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
         if self._catch_up_task is not None:
             self._catch_up_task.cancel()
             await asyncio.gather(self._catch_up_task, return_exceptions=True)
@@ -221,9 +244,11 @@ class Cluster(Subsystem):
             cfg.replace_file(path, clustermap.dumps(new).encode())
         except cfg.ConfigError as e:
             raise MapError(f"cannot write the slot map to {path}: {e.reason}") from None
-        self.slot_map = new
+        old, self.slot_map = self.slot_map, new
         self.log.warning("cluster: slot map version %d installed (%d shards)", new.version,
                          len(new.shards))
+        if self._started and _sentinel_shards(old) != _sentinel_shards(new):
+            asyncio.ensure_future(self._watch_sentinels())
         self._merge_roles(map_changed=True)
         return True
 
@@ -381,6 +406,8 @@ class Cluster(Subsystem):
             "cluster_route_updates": self.route_updates,
             "cluster_rules_version": self.rules_epoch[0],
             "cluster_peer_calls": self.peers.calls, "cluster_peer_failures": self.peers.failures}
+        if self.watcher is not None:
+            fields.update(self.watcher.info_fields())
         return {"server": {"redis_mode": "cluster"}, "cluster": fields}
 
     def state(self) -> str:
@@ -427,3 +454,7 @@ def _reasons(replies: Mapping[Address, object], failed: Iterable[Address]) -> st
     """Each failed node with why: its error reply, or that it did not answer."""
     return ", ".join(f"{a} ({replies[a]})" if isinstance(replies[a], redis.ResponseError)
                      else f"{a} (no answer)" for a in failed)
+
+
+def _sentinel_shards(slot_map: SlotMap) -> tuple:
+    return slot_map.sentinels, tuple((s.name, s.sentinel) for s in slot_map.shards if s.sentinel)

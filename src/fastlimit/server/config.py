@@ -212,6 +212,7 @@ class Settings:
     cluster_config_file: str | None = None
     cluster_announce_ip: str | None = None
     cluster_announce_port: int = 0
+    cluster_sentinel_password: str | None = None
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -274,6 +275,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "cluster-config-file": (lambda v: str(v) or None, lambda v: v or ""),
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
+    "cluster-sentinel-password": (lambda v: str(v) or None, lambda v: v or ""),
 }
 
 
@@ -762,6 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the first bind address)")
     p.add_argument("--cluster-announce-port", metavar="N",
                    help="this node's port there (default 0: the port it listens on)")
+    p.add_argument("--cluster-sentinel-password", metavar="PW",
+                   help="password of the map's sentinels, when they require one")
     return p
 
 
