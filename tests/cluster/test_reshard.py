@@ -170,7 +170,7 @@ def test_a_reshard_under_load_loses_and_doubles_nothing(cluster):
     wait_for(lambda: count_in(standby, MOVING) == count_in(target, MOVING) >= before,
              "the target's standby to have the moved buckets")
     wait_for(lambda: count_in(source, MOVING) == 0, "the source to delete the moved buckets")
-    assert status(source)["deleting"] == 0
+    wait_for(lambda: status(source)["deleting"] == 0, "the deletion to be over")
     wait_for(lambda: count_in(cluster.nodes[0][1], MOVING) == 0,
              "the source's standby to forget them")
 
