@@ -81,6 +81,7 @@ cdef struct Table:
     uint32_t sweep_shard
     uint32_t sweep_slot
     uint64_t expired    # records removed by the sweep or lazily, ever
+    uint64_t relocations  # compactions and clears: records moved in an arena
 
 # Where a key is, or where it would go.  Valid until the table changes.
 cdef struct Probe:
@@ -146,6 +147,64 @@ cdef void table_untrack(Table* t) noexcept nogil
 cdef int table_drain(Table* t, char** out, size_t* outlen,
                      uint64_t* records) noexcept nogil
 
+# ---- Cluster slots --------------------------------------------------------
+#
+# A record's hash slot is the slot of the key a client routes by: the whole
+# key for CL.CHECK and CL.THROTTLE buckets, the client key inside a rule
+# bucket's key (_rules.pyx).  A route_key function finds that key in a
+# record's key: 0 and out/outlen set, or -1 when the record has no slot
+# (a bucket of a rule that is gone, which nothing reads again).
+ctypedef int (*route_key)(const char* key, size_t keylen, const void* ctx,
+                          const char** out, size_t* outlen) noexcept nogil
+cdef int whole_key(const char* key, size_t keylen, const void* ctx,
+                   const char** out, size_t* outlen) noexcept nogil
+cdef int record_slot(const Table* t, const char* rec, route_key route,
+                     const void* ctx) noexcept nogil
+
+# Live records of one slot (no index: a scan of the whole table; Redis
+# keeps a per-slot index instead, fastlimit spends no memory on one).
+cdef uint64_t table_count_slot(const Table* t, int slot, int64_t now_ms,
+                               route_key route, const void* ctx) noexcept nogil
+
+# Up to `limit` distinct routing keys, deduplicated by a hash set over the
+# buffer, which holds them as <u16 length><key>.
+cdef struct KeyList:
+    char* buf
+    size_t len
+    size_t cap
+    uint32_t* set       # offsets + 1 into buf; 0 = empty
+    uint32_t setcap     # power of two
+    uint32_t count
+    uint32_t limit
+    uint8_t seed[16]
+cdef int table_slot_keys(Table* t, int slot, int64_t now_ms, route_key route,
+                         const void* ctx, KeyList* out) noexcept nogil
+
+# A walk over a table's arenas that resumes where it stopped: arenas only
+# grow at their end and keep deleted records in place, so an offset stays
+# valid until a compaction or a clear moves records (`relocations`), and
+# then the shard is walked again from its start (a record seen twice is
+# harmless: loading it again stores the same state).  A shard is walked up
+# to where its arena ended when the walk entered it: records added later
+# are new writes, which a change log carries, and the walk always ends.
+cdef struct ArenaCursor:
+    uint32_t shard
+    size_t pos          # 0: the shard's start
+    size_t end          # the shard's arena length when the walk entered it
+    uint64_t relocations
+    bint done
+# Copies every live record whose slot is set in mask (CLUSTER_SLOTS bytes)
+# into a malloc'ed buffer (packed as table_dump writes them), until the
+# walk ends, the deadline passes or max_bytes are taken.
+cdef int table_export(Table* t, const unsigned char* mask, route_key route,
+                      const void* ctx, ArenaCursor* cur, int64_t deadline_ns,
+                      size_t max_bytes, char** out, size_t* outlen,
+                      uint64_t* records) noexcept nogil
+# Deletes them instead (noted as changes, so standbys forget them too).
+cdef int table_delete_slots(Table* t, const unsigned char* mask, route_key route,
+                            const void* ctx, ArenaCursor* cur, int64_t deadline_ns,
+                            uint64_t* deleted) noexcept nogil
+
 # ---- Token bucket ---------------------------------------------------------
 #
 # Tokens are integer milli-tokens as in the reference algorithm.  A refill
@@ -204,6 +263,36 @@ cdef bint log_overflowed(const Table* t) noexcept
 cdef object oldest_note(const Table* t)
 
 
+cdef class SlotKeys:
+    """GETKEYSINSLOT's answer being gathered over several tables."""
+    cdef KeyList kl
+
+
+cdef class SlotCursor:
+    """Where an export or deletion of slots stands, over one table or a
+    list of named tables."""
+    cdef ArenaCursor arena
+    cdef unsigned char mask[16384]
+    cdef readonly bytes table      # name of the table being walked
+    cdef readonly set finished     # names of the tables walked to their end
+    cdef readonly uint64_t records  # exported or deleted so far
+
+
+# The slot helpers over a list of (name, table address, routed by rule):
+# rule tables find their routing key with `rule_route` (and ctx), the
+# others use the whole key.
+cdef uint64_t count_in_slot(list named, route_key rule_route, const void* ctx,
+                            int slot, int64_t now_ms) except? 0
+cdef int keys_in_slot(list named, route_key rule_route, const void* ctx, int slot,
+                      int64_t now_ms, SlotKeys keys) except -1
+# The records of a section (a drain's, tombstones included) whose slot is
+# in mask, as a section again ([] when none is).
+cdef list filter_section(bytes name, uint32_t value_size, const unsigned char[:] data,
+                         uint64_t records, bytes mask, route_key route, const void* ctx)
+cdef object walk_slots(list named, route_key rule_route, const void* ctx,
+                       SlotCursor cursor, double budget_ms, size_t max_bytes, bint delete)
+
+
 cdef class Decision:
     cdef readonly bint allowed
     cdef readonly int64_t limit
@@ -223,3 +312,4 @@ cdef class BucketStore:
                      CheckResult* out) noexcept
     cdef int checked(self, bytes key, int64_t capacity, int64_t refill_per_sec,
                      int64_t cost, int64_t period_ms, now_ms, CheckResult* out) except -1
+    cdef list slot_tables(self)

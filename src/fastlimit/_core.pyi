@@ -72,4 +72,37 @@ class BucketStore:
     @property
     def shards(self) -> int:
         """How many tables the buckets are spread over."""
+    # cluster slots: the key a client routes by decides a bucket's slot
+    def count_in_slot(self, slot: int, now_ms: int | None = None) -> int:
+        """Live buckets of a hash slot (scans the whole table)."""
+    def keys_in_slot(self, keys: SlotKeys, slot: int, now_ms: int | None = None) -> None:
+        """Adds the routing keys of a slot's live buckets to keys."""
+    def export_slots(self, cursor: SlotCursor, budget_ms: float = 1.0,
+                     max_bytes: int = 1048576) -> list[bytes]:
+        """The next buckets of the cursor's slots, as snapshot sections."""
+    def delete_slots(self, cursor: SlotCursor, budget_ms: float = 1.0) -> int:
+        """Deletes the next buckets of the cursor's slots; how many."""
+    def filter_section(self, mask: bytes, name: bytes, value_size: int, data: Any,
+                       records: int) -> list[bytes]:
+        """A drained section's records in mask's slots, as a section."""
     def __getattr__(self, name: str) -> Any: ...  # the replication and snapshot internals
+
+class SlotKeys:
+    """Up to limit distinct routing keys (CLUSTER GETKEYSINSLOT)."""
+
+    def __init__(self, limit: int) -> None: ...
+    def keys(self) -> list[bytes]: ...
+
+class SlotCursor:
+    """Where an export or deletion of the slots in mask (16384 bytes, non-zero
+    = in) stands; resumes there."""
+
+    table: bytes | None
+    finished: set[bytes | None]
+    records: int
+
+    def __init__(self, mask: bytes) -> None: ...
+    @property
+    def done(self) -> bool: ...
+
+def checked_slot(slot: int) -> int: ...

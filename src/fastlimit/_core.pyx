@@ -13,6 +13,8 @@ from posix.unistd cimport write
 
 cimport cython
 
+from fastlimit._cluster cimport key_slot, CLUSTER_SLOTS
+
 import os
 import struct
 
@@ -132,6 +134,7 @@ cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
             s.slots[i].off = <uint32_t>pos
             pos += n
     invariant(pos == live)   # live counts the reserved start too
+    t.relocations += 1       # arena cursors (ArenaCursor) walk this shard again
     fl_mem_free(s.arena, s.arena_cap)
     s.arena = fresh
     s.arena_cap = cap
@@ -177,6 +180,7 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
     t.sweep_shard = 0
     t.sweep_slot = 0
     t.expired = 0
+    t.relocations = 0
     t.shards = <Shard*>fl_mem_alloc(nshards * sizeof(Shard))
     if t.shards == NULL:
         return FL_ENOMEM
@@ -207,6 +211,7 @@ cdef int table_clear(Table* t) noexcept nogil:
             rc = FL_ENOMEM
     t.sweep_shard = 0
     t.sweep_slot = 0
+    t.relocations += 1
     return rc
 
 
@@ -502,6 +507,10 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
     cdef uint32_t expire_s = fl_get_u32(rec)
     cdef char* stored
     cdef Probe p
+    cdef int rc = FL_OK
+    # Every load is noted as a change: a primary importing moved slots has
+    # its standbys take them (a snapshot loads before any replica, and a
+    # replica keeps no log: nothing is noted there).
     if lookup_hashed(t, h, key, keylen, &p):
         if deletes and expire_s == 0:
             table_delete(t, &p)
@@ -509,10 +518,13 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
             stored = probe_record(t, &p)
             fl_put_u32(stored, expire_s)
             memcpy(stored + RECORD_HEADER, rec + RECORD_HEADER, t.value_size)
+    elif deletes and expire_s == 0:
         return FL_OK
-    if deletes and expire_s == 0:
-        return FL_OK
-    return table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+    else:
+        rc = table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+    if rc == FL_OK:
+        note_change(t, &p, key, keylen)
+    return rc
 
 
 # ---- change logs -------------------------------------------------------------------
@@ -657,6 +669,209 @@ cdef int table_drain(Table* t, char** out, size_t* outlen,
     out[0] = buf
     outlen[0] = used
     return FL_OK
+
+
+# ---- cluster slots ------------------------------------------------------------------
+
+cdef int whole_key(const char* key, size_t keylen, const void* ctx,
+                   const char** out, size_t* outlen) noexcept nogil:
+    out[0] = key
+    outlen[0] = keylen
+    return 0
+
+
+cdef inline const char* record_key(const Table* t, const char* rec) noexcept nogil:
+    return rec + RECORD_HEADER + t.value_size
+
+
+cdef int record_slot(const Table* t, const char* rec, route_key route,
+                     const void* ctx) noexcept nogil:
+    """The record's hash slot, or -1 when it has none."""
+    cdef const char* key
+    cdef size_t keylen
+    if route(record_key(t, rec), fl_get_u16(rec + 4), ctx, &key, &keylen) != 0:
+        return -1
+    return key_slot(key, keylen)
+
+
+cdef inline bint unexpired(const char* rec, int64_t now_ms) noexcept nogil:
+    return now_ms < <int64_t>fl_get_u32(rec) * 1000
+
+
+cdef uint64_t table_count_slot(const Table* t, int slot, int64_t now_ms,
+                               route_key route, const void* ctx) noexcept nogil:
+    cdef uint64_t n = 0
+    cdef uint32_t i, j
+    cdef const Shard* s
+    cdef const char* rec
+    for i in range(t.nshards):
+        s = &t.shards[i]
+        for j in range(s.nslots):
+            if s.slots[j].off != 0:
+                rec = s.arena + s.slots[j].off
+                if unexpired(rec, now_ms) and record_slot(t, rec, route, ctx) == slot:
+                    n += 1
+    return n
+
+
+cdef int keylist_grow_set(KeyList* kl) noexcept nogil:
+    """Doubles the dedup set (at half load), placing every key again."""
+    cdef uint32_t cap = kl.setcap * 2 if kl.setcap else 64, i, j, off
+    cdef uint32_t* fresh = <uint32_t*>calloc(cap, sizeof(uint32_t))
+    if fresh == NULL:
+        return FL_ENOMEM
+    for i in range(kl.setcap):
+        off = kl.set[i]
+        if off != 0:
+            j = <uint32_t>fl_siphash13(kl.buf + off + 1, fl_get_u16(kl.buf + off - 1),
+                                       kl.seed) & (cap - 1)
+            while fresh[j] != 0:
+                j = (j + 1) & (cap - 1)
+            fresh[j] = off
+    free(kl.set)
+    kl.set = fresh
+    kl.setcap = cap
+    return FL_OK
+
+
+cdef int keylist_add(KeyList* kl, const char* key, size_t n) noexcept nogil:
+    """Adds key unless the list has it or is full."""
+    cdef uint32_t i, off
+    cdef size_t cap
+    cdef char* bigger
+    if kl.count >= kl.limit:
+        return FL_OK
+    if (<uint64_t>kl.count + 1) * 2 > kl.setcap and keylist_grow_set(kl) != FL_OK:
+        return FL_ENOMEM
+    i = <uint32_t>fl_siphash13(key, n, kl.seed) & (kl.setcap - 1)
+    while kl.set[i] != 0:
+        off = kl.set[i] - 1
+        if fl_get_u16(kl.buf + off) == n and memcmp(kl.buf + off + 2, key, n) == 0:
+            return FL_OK
+        i = (i + 1) & (kl.setcap - 1)
+    if kl.len + 2 + n > kl.cap:
+        cap = kl.cap * 2 + 2 + n
+        if cap >= UINT32_MAX:
+            kl.limit = kl.count     # offsets are u32: the reply stops here
+            return FL_OK
+        bigger = <char*>realloc(kl.buf, cap)
+        if bigger == NULL:
+            return FL_ENOMEM
+        kl.buf = bigger
+        kl.cap = cap
+    fl_put_u16(kl.buf + kl.len, <uint16_t>n)
+    memcpy(kl.buf + kl.len + 2, key, n)
+    kl.set[i] = <uint32_t>kl.len + 1
+    kl.len += 2 + n
+    kl.count += 1
+    return FL_OK
+
+
+cdef int table_slot_keys(Table* t, int slot, int64_t now_ms, route_key route,
+                         const void* ctx, KeyList* out) noexcept nogil:
+    cdef uint32_t i, j
+    cdef const Shard* s
+    cdef const char* rec
+    cdef const char* key
+    cdef size_t keylen
+    for i in range(t.nshards):
+        s = &t.shards[i]
+        for j in range(s.nslots):
+            if out.count >= out.limit:
+                return FL_OK
+            if s.slots[j].off == 0:
+                continue
+            rec = s.arena + s.slots[j].off
+            if not unexpired(rec, now_ms) or route(
+                    record_key(t, rec), fl_get_u16(rec + 4), ctx, &key, &keylen) != 0:
+                continue
+            if key_slot(key, keylen) == slot and keylist_add(out, key, keylen) != FL_OK:
+                return FL_ENOMEM
+    return FL_OK
+
+
+cdef bint live_at(Table* t, Shard* s, size_t pos, Probe* p) noexcept nogil:
+    """Whether the arena record at pos is the key's current record (the
+    arena also holds deleted ones)."""
+    cdef const char* rec = s.arena + pos
+    cdef size_t keylen = fl_get_u16(rec + 4)
+    # Not table_lookup: one more caller and the compiler stops inlining it
+    # into bucket_check (7 more instructions per CL.CHECK, callgrind).
+    return (lookup_hashed(t, fl_siphash13(record_key(t, rec), keylen, t.seed),
+                          record_key(t, rec), keylen, p)
+            and p.shard == s and s.slots[p.slot].off == pos)
+
+
+cdef int walk_arenas(Table* t, const unsigned char* mask, route_key route,
+                     const void* ctx, ArenaCursor* cur, int64_t deadline_ns,
+                     size_t max_bytes, bint delete, char** out, size_t* outlen,
+                     uint64_t* count) noexcept nogil:
+    """table_export's and table_delete_slots' walk: from the cursor, every
+    live record whose slot is in mask is copied to out[0] (grown with
+    realloc) or deleted, until the walk ends (cur.done), the deadline
+    passes or max_bytes are copied."""
+    cdef Shard* s
+    cdef char* rec
+    cdef char* bigger
+    cdef size_t n, cap = 0
+    cdef uint64_t visited = 0
+    cdef int slot
+    cdef Probe p
+    if cur.relocations != t.relocations:
+        cur.pos = 0           # records moved: this shard again from its start
+        cur.relocations = t.relocations
+    while cur.shard < t.nshards:
+        s = &t.shards[cur.shard]
+        if cur.pos == 0:
+            cur.pos = ARENA_START
+            cur.end = s.arena_len
+        while cur.pos < cur.end:
+            visited += 1
+            if (visited % SWEEP_CHECK_EVERY == 0 and fl_mono_ns() > deadline_ns) or (
+                    not delete and outlen[0] >= max_bytes):
+                return FL_OK
+            rec = s.arena + cur.pos
+            n = record_size(t, rec)
+            slot = record_slot(t, rec, route, ctx)
+            if slot >= 0 and mask[slot] and live_at(t, s, cur.pos, &p):
+                if delete:
+                    table_delete(t, &p)
+                    note_change(t, &p, record_key(t, rec), fl_get_u16(rec + 4))
+                else:
+                    if outlen[0] + n > cap:
+                        cap = cap * 2 + n + 4096
+                        bigger = <char*>realloc(out[0], cap)
+                        if bigger == NULL:
+                            return FL_ENOMEM
+                        out[0] = bigger
+                    memcpy(out[0] + outlen[0], rec, n)
+                    outlen[0] += n
+                count[0] += 1
+            cur.pos += n
+        cur.shard += 1
+        cur.pos = 0
+    cur.done = True
+    return FL_OK
+
+
+cdef int table_export(Table* t, const unsigned char* mask, route_key route,
+                      const void* ctx, ArenaCursor* cur, int64_t deadline_ns,
+                      size_t max_bytes, char** out, size_t* outlen,
+                      uint64_t* records) noexcept nogil:
+    out[0] = NULL
+    outlen[0] = 0
+    records[0] = 0
+    return walk_arenas(t, mask, route, ctx, cur, deadline_ns, max_bytes, False,
+                       out, outlen, records)
+
+
+cdef int table_delete_slots(Table* t, const unsigned char* mask, route_key route,
+                            const void* ctx, ArenaCursor* cur, int64_t deadline_ns,
+                            uint64_t* deleted) noexcept nogil:
+    cdef size_t unused = 0
+    deleted[0] = 0
+    return walk_arenas(t, mask, route, ctx, cur, deadline_ns, 0, True, NULL, &unused,
+                       deleted)
 
 
 # ---- token bucket ---------------------------------------------------------------
@@ -1038,6 +1253,40 @@ cdef class BucketStore:
         records) to be joined once into a batch; [] when nothing changed."""
         return drain_section(&self.table, b"check")
 
+    # ---- cluster slots (CLUSTER COUNTKEYSINSLOT/GETKEYSINSLOT, slot moves) ----
+
+    cdef list slot_tables(self):
+        return [(b"check", <size_t>&self.table, False)]
+
+    def count_in_slot(self, int slot, now_ms=None):
+        """Live buckets of a hash slot (a scan of the whole table)."""
+        return count_in_slot(self.slot_tables(), NULL, NULL, checked_slot(slot),
+                             self.clock.now_ms() if now_ms is None else now_ms)
+
+    def keys_in_slot(self, SlotKeys keys, int slot, now_ms=None):
+        """Adds the keys of a slot's live buckets to `keys`."""
+        keys_in_slot(self.slot_tables(), NULL, NULL, checked_slot(slot),
+                     self.clock.now_ms() if now_ms is None else now_ms, keys)
+
+    def export_slots(self, SlotCursor cursor, double budget_ms=1.0,
+                     size_t max_bytes=1 << 20):
+        """The next buckets of the cursor's slots as snapshot sections
+        (load them with load()), within budget_ms and about max_bytes;
+        cursor.done once all are out."""
+        return walk_slots(self.slot_tables(), NULL, NULL, cursor, budget_ms, max_bytes,
+                          False)
+
+    def delete_slots(self, SlotCursor cursor, double budget_ms=1.0):
+        """Deletes the next buckets of the cursor's slots within
+        budget_ms; returns how many."""
+        return walk_slots(self.slot_tables(), NULL, NULL, cursor, budget_ms, 0, True)
+
+    def filter_section(self, bytes mask, bytes name, uint32_t value_size,
+                       const unsigned char[:] data, uint64_t records):
+        """A drained "check" section's records in mask's slots, as a
+        section ([] when none)."""
+        return filter_section(name, value_size, data, records, mask, whole_key, NULL)
+
     def __len__(self):
         return table_count(&self.table)
 
@@ -1052,6 +1301,170 @@ cdef class BucketStore:
     @property
     def shards(self):
         return self.table.nshards
+
+
+cdef class SlotKeys:
+    def __cinit__(self, uint64_t limit):
+        memset(&self.kl, 0, sizeof(KeyList))
+        self.kl.limit = <uint32_t>min(limit, UINT32_MAX - 1)
+        cdef bytes seed = os.urandom(16)    # keys come from clients: a keyed hash
+        memcpy(self.kl.seed, <const char*>seed, 16)
+
+    def __dealloc__(self):
+        free(self.kl.buf)
+        free(self.kl.set)
+
+    def keys(self):
+        """The keys gathered, in the order found."""
+        cdef size_t pos = 0, n
+        found = []
+        while pos < self.kl.len:
+            n = fl_get_u16(self.kl.buf + pos)
+            found.append(self.kl.buf[pos + 2:pos + 2 + n])
+            pos += 2 + n
+        return found
+
+
+cdef class SlotCursor:
+    def __cinit__(self, bytes mask not None):
+        if len(mask) != CLUSTER_SLOTS:
+            raise ValueError(f"a slot mask has {CLUSTER_SLOTS} bytes")
+        memcpy(self.mask, <const char*>mask, CLUSTER_SLOTS)
+        memset(&self.arena, 0, sizeof(ArenaCursor))
+        self.table = None
+        self.finished = set()
+        self.records = 0
+
+    @property
+    def done(self):
+        """Set by the walk that found no table left to walk."""
+        return None in self.finished
+
+
+def checked_slot(int slot):
+    if not 0 <= slot < CLUSTER_SLOTS:
+        raise ValueError("slot out of range")
+    return slot
+
+
+cdef inline route_key route_of(bint by_rule, route_key rule_route) noexcept:
+    return rule_route if by_rule else whole_key
+
+
+cdef uint64_t count_in_slot(list named, route_key rule_route, const void* ctx,
+                            int slot, int64_t now_ms) except? 0:
+    cdef uint64_t n = 0
+    for _, address, by_rule in named:
+        n += table_count_slot(<Table*><size_t>address, slot, now_ms,
+                              route_of(by_rule, rule_route), ctx)
+    return n
+
+
+cdef int keys_in_slot(list named, route_key rule_route, const void* ctx, int slot,
+                      int64_t now_ms, SlotKeys keys) except -1:
+    for _, address, by_rule in named:
+        if table_slot_keys(<Table*><size_t>address, slot, now_ms,
+                           route_of(by_rule, rule_route), ctx, &keys.kl) != FL_OK:
+            raise MemoryError()
+    return 0
+
+
+cdef int filter_records(uint32_t value_size, const char* buf, size_t length,
+                        uint64_t records, const unsigned char* mask, route_key route,
+                        const void* ctx, char* out, size_t* outlen,
+                        uint64_t* kept) noexcept nogil:
+    """Copies the records of buf whose slot is in mask to out (as long as
+    buf); FL_EFORMAT if the records do not fit their section."""
+    cdef size_t pos = 0, n, keylen
+    cdef uint64_t k
+    cdef const char* key
+    cdef size_t routed_len
+    for k in range(records):
+        if length - pos < RECORD_HEADER:
+            return FL_EFORMAT
+        keylen = fl_get_u16(buf + pos + 4)
+        n = RECORD_HEADER + value_size + keylen
+        if n > length - pos:
+            return FL_EFORMAT
+        if route(buf + pos + RECORD_HEADER + value_size, keylen, ctx, &key,
+                 &routed_len) == 0 and mask[key_slot(key, routed_len)]:
+            memcpy(out + outlen[0], buf + pos, n)
+            outlen[0] += n
+            kept[0] += 1
+        pos += n
+    return FL_OK if pos == length else FL_EFORMAT
+
+
+cdef list filter_section(bytes name, uint32_t value_size, const unsigned char[:] data,
+                         uint64_t records, bytes mask, route_key route, const void* ctx):
+    cdef size_t n = data.shape[0], used = 0
+    cdef uint64_t kept = 0
+    cdef char* out
+    cdef int rc
+    if len(mask) != CLUSTER_SLOTS:
+        raise ValueError(f"a slot mask has {CLUSTER_SLOTS} bytes")
+    if n == 0:
+        return []
+    out = <char*>malloc(n)
+    if out == NULL:
+        raise MemoryError()
+    try:
+        rc = filter_records(value_size, <const char*>&data[0], n, records,
+                            <const unsigned char*><const char*>mask, route, ctx, out,
+                            &used, &kept)
+        if rc != FL_OK:
+            raise ValueError("malformed bucket records")
+        if kept == 0:
+            return []
+        return [section_header(name, value_size, kept, used), out[:used]]
+    finally:
+        free(out)
+
+
+cdef object walk_slots(list named, route_key rule_route, const void* ctx,
+                       SlotCursor cursor, double budget_ms, size_t max_bytes, bint delete):
+    """One budgeted step of an export (a list of snapshot sections, see
+    dump_section) or a deletion (the count deleted) of the records in the
+    cursor's slots, over the named tables in order, from where the last
+    step stopped.  cursor.done once every table is walked."""
+    cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
+    cdef Table* t
+    cdef char* buf = NULL
+    cdef size_t n = 0
+    cdef uint64_t count = 0, total = 0
+    cdef int rc
+    sections = []
+    for name, address, by_rule in named:
+        if name in cursor.finished:
+            continue
+        if cursor.table != name:
+            cursor.table = name
+            memset(&cursor.arena, 0, sizeof(ArenaCursor))
+            cursor.arena.relocations = (<Table*><size_t>address).relocations
+        t = <Table*><size_t>address
+        if delete:
+            rc = table_delete_slots(t, cursor.mask, route_of(by_rule, rule_route), ctx,
+                                    &cursor.arena, deadline, &count)
+        else:
+            rc = table_export(t, cursor.mask, route_of(by_rule, rule_route), ctx,
+                              &cursor.arena, deadline, max_bytes - min(max_bytes, total),
+                              &buf, &n, &count)
+        try:
+            if rc != FL_OK:
+                raise MemoryError()
+            if count and not delete:
+                sections += [section_header(name, t.value_size, count, n), buf[:n]]
+        finally:
+            free(buf)
+            buf = NULL
+        total += count if delete else n
+        cursor.records += count
+        if not cursor.arena.done:
+            return total if delete else sections
+        cursor.finished.add(name)
+    cursor.table = None
+    cursor.finished.add(None)     # nothing left: done
+    return total if delete else sections
 
 
 cdef size_t table_live_bytes(const Table* t) noexcept nogil:

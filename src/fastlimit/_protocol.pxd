@@ -88,8 +88,12 @@ cdef class ServerCore:
     # Cluster mode (server/cluster.py sets these through set_routing): a
     # keyed command for a slot this node does not serve as primary gets
     # -MOVED to the slot's shard's primary, moved_to[slot_shard[slot]].
+    # A paused slot (SLOT_PAUSED, during the last step of a slot move) is
+    # served, but a command on it waits, unanswered and unconsumed, with its
+    # connection's input held, in slot_waiters until resume_slots().
     cdef readonly bint cluster_routing
-    cdef unsigned char slot_served[CLUSTER_SLOTS]
+    cdef unsigned char slot_served[CLUSTER_SLOTS]   # SLOT_NOT_SERVED, _SERVED, _PAUSED
+    cdef dict slot_waiters            # connection id -> Connection
     cdef uint16_t slot_shard[CLUSTER_SLOTS]
     cdef list moved_to                # per shard: "ip:port", or None when no primary is known
 
@@ -118,6 +122,8 @@ cdef class Connection:
     cdef bint input_held       # reading paused: for others' turn, or a sliced reply
     cdef bint more_input       # whole commands wait in inbuf for this connection's next turn
     cdef object sliced         # a Sliced reply being made (its later commands wait)
+    cdef bint waits_for_slot   # sliced is SLOT_WAIT: waiting_command waits for its slot
+    cdef bytes waiting_command
     cdef Command sliced_cmd
     cdef readonly int64_t id
     cdef public int proto
@@ -148,6 +154,8 @@ cdef class Connection:
     cdef void protocol_error(self)
     cdef bint serves_key(self, Command cmd) noexcept
     cdef void redirect(self, Command cmd)
+    cdef void wait_for_slot(self)
+    cdef bint requeue_waiting(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)

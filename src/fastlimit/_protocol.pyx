@@ -40,6 +40,16 @@ cdef enum:
 # A Sliced reply gets this much time per event-loop turn.
 SLICE_BUDGET_S = 0.0005
 
+# ServerCore.slot_served values.
+cdef enum:
+    SLOT_NOT_SERVED = 0
+    SLOT_SERVED = 1
+    SLOT_PAUSED = 2
+
+# Connection.sliced while its next command waits for a paused slot: like a
+# sliced reply, it holds the input and the commands after it.
+SLOT_WAIT = object()
+
 
 cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
     cdef size_t i
@@ -218,6 +228,7 @@ cdef class ServerCore:
         self.next_client_id = 1
         self.app = app
         self.log = log or logging.getLogger("fastlimit")
+        self.slot_waiters = {}
 
     def set_routing(self, served, shard_of_slot, list moved_to):
         """Cluster routing: served[slot] is true where this node serves the
@@ -235,10 +246,42 @@ cdef class ServerCore:
             if not 0 <= shard_of_slot[slot] < len(moved_to):
                 raise ValueError(f"slot {slot}: no shard {shard_of_slot[slot]}")
         for slot in range(CLUSTER_SLOTS):
-            self.slot_served[slot] = 1 if served[slot] else 0
+            # A pause outlives a routing change for the slots still served.
+            self.slot_served[slot] = SLOT_NOT_SERVED if not served[slot] else (
+                SLOT_PAUSED if self.slot_served[slot] == SLOT_PAUSED else SLOT_SERVED)
             self.slot_shard[slot] = shard_of_slot[slot]
         self.moved_to = list(moved_to)
         self.cluster_routing = True
+
+    def pause_slots(self, mask):
+        """Commands on the served slots set in mask (CLUSTER_SLOTS bytes)
+        wait from now until resume_slots(); returns how many were paused."""
+        cdef int slot, paused = 0
+        if not self.cluster_routing or len(mask) != CLUSTER_SLOTS:
+            raise ValueError("pausing slots needs cluster routing and a slot mask")
+        for slot in range(CLUSTER_SLOTS):
+            if mask[slot] and self.slot_served[slot] == SLOT_SERVED:
+                self.slot_served[slot] = SLOT_PAUSED
+                paused += 1
+        return paused
+
+    def resume_slots(self):
+        """Ends every pause; the waiting commands run (or are redirected,
+        if their slot moved meanwhile), each connection on its own turn."""
+        cdef int slot
+        cdef Connection conn
+        for slot in range(CLUSTER_SLOTS):
+            if self.slot_served[slot] == SLOT_PAUSED:
+                self.slot_served[slot] = SLOT_SERVED
+        waiters, self.slot_waiters = self.slot_waiters, {}
+        loop = asyncio.get_running_loop()
+        for conn in waiters.values():
+            if conn.waits_for_slot and conn.requeue_waiting():
+                loop.call_soon(conn.next_turn)
+
+    @property
+    def slot_waiting_clients(self):
+        return len(self.slot_waiters)
 
     def serves_slot(self, int slot):
         """Whether a keyed command for slot runs here (always, standalone)."""
@@ -297,6 +340,8 @@ cdef class Connection:
     def connection_lost(self, exc):
         self.closed = True
         self.sliced = self.sliced_cmd = None
+        self.waits_for_slot = False
+        self.waiting_command = None
         self.core.clients.pop(self.id, None)
         if self.replica is not None:
             self.core.app.replication.detach(self)
@@ -391,7 +436,8 @@ cdef class Connection:
             self.flush()
             if self.sliced is not None and not self.closed:
                 self.hold_input()
-                asyncio.get_running_loop().call_soon(self.run_slices)
+                if not self.waits_for_slot:
+                    asyncio.get_running_loop().call_soon(self.run_slices)
         except Exception:
             self.core.log.exception("client id=%d addr=%s: internal error; closing it",
                                     self.id, self.addr)
@@ -596,20 +642,64 @@ cdef class Connection:
         if cmd.first_key >= self.parser.argc:
             return True
         key = &self.parser.argv[cmd.first_key]
-        return self.core.slot_served[key_slot(key.ptr, key.len)]
+        return self.core.slot_served[key_slot(key.ptr, key.len)] == SLOT_SERVED
 
     cdef void redirect(self, Command cmd):
         """-MOVED to the primary serving the key's slot (a standby redirects
         too: clients handle MOVED alike, READONLY not), or CLUSTERDOWN when
         the slot's shard has no known primary.  Refused like any command,
-        so MULTI fails at EXEC as in Redis."""
+        so MULTI fails at EXEC as in Redis.  A paused slot's command waits
+        instead (see pause_slots)."""
         cdef const Arg* key = &self.parser.argv[cmd.first_key]
         cdef int slot = key_slot(key.ptr, key.len)
+        if self.core.slot_served[slot] == SLOT_PAUSED:
+            self.wait_for_slot()
+            return
         target = self.core.moved_to[self.core.slot_shard[slot]]
         if target is None:
             self.reject(cmd, "CLUSTERDOWN Hash slot not served")
         else:
             self.reject(cmd, f"MOVED {slot} {target}")
+
+    cdef void wait_for_slot(self):
+        """The command just parsed waits for its slot's pause to end: no
+        reply; a copy of it (as a multibulk) goes back in front of the
+        buffer when the pause ends (requeue_waiting), and what follows it
+        waits as after a sliced reply.  All of it off the path of commands
+        that run: run_commands is untouched."""
+        cdef int i
+        cdef const Arg* a
+        parts = [b"*%d\r\n" % self.parser.argc]
+        for i in range(self.parser.argc):
+            a = &self.parser.argv[i]
+            parts.append(b"$%d\r\n%s\r\n" % (a.len, a.ptr[:a.len]))
+        self.waiting_command = b"".join(parts)
+        self.sliced = SLOT_WAIT
+        self.waits_for_slot = True
+        self.core.slot_waiters[self.id] = self
+
+    cdef bint requeue_waiting(self):
+        """Puts the waiting command back before the rest of the buffer;
+        False if the connection is closed for want of memory."""
+        cdef bytes command = self.waiting_command
+        cdef size_t n = PyBytes_GET_SIZE(command)
+        cdef char* grown
+        self.waiting_command = None
+        self.waits_for_slot = False
+        self.sliced = None
+        if self.inlen + n > self.incap:
+            grown = <char*>realloc(self.inbuf, self.inlen + n)
+            if grown == NULL:
+                self.core.log.error("client id=%d: out of memory for its query buffer", self.id)
+                self.abort()
+                return False
+            self.inbuf = grown
+            self.incap = self.inlen + n
+        memmove(self.inbuf + n, self.inbuf, self.inlen)
+        memcpy(self.inbuf, PyBytes_AS_STRING(command), n)
+        self.inlen += n
+        self.more_input = True
+        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis

@@ -107,6 +107,7 @@ cdef class RuleEngine:
     cdef RuleSpec* concurrency_rule(self, uint32_t num) except NULL
     cdef list all_tables(self)
     cdef list named_tables(self)
+    cdef list slot_tables(self)
     cdef tuple cached_match(self, object cache_key, bytes resource, object tier)
     cdef tuple compile_match(self, bytes resource, object tier)
     cdef void cache_entry(self, object cache_key, tuple entry, size_t nbytes)

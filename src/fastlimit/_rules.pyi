@@ -3,7 +3,7 @@
 from collections import deque
 from typing import Any
 
-from fastlimit._core import Clock
+from fastlimit._core import Clock, SlotCursor, SlotKeys
 
 MAX_RULES_PER_REQUEST: int
 
@@ -64,5 +64,18 @@ class RuleEngine:
     def memory_bytes(self) -> int: ...
     @property
     def expired_total(self) -> int: ...
+    # cluster slots: the key a client routes by decides a bucket's slot
+    def count_in_slot(self, slot: int, now_ms: int | None = None) -> int:
+        """Live buckets of a hash slot (scans the whole table)."""
+    def keys_in_slot(self, keys: SlotKeys, slot: int, now_ms: int | None = None) -> None:
+        """Adds the routing keys of a slot's live buckets to keys."""
+    def export_slots(self, cursor: SlotCursor, budget_ms: float = 1.0,
+                     max_bytes: int = 1048576) -> list[bytes]:
+        """The next buckets of the cursor's slots, as snapshot sections."""
+    def delete_slots(self, cursor: SlotCursor, budget_ms: float = 1.0) -> int:
+        """Deletes the next buckets of the cursor's slots; how many."""
+    def filter_section(self, mask: bytes, name: bytes, value_size: int, data: Any,
+                       records: int) -> list[bytes]:
+        """A drained section's records in mask's slots, as a section."""
 
 def throttle_params_error(burst: int, count: int, period_s: int, quantity: int) -> str | None: ...

@@ -16,7 +16,10 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
                               load_table, note_change, table_track, table_untrack,
                               drain_section, oldest_note, log_overflowed, value_check,
-                              in_range, bucket_value_ok)
+                              in_range, bucket_value_ok, fl_get_u16, route_key,
+                              SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
+                              walk_slots, filter_section, whole_key)
+from fastlimit._core import checked_slot
 
 import collections
 import fnmatch
@@ -427,6 +430,41 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     else:
         r.limit = spec_int(spec, "limit", 1, MAX_LIMIT)
         r.window_ms = spec_int(spec, "window_ms", 1, MAX_WINDOW_MS)
+    return 0
+
+
+# ---- cluster slots ---------------------------------------------------------------
+
+cdef struct RuleRoute:
+    const RuleSpec* rules
+    uint32_t nrules
+
+
+cdef int rule_client_key(const char* key, size_t keylen, const void* ctx,
+                         const char** out, size_t* outlen) noexcept nogil:
+    """The client key inside a rule bucket's key (see compose_key): after
+    the rule number, and for a per-resource rule after the u16 length that
+    ends it.  The rule says which form, so a client key holding any byte
+    (NUL included) is found exactly.  -1 for a rule that is gone."""
+    cdef const RuleRoute* route = <const RuleRoute*>ctx
+    cdef uint32_t num
+    cdef size_t clen
+    if keylen < 4:
+        return -1
+    num = fl_get_u32(key)
+    if num >= route.nrules or not route.rules[num].in_use:
+        return -1
+    if not route.rules[num].per_resource:
+        out[0] = key + 4
+        outlen[0] = keylen - 4
+        return 0
+    if keylen < 6:
+        return -1
+    clen = fl_get_u16(key + 4)
+    if 6 + clen > keylen:
+        return -1
+    out[0] = key + 6
+    outlen[0] = clen
     return 0
 
 
@@ -1018,6 +1056,43 @@ cdef class RuleEngine:
             removed += table_sweep(<Table*><size_t>t, now_s, deadline, &scanned)
             total_scanned += scanned
         return removed, total_scanned
+
+    # ---- cluster slots (see BucketStore's) ------------------------------------
+
+    cdef list slot_tables(self):
+        """named_tables, each with whether its keys are rule buckets'."""
+        return [(name, address, name != b"throttle") for name, address in self.named_tables()]
+
+    def count_in_slot(self, int slot, now_ms=None):
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        return count_in_slot(self.slot_tables(), rule_client_key, &route, checked_slot(slot),
+                             self.checked_now(now_ms))
+
+    def keys_in_slot(self, SlotKeys keys, int slot, now_ms=None):
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        keys_in_slot(self.slot_tables(), rule_client_key, &route, checked_slot(slot),
+                     self.checked_now(now_ms), keys)
+
+    def export_slots(self, SlotCursor cursor, double budget_ms=1.0,
+                     size_t max_bytes=1 << 20):
+        """Sections for load_section (rule numbers as snapshot.rule_numbers
+        records them)."""
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        return walk_slots(self.slot_tables(), rule_client_key, &route, cursor, budget_ms,
+                          max_bytes, False)
+
+    def delete_slots(self, SlotCursor cursor, double budget_ms=1.0):
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        return walk_slots(self.slot_tables(), rule_client_key, &route, cursor, budget_ms,
+                          0, True)
+
+    def filter_section(self, bytes mask, bytes name, uint32_t value_size,
+                       const unsigned char[:] data, uint64_t records):
+        """A drained section's records in mask's slots (see BucketStore's)."""
+        cdef RuleRoute route = RuleRoute(self.rules, self.nrules)
+        if name == b"throttle":
+            return filter_section(name, value_size, data, records, mask, whole_key, NULL)
+        return filter_section(name, value_size, data, records, mask, rule_client_key, &route)
 
     cdef list all_tables(self):
         """Addresses of every table (see named_tables)."""

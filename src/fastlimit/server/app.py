@@ -24,6 +24,7 @@ from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
+from fastlimit.server.reshard import Reshard
 from fastlimit.server.rules import RulesSubsystem
 from fastlimit.server.snapshot import Snapshots
 from fastlimit.server.subsystem import Subsystem
@@ -54,10 +55,11 @@ class Server:
         # if it cannot be used.
         self.cluster = Cluster(self, log)
         self.cluster.load(settings)
+        self.reshard = Reshard(self, log)
         # in the order they start; they stop in the reverse order
         self.subsystems: list[Subsystem] = [
             self.expiry, RulesSubsystem(self.rules, self.rule_engine, log),
-            self.replication, self.snapshots, self.pubsub, self.cluster]
+            self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()

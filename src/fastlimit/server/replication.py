@@ -327,6 +327,8 @@ class Replication(Subsystem):
         app = self.app
         if on and self.link is not None:
             return    # a replica relays its primary's batches: it has none of its own
+        if app.reshard.tracking:
+            return    # a slot move keeps the log on (and hands it back after)
         if on:
             limit = app.settings.repl_buffer_limit
             app.store.track_changes(limit)
@@ -364,6 +366,7 @@ class Replication(Subsystem):
         oldest = min(filter(None, (app.store.oldest_change_ms(),
                                    app.rule_engine.oldest_change_ms())), default=None)
         sections = app.store.drain_changes() + app.rule_engine.drain_changes()
+        app.reshard.changes_drained(sections)    # a slot move sends its slots' part
         now = wall_ms()
         if not sections and now - self._last_batch_ms < HEARTBEAT_S * 1000:
             return

@@ -7,6 +7,7 @@ answer Redis's "cluster support disabled" error."""
 from __future__ import annotations
 
 from fastlimit._cluster import keyslot
+from fastlimit._core import SlotKeys
 from fastlimit._resp import Awaited, ReplyError, Verbatim
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import MapError
@@ -124,3 +125,56 @@ def cluster_wide(handler):
             return handler(conn, args)
         return Awaited(cluster.rule_change(lambda: handler(conn, args)))
     return run
+
+# ---- keys of a slot ------------------------------------------------------------------
+#
+# fastlimit keeps no per-slot index (Redis does, one entry per key): each
+# call scans the whole table in C, with no Python object per bucket.  The
+# count is of buckets; the keys are the keys clients route by (a CL.CHECK
+# key, or the client key of rule buckets), each once.
+
+def _slot(value: bytes) -> int:
+    return integer(value, "value")
+
+
+def cmd_cluster_countkeysinslot(conn, args):
+    _cluster(conn)
+    slot = _slot(args[2])
+    if not 0 <= slot < 16384:
+        raise ReplyError("ERR Invalid slot")
+    app = conn.core.app
+    return app.store.count_in_slot(slot) + app.rule_engine.count_in_slot(slot)
+
+
+def cmd_cluster_getkeysinslot(conn, args):
+    _cluster(conn)
+    slot = _slot(args[2])
+    count = integer(args[3], "value")
+    if not 0 <= slot < 16384 or count < 0:
+        raise ReplyError("ERR Invalid slot or number of keys")
+    app = conn.core.app
+    keys = SlotKeys(count)
+    app.store.keys_in_slot(keys, slot)
+    app.rule_engine.keys_in_slot(keys, slot)
+    return keys.keys()
+
+
+# ---- moving slots (server/reshard.py) -------------------------------------------------
+
+def cmd_cl_cluster_move(conn, args):
+    _cluster(conn)
+    try:
+        slots = clustermap.SlotRange.parse(args[2].decode("utf-8", "replace"), "slot range")
+    except MapError as e:
+        raise ReplyError(f"ERR {e}") from None
+    return Awaited(conn.core.app.reshard.move(slots, args[3].decode("utf-8", "replace")))
+
+
+def cmd_cl_cluster_movestatus(conn, args):
+    _cluster(conn)
+    return conn.core.app.reshard.move_status()
+
+
+def cmd_cl_cluster_import(conn, args):
+    _cluster(conn)
+    return conn.core.app.reshard.import_blob(args[2])
