@@ -13,10 +13,14 @@ One run:
      every master, same keys (``rl:{tag}:__rand_int__``), interleaved, at
      -P 1 and -P 16: throughput and the CPU of all three servers per
      request;
-  3. from those figures and the bytes per key of a filled node, the
+  3. a reshard: two fastlimit primaries, --reshard-keys buckets in the
+     slots that move, CL.CLUSTER MOVE while redis-benchmark --cluster runs
+     against both: the pause, the copy time, and the benchmark's throughput
+     against a run with no move;
+  4. from those figures and the bytes per key of a filled node, the
      processes, machines and memory for the design's 500,000 checks/s
      over 10 million keys, and for ten times that;
-  4. prints a markdown report and writes it to bench/results/cluster.md.
+  5. prints a markdown report and writes it to bench/results/cluster.md.
 
 It reports; it does not judge by exit code.  See bench/README.md.
 """
@@ -35,6 +39,8 @@ import time
 from pathlib import Path
 
 import redis
+
+from fastlimit._cluster import keyslot
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "cluster.md"
@@ -75,6 +81,8 @@ def parse_args(argv=None):
     p.add_argument("--n16", type=int, help="requests per -P 16 run (default 1,000,000)")
     p.add_argument("--n1", type=int, help="requests per -P 1 run (default 200,000)")
     p.add_argument("--keys", type=int, default=1_000_000, help="keys for bytes per key")
+    p.add_argument("--reshard-keys", type=int, default=200_000,
+                   help="buckets in the slots that move (default 200,000)")
     p.add_argument("--cores-per-machine", type=int, default=16,
                    help="cores of a machine in the sizing (default 16)")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
@@ -196,6 +204,58 @@ def versus_redis_cluster(args, workdir: Path) -> dict:
     return out
 
 
+MOVING = (0, 1023)      # of shard fl-0's 0-8191
+
+
+def moving_keys(count: int) -> list[bytes]:
+    """count keys whose slots are in MOVING."""
+    out: list[bytes] = []
+    i = 0
+    while len(out) < count:
+        key = b"move:%d" % i
+        if MOVING[0] <= keyslot(key) <= MOVING[1]:
+            out.append(key)
+        i += 1
+    return out
+
+
+def reshard(args, workdir: Path) -> dict:
+    """CL.CLUSTER MOVE of MOVING from fl-0 to fl-1 under redis-benchmark --cluster."""
+    nodes = cluster_nodes(workdir, 2, "move")
+    try:
+        source = nodes[0].client()
+        keys = moving_keys(args.reshard_keys)
+        fill(source, len(keys), lambda k: ("CL.CHECK", keys[int(k[4:])], 100, 1), 10_000)
+        n = args.n16
+        base = run_benchmark(args.redis_benchmark, nodes[0].port, CLIENTS, n, 16, TAGGED_CHECK,
+                             RANDOM_KEYS, cluster=True)
+        bench = subprocess.Popen(
+            [args.redis_benchmark, "-h", "127.0.0.1", "-p", str(nodes[0].port), "--cluster",
+             "-c", str(CLIENTS), "-n", str(n), "-P", "16", "-r", str(RANDOM_KEYS), "--csv",
+             *TAGGED_CHECK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        started = time.monotonic()
+        source.execute_command("CL.CLUSTER", "MOVE", f"{MOVING[0]}-{MOVING[1]}", "fl-1")
+        took = time.monotonic() - started
+        out, err = bench.communicate(timeout=120)
+        status = source.execute_command("CL.CLUSTER", "MOVESTATUS")
+        status = dict(zip(status[::2], status[1::2], strict=True)) if isinstance(status, list) \
+            else status
+        rows = [line for line in out.splitlines() if line.startswith('"CL.CHECK')]
+        during = float(rows[-1].split('","')[1]) if rows else None
+        moved = nodes[1].client().dbsize()
+        return {"status": {_text(k): _text(v) for k, v in status.items()},
+                "move_s": took, "base_rps": base.rps, "during_rps": during,
+                "target_buckets": moved, "bench_errors": err.strip()[-200:]}
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def bytes_per_key(args, workdir: Path) -> float:
     node = Fastlimit(workdir, ["--manual-clock"])
     try:
@@ -228,7 +288,26 @@ def sizing(cpu_p1: float, per_key: float, cores: int) -> list[str]:
     return rows
 
 
-def build_report(args, cost: dict, vs: dict, per_key: float, meta: dict) -> str:
+def reshard_lines(args, rs: dict) -> list[str]:
+    st = rs["status"]
+    during = rs["during_rps"]
+    return ["## Resharding", "",
+            f"Slots {MOVING[0]}-{MOVING[1]} of two primaries' 0-8191 / 8192-16383, holding "
+            f"{args.reshard_keys:,} buckets, moved by `CL.CLUSTER MOVE` while "
+            f"`redis-benchmark --cluster -P 16 -n {args.n16:,}` ran against both:", "",
+            "| | |", "|---|---:|",
+            f"| state | {st.get('state')} |",
+            f"| buckets copied, changes after | {st.get('buckets')}, {st.get('changes')} |",
+            f"| copy (source keeps answering) | {st.get('copy_ms')} ms |",
+            f"| pause (the moving slots' commands wait) | {st.get('pause_ms')} ms |",
+            f"| of which the map installs | {st.get('flip_ms')} ms |",
+            f"| the whole MOVE command | {rs['move_s'] * 1000:.0f} ms |",
+            f"| buckets on the target after | {rs['target_buckets']:,} |",
+            f"| benchmark with no move | {fmt_rps(rs['base_rps'])} req/s |",
+            f"| benchmark across the move | {fmt_rps(during) if during else 'n/a'} req/s |", ""]
+
+
+def build_report(args, cost: dict, vs: dict, rs: dict, per_key: float, meta: dict) -> str:
     sa = statistics.median(c for _, c in cost["standalone"])
     cm = statistics.median(c for _, c in cost["cluster mode"])
     lines = ["# fastlimit: cluster mode", "",
@@ -257,7 +336,7 @@ def build_report(args, cost: dict, vs: dict, per_key: float, meta: dict) -> str:
                      f"{_median(f, 0) / _median(r, 0):.2f}× | {_median(f, 1):.2f} | "
                      f"{_median(r, 1):.2f} | {_median(r, 1) / _median(f, 1):.2f}× less |")
     cpu_p1 = _median(vs[("fastlimit", 1)], 1)
-    lines += ["", "## Sizing, on paper", "",
+    lines += ["", *reshard_lines(args, rs), "## Sizing, on paper", "",
               f"From the measured {cpu_p1:.2f} µs of server CPU per check at -P 1 (gateways "
               f"mostly do not pipeline), one process taking at most {CORE_BUSY:.0%} of its "
               f"core, each primary with one standby, and {per_key:.1f} bytes of table per key "
@@ -283,10 +362,13 @@ def main(argv=None) -> int:
         cost = check_path_cost(args, workdir)
         log("== redis-benchmark --cluster: fastlimit vs Redis Cluster + Lua")
         vs = versus_redis_cluster(args, workdir)
+        log(f"== a reshard of {args.reshard_keys:,} buckets under redis-benchmark --cluster")
+        rs = reshard(args, workdir)
+        log(f"  {rs['status']}")
         log(f"== bytes per key: {args.keys:,} keys")
         per_key = bytes_per_key(args, workdir)
     meta["elapsed"] = time.monotonic() - started
-    publish(build_report(args, cost, vs, per_key, meta), args.output)
+    publish(build_report(args, cost, vs, rs, per_key, meta), args.output)
     return 0
 
 

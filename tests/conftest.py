@@ -60,6 +60,15 @@ UNTRACED = (
     "test_paused_standby_is_dropped_at_the_buffer_limit_then_resyncs",
     "tests/server/test_pubsub.py::test_hostile_patterns_are_matched_in_bounded_time",
     "tests/server/test_pubsub.py::test_glob_without_recursion_takes_a_million_stars",
+    # tens of thousands of commands or buckets across a cluster
+    "tests/cluster/test_cluster_mode.py::test_redis_py_cluster_answers_as_one_standalone_server",
+    "tests/cluster/test_cluster_mode.py::"
+    "test_redis_benchmark_cluster_finishes_with_no_error_reply",
+    "tests/cluster/test_client_cluster.py::test_sync_cluster_client_answers_as_one_standalone_server",
+    "tests/cluster/test_client_cluster.py::"
+    "test_async_cluster_client_answers_as_one_standalone_server_pipelined_per_node",
+    "tests/cluster/test_reshard.py",
+    "tests/cluster/test_slots_data.py",
 )
 
 
