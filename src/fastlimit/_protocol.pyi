@@ -4,7 +4,7 @@ the asyncio protocol of one client connection."""
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from fastlimit._core import BucketStore, Clock
@@ -63,6 +63,18 @@ class Command:
     @property
     def usec(self) -> int: ...
     def reset_stats(self) -> None: ...
+
+class Awaited:
+    """A reply that waits on other nodes: the coroutine's return value is
+    the reply; the connection holds its later commands meanwhile."""
+
+    coro: Coroutine[Any, Any, Any]
+    reply: Any
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def begin(self, wake: Callable[[], None]) -> None: ...
+    def advance(self, budget_s: float) -> bool: ...
+    def finish(self) -> Any: ...
 
 class ServerCore:
     store: BucketStore

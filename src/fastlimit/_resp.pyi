@@ -1,7 +1,7 @@
 """Type stubs for the compiled RESP layer (fastlimit/_resp.pyx): the reply
 types command handlers return, and the parsers Python code and tests call."""
 
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any
 
 class SimpleString(str):
@@ -20,18 +20,6 @@ class Sliced:
     reply: Any
 
     def __init__(self, steps: Generator[Any, Any, Any]) -> None: ...
-    def advance(self, budget_s: float) -> bool: ...
-    def finish(self) -> Any: ...
-
-class Awaited:
-    """A reply that waits on other nodes: the coroutine's return value is
-    the reply; the connection holds its later commands meanwhile."""
-
-    coro: Coroutine[Any, Any, Any]
-    reply: Any
-
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def begin(self, wake: Callable[[], None]) -> None: ...
     def advance(self, budget_s: float) -> bool: ...
     def finish(self) -> Any: ...
 

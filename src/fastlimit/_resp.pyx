@@ -11,7 +11,6 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memchr
 from libc.stdio cimport snprintf
 
-import asyncio
 import time
 
 
@@ -59,46 +58,6 @@ class Sliced:
         """Runs every slice left; the reply."""
         self.advance(float("inf"))
         return self.reply
-
-
-class Awaited:
-    """A reply that waits on the network (other nodes' answers), as Redis
-    blocks a client on WAIT: the handler returns ``Awaited(coroutine)``,
-    the connection holds its own later commands and serves nobody less
-    meanwhile; the coroutine's return value is the reply (or it raises
-    ReplyError).  The coroutine must bound its own time.  Inside EXEC
-    there is no waiting, so it is refused there."""
-
-    __slots__ = ("coro", "task", "reply")
-
-    def __init__(self, coro):
-        self.coro = coro
-        self.task = None
-        self.reply = None
-
-    def begin(self, wake):
-        """Starts the coroutine; wake() is called once it is done."""
-        self.task = asyncio.ensure_future(self.coro)
-        self.task.add_done_callback(lambda task: _mark_retrieved(task) or wake())
-
-    def advance(self, double budget_s):
-        """True once the reply is made (raises what the coroutine raised)."""
-        if self.task is None or not self.task.done():
-            return False
-        self.reply = self.task.result()
-        return True
-
-    def finish(self):
-        self.coro.close()
-        raise ReplyError("ERR this command waits on other nodes, which it cannot do "
-                         "inside MULTI")
-
-
-def _mark_retrieved(task):
-    # The connection may be gone when the task ends; its error, if any,
-    # must not then be logged as "never retrieved".
-    if not task.cancelled():
-        task.exception()
 
 
 class ReplyError(Exception):

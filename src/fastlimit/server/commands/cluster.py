@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from fastlimit._cluster import keyslot
 from fastlimit._core import SlotKeys
-from fastlimit._resp import Awaited, ReplyError, Verbatim
+from fastlimit._protocol import Awaited
+from fastlimit._resp import ReplyError, Verbatim
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import MapError
 from fastlimit.server.arguments import integer
