@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from email.utils import formatdate
 from typing import cast
 
 from fastlimit._http import ERROR_STATUS, REASONS, HttpConnection, HttpShared, status_line
+from fastlimit._protocol import Command
 from fastlimit.server.http.routes import (
     Request,
     Response,
@@ -33,6 +35,9 @@ class HttpFront(Subsystem):
         self.port = 0
         self.routes = RouteTable()
         self.shared = HttpShared(server.core, self)
+        # Every route counts as an endpoint does (calls, time, failures).
+        for route in self.routes.routes:
+            self.shared.endpoint_stats.setdefault(route.name, Command(route.name, 0))
         self._servers: list[asyncio.AbstractServer] = []
 
     @property
@@ -91,8 +96,8 @@ class HttpFront(Subsystem):
     def route(self, method: bytes, path: bytes, query: bytes, headers: list, body: bytes):
         """The response of a handler (or an awaitable of one)."""
         method_text, raw_path = method.decode("latin-1"), path.decode("latin-1")
-        handler, found = self.routes.find(method_text, raw_path)
-        if handler is None:
+        route, found = self.routes.find(method_text, raw_path)
+        if route is None:
             if found:
                 return problem(405, "method not allowed",
                                f"{raw_path} takes {', '.join(sorted(set(found)))}",
@@ -102,8 +107,19 @@ class HttpFront(Subsystem):
         for name, value in headers:
             key, text = name.decode("latin-1"), value.decode("latin-1")
             merged[key] = f"{merged[key]}, {text}" if key in merged else text
-        return handler(Request(method_text, unquote(raw_path), parse_query(query), merged,
-                               body, found, self.server))
+        stats = self.shared.endpoint_stats[route.name]
+        started = time.perf_counter_ns()
+        response = route.handler(Request(method_text, unquote(raw_path), parse_query(query),
+                                         merged, body, found, self.server))
+        if isinstance(response, Response):
+            count(stats, response, started)
+            return response
+        return self._counted(response, stats, started)
+
+    async def _counted(self, awaitable, stats, started: int) -> Response:
+        response = await awaitable
+        count(stats, response, started)
+        return response
 
     async def finish(self, awaitable, keep: bool, head: bool) -> bytes:
         try:
@@ -178,6 +194,13 @@ class HttpFront(Subsystem):
                 policy += ';qu="concurrent-requests"'
         return (name.encode("utf-8"), policy.encode("utf-8") if policy else None,
                 int(unit_ms), json.dumps(rule_id, ensure_ascii=False).encode("utf-8"))
+
+
+def count(stats, response: Response, started: int) -> None:
+    stats.calls += 1
+    stats.nsec += time.perf_counter_ns() - started
+    if response.status >= 400:
+        stats.failed_calls += 1
 
 
 def sf_string(text: str) -> str:

@@ -76,24 +76,37 @@ def _compile(pattern: str) -> re.Pattern:
     return re.compile(regex + r"\Z")
 
 
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: str        # "/v1/rules/{id}"
+    regex: re.Pattern
+    handler: Any
+
+    @property
+    def name(self) -> str:
+        """The route's name in statistics: "GET /v1/rules/{id}"."""
+        return f"{self.method} {self.pattern}"
+
+
 class RouteTable:
     def __init__(self, modules=None):
-        self.routes: list[tuple[str, re.Pattern, Any]] = []
+        self.routes: list[Route] = []
         for name in modules or ROUTE_MODULES:
             module = import_module(f"fastlimit.server.http.{name}")
             for method, pattern, handler in module.ROUTES:
-                self.routes.append((method, _compile(pattern), handler))
+                self.routes.append(Route(method, pattern, _compile(pattern), handler))
 
     def find(self, method: str, path: str):
-        """(handler, params), or (None, the methods the path has)."""
+        """(route, params), or (None, the methods the path has)."""
         allowed = []
-        for route_method, regex, handler in self.routes:
-            m = regex.match(path)
+        for route in self.routes:
+            m = route.regex.match(path)
             if m is None:
                 continue
-            if route_method == method or (method == "HEAD" and route_method == "GET"):
-                return handler, {k: unquote(v) for k, v in m.groupdict().items()}
-            allowed.append(route_method)
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route, {k: unquote(v) for k, v in m.groupdict().items()}
+            allowed.append(route.method)
         return None, allowed
 
 
