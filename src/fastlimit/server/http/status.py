@@ -94,10 +94,14 @@ def rule_stats(registry, cap: int) -> dict:
 
 
 def _resp_commands(core):
+    """Each command, or its subcommands for a container (CL.RULE, CONFIG...):
+    they hold the container's calls, told apart."""
     for cmd in core.commands.values():
-        yield cmd.name, cmd
-        for sub in cmd.subcommands.values():
-            yield sub.name, sub
+        if cmd.subcommands:
+            for sub in cmd.subcommands.values():
+                yield sub.name, sub
+        else:
+            yield cmd.name, cmd
 
 
 def command_latency(named) -> list[dict]:

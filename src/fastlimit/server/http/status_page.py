@@ -116,7 +116,8 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   </section>
 
   <section class="wide">
-    <h2>Denied per second by rule <span class="hint">the most denied rules in the window</span></h2>
+    <h2>Denied per second by rule <span class="hint">the most denied rules in the window,
+      shadow denials included</span></h2>
     <canvas id="rule-chart" data-series="[]"></canvas>
     <div class="legend" id="rule-legend"></div>
   </section>
