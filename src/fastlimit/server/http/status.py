@@ -14,7 +14,7 @@ import heapq
 import time
 
 from fastlimit import __version__
-from fastlimit._resp import ReplyError
+from fastlimit._resp import ReplyError, parse_integer
 from fastlimit.rules.registry import STAT_FIELDS
 from fastlimit.server.arguments import integer
 from fastlimit.server.http.routes import Request, Response, json_response, problem
@@ -108,7 +108,7 @@ def command_latency(named) -> list[dict]:
     """Calls, errors and time spent of every command (or endpoint) called
     since the start or the last CONFIG RESETSTAT, the most called first."""
     rows = [{"name": name, "calls": c.calls, "failed": c.failed_calls,
-             "rejected": c.rejected_calls, "usec": c.nsec // 1000,
+             "rejected": c.rejected_calls, "nsec": c.nsec,
              "usec_per_call": round(c.nsec / c.calls / 1000, 2) if c.calls else 0}
             for name, c in named if c.calls or c.failed_calls or c.rejected_calls]
     rows.sort(key=lambda r: (-r["calls"], r["name"]))
@@ -117,15 +117,20 @@ def command_latency(named) -> list[dict]:
 
 def replication_state(info: dict) -> dict:
     """INFO replication's fields, with each ``slave<i>`` line (ip=..,port=..)
-    as an object in ``replicas``."""
+    as an object in ``replicas``, its numbers as numbers."""
     out: dict = {"replicas": []}
     for name, value in info.items():
         if name.startswith("slave") and name[5:].isdigit():
-            fields = dict(part.split("=", 1) for part in str(value).split(","))
-            out["replicas"].append(fields)
+            fields = (part.split("=", 1) for part in str(value).split(","))
+            out["replicas"].append({k: _number_or_text(v) for k, v in fields})
         else:
             out[name] = value
     return out
+
+
+def _number_or_text(text: str) -> int | str:
+    n = parse_integer(text)
+    return text if n is None else n
 
 
 ROUTES = [("GET", "/", page), ("GET", "/v1/stats", stats)]

@@ -125,8 +125,8 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   <section class="wide">
     <h2>Top denied rules <span class="hint" id="top-hint"></span></h2>
     <table id="top-denied">
-      <thead><tr><th>rule</th><th title="mean over the last 10 s">denied/s (10 s)</th><th>denied</th><th>shadow</th>
-        <th>allowed</th><th>denied %</th></tr></thead>
+      <thead><tr><th>rule</th><th title="mean over the last 10 s">denied/s (10 s)</th>
+        <th>denied</th><th>shadow</th><th>allowed</th><th>denied %</th></tr></thead>
       <tbody><tr><td class="empty" colspan="6">waiting for the first snapshot</td></tr></tbody>
     </table>
     <div class="note" id="rules-note"></div>
@@ -406,7 +406,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     const table = $("replicas");
     table.hidden = !r.replicas.length;
     table.tBodies[0].replaceChildren(...r.replicas.map((f) => el("tr", {},
-      el("td", {}, f.ip + ":" + f.port), el("td", {}, f.state), el("td", {}, num(Number(f.offset))),
+      el("td", {}, f.ip + ":" + f.port), el("td", {}, f.state), el("td", {}, num(f.offset)),
       el("td", {}, f.lag))));
   }
 
