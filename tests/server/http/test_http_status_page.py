@@ -212,6 +212,10 @@ def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(
                    && p.chart_denied === 25; }})()""", WAIT)
         seen = page.evaluate(READ_PAGE)
         shot = page.screenshot(str(tmp_path / "status-page.png"))
+        # a rule picked in the table gets a chart of its own decisions
+        page.evaluate("document.querySelector('#top-denied tr[data-rule=\"burst\"]').click()")
+        picked = page.evaluate("""(() => { const c = document.querySelector('#rule-chart');
+            return [c.dataset.selected, JSON.parse(c.dataset.series)]; })()""")
         problems = console_problems(page.events)
         page.close()
     print(f"status page screenshot: {shot}")
@@ -220,6 +224,7 @@ def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(
     assert seen["rule_series"] == [["burst", 25]]
     assert (seen["denied_total"], seen["chart_allowed"]) == ("25", 5)
     assert seen["buckets"] == str(int(c.info("fastlimit")["buckets"]))
+    assert picked == ["burst", [{"id": "burst", "allowed": 5, "denied": 25, "shadow_denied": 0}]]
     with open(shot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

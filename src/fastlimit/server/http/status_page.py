@@ -5,7 +5,8 @@ It polls ``v1/stats`` (status.py) once a second with the browser's own
 credentials for this origin, keeps the last ten minutes in the tab and
 draws them itself.  Elements a test or a script reads carry stable ids
 and data attributes: ``#chart[data-points][data-denied][data-allowed]``,
-``#rule-chart[data-series]``, ``#top-denied tbody tr[data-rule]``
+``#rule-chart[data-series][data-selected]`` (a rule picked by a click
+on its row, else the most denied), ``#top-denied tbody tr[data-rule]``
 (``data-denied``), ``#denied-total``, ``#allowed-total``, ``#ops``,
 ``#buckets``, ``#clients``, ``#repl-role``, ``#conn-status[data-state]``.
 A string constant rather than a data file: the wheel needs no
@@ -62,6 +63,10 @@ th, td { padding:.28rem .45rem; text-align:right; border-bottom:1px solid var(--
          white-space:nowrap; }
 th { color:var(--dim); font-weight:500; font-size:.78rem; }
 th:first-child, td:first-child { text-align:left; white-space:normal; word-break:break-all; }
+#top-denied tbody tr[data-rule], .legend [data-rule] { cursor:pointer; }
+#top-denied tbody tr[aria-selected="true"] td { background:#1f2d3a; }
+.legend button { background:none; border:0; color:var(--accent); cursor:pointer; font:inherit;
+                 padding:0; }
 td.empty { text-align:center; color:var(--dim); padding:1rem; }
 .bar { display:inline-block; height:.5rem; background:var(--denied); border-radius:1px;
        vertical-align:middle; margin-right:.35rem; opacity:.8; }
@@ -116,9 +121,9 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   </section>
 
   <section class="wide">
-    <h2>Denied per second by rule <span class="hint">the most denied rules in the window,
-      shadow denials included</span></h2>
-    <canvas id="rule-chart" data-series="[]"></canvas>
+    <h2><span id="rule-chart-title">Denied per second by rule</span>
+      <span class="hint" id="rule-chart-hint"></span></h2>
+    <canvas id="rule-chart" data-series="[]" data-selected=""></canvas>
     <div class="legend" id="rule-legend"></div>
   </section>
 
@@ -167,6 +172,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   let last = null;                    // the previous snapshot
   let windowS = 60;
   let latest = null;
+  let selected = null;                // a rule picked in the table: its own decisions charted
 
   const fmt = new Intl.NumberFormat("en-US");
   function num(n) { return n === undefined || n === null ? "\u2013" : fmt.format(n); }
@@ -303,22 +309,53 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     g.setLineDash([]);
   }
 
+  function color(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function decisionSeries(samples, part) {
+    return [{ color: color("--allowed"), values: samples.map((h) => part(h, 0)) },
+            { color: color("--shadow"), dash: true, values: samples.map((h) => part(h, 2)) },
+            { color: color("--denied"), values: samples.map((h) => part(h, 1)) }];
+  }
+
   function drawCharts() {
     const samples = inWindow();
     const times = samples.map((h) => h.t);
-    const css = getComputedStyle(document.documentElement);
-    const color = (name) => css.getPropertyValue(name).trim();
     const chart = $("chart");
-    draw(chart, times, [
-      { color: color("--allowed"), values: samples.map((h) => h.allowed / h.dt) },
-      { color: color("--shadow"), dash: true, values: samples.map((h) => h.shadow / h.dt) },
-      { color: color("--denied"), values: samples.map((h) => h.denied / h.dt) }]);
+    const TOTALS = ["allowed", "denied", "shadow"];
+    draw(chart, times, decisionSeries(samples, (h, k) => h[TOTALS[k]] / h.dt));
     const sum = (k) => samples.reduce((a, h) => a + h[k], 0);
     chart.dataset.points = samples.length;
     chart.dataset.allowed = sum("allowed");
     chart.dataset.denied = sum("denied");
     chart.dataset.shadow = sum("shadow");
+    if (selected === null) drawTopRules(samples, times); else drawSelectedRule(samples, times);
+  }
 
+  // The selected rule's allowed, denied and shadow denied per second.
+  function drawSelectedRule(samples, times) {
+    const ruleChart = $("rule-chart");
+    draw(ruleChart, times, decisionSeries(samples, (h, k) => {
+      const d = h.rules[selected];
+      return d ? d[k] / h.dt : 0;
+    }));
+    const d = ruleSums(samples).get(selected) || [0, 0, 0];
+    ruleChart.dataset.selected = selected;
+    ruleChart.dataset.series = JSON.stringify([{ id: selected, allowed: d[0], denied: d[1],
+                                                 shadow_denied: d[2] }]);
+    setText("rule-chart-title", "Rule " + selected);
+    setText("rule-chart-hint", "decisions per second");
+    const back = el("button", { type: "button", id: "show-top-rules" },
+                    "← the most denied rules");
+    $("rule-legend").replaceChildren(
+      el("span", {}, el("i", { style: "background:var(--allowed)" }), "allowed"),
+      el("span", {}, el("i", { style: "background:var(--denied)" }), "denied"),
+      el("span", {}, el("i", { style: "background:var(--shadow)" }), "shadow denied"), back);
+  }
+
+  // Denied (and shadow denied) per second of the most denied rules.
+  function drawTopRules(samples, times) {
     const sums = ruleSums(samples);
     const ranked = [...sums.entries()].filter(([, s]) => s[1] + s[2] > 0)
       .sort((a, b) => (b[1][1] + b[1][2]) - (a[1][1] + a[1][2]) || (a[0] < b[0] ? -1 : 1))
@@ -331,6 +368,10 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
       }) }));
     const ruleChart = $("rule-chart");
     draw(ruleChart, times, series);
+    ruleChart.dataset.selected = "";
+    setText("rule-chart-title", "Denied per second by rule");
+    setText("rule-chart-hint", "the most denied rules in the window, shadow denials " +
+            "included; pick a rule below for its own chart");
     ruleChart.dataset.series = JSON.stringify(ranked.map(([id, s]) => ({ id: id, denied: s[1],
                                                                         shadow_denied: s[2] })));
     const legend = $("rule-legend");
@@ -361,6 +402,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
         const denied = r.denied + r.shadow_denied;
         const width = Math.round((denied / most) * 48);
         return el("tr", { "data-rule": r.id, "data-denied": r.denied,
+                          "aria-selected": String(r.id === selected),
                           "data-shadow-denied": r.shadow_denied, "data-allowed": r.allowed },
           el("td", {}, el("span", { class: "bar", style: "width:" + width + "px" }), r.id,
              r.mode === "shadow" ? el("span", { class: "shadow" }, " (shadow)") : ""),
@@ -476,6 +518,20 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   $("windows").addEventListener("click", (ev) => {
     const b = ev.target.closest("button");
     if (b) setWindow(Number(b.dataset.window));
+  });
+  function select(ruleId) {
+    selected = ruleId === selected ? null : ruleId;
+    if (latest) renderRules(latest);
+    drawCharts();
+  }
+  $("top-denied").addEventListener("click", (ev) => {
+    const tr = ev.target.closest("tr[data-rule]");
+    if (tr) select(tr.dataset.rule);
+  });
+  $("rule-legend").addEventListener("click", (ev) => {
+    if (ev.target.closest("#show-top-rules")) { select(selected); return; }
+    const item = ev.target.closest("[data-rule]");
+    if (item) select(item.dataset.rule);
   });
   window.addEventListener("resize", () => { if (latest) drawCharts(); });
   setWindow(windowS);
