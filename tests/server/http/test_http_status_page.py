@@ -93,6 +93,36 @@ def test_stats_cap_the_rule_list_and_say_so_while_totals_cover_every_rule(start)
     assert stats(server, "?rules=0")["rules"]["top"] == []
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_stats_of_two_thousand_rules_list_a_thousand_within_a_generous_cpu_bound(start,
+                                                                                 tmp_path):
+    """A snapshot reads every rule's counters (some 2 us each) and lists
+    the 1,000 most denied; ten of them take far below the bound."""
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": {f"r{i}": json.loads(rule(f"res{i}", 1))
+                                          for i in range(2000)}}))
+    server = start("--rules-file", str(path))
+    c = server.client()
+    checks(c, "k", "res1500", 4)         # 3 denials
+    checks(c, "k", "res7", 3)            # 2
+    before = cpu_seconds(server.proc.pid)
+    for _ in range(10):
+        rules = stats(server)["rules"]
+    assert cpu_seconds(server.proc.pid) - before < 2.0
+    assert (rules["count"], rules["listed"], rules["truncated"]) == (2000, 1000, True)
+    assert [(r["id"], r["denied"]) for r in rules["top"][:3]] == [("r1500", 3), ("r7", 2),
+                                                                  ("r0", 0)]
+    assert rules["top"][-1]["id"] == sorted(f"r{i}" for i in range(2000)
+                                            if i not in (7, 1500))[997]
+    assert rules["totals"] == {"allowed": 2, "denied": 5, "shadow_denied": 0}
+
+
 @pytest.mark.parametrize("value", ["-1", "1001", "abc", "+5", " 5", ""])
 def test_stats_refuse_a_rule_cap_that_is_not_an_integer_from_0_to_1000(start, value):
     server = start()
