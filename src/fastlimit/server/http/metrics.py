@@ -137,8 +137,7 @@ def _fronts(server) -> list[tuple[str, Iterable[tuple[str, Command]]]]:
     so the same counters and histogram."""
     resp = ((c.name, c) for cmd in server.core.commands.values()
             for c in (cmd, *cmd.subcommands.values()))
-    http = getattr(server, "http", None)
-    return [("resp", resp), ("http", (http.endpoint_stats.items() if http is not None else ()))]
+    return [("resp", resp), ("http", server.http.endpoint_stats.items())]
 
 
 def _commands(out: Exposition, server) -> None:
@@ -166,19 +165,22 @@ def _commands(out: Exposition, server) -> None:
 
 
 def _clients(out: Exposition, server) -> None:
-    core = server.core
-    http = getattr(server, "http", None)
-    out.gauge("fastlimit_connected_clients", "Client connections open (RESP).",
-              [("", len(core.clients))])
+    core, http = server.core, server.http.shared
+    out.gauge("fastlimit_connected_clients", "Client connections open, by front.",
+              [('front="resp"', len(core.clients)), ('front="http"', len(http.connections))])
     out.gauge("fastlimit_max_clients", "The maxclients setting.", [("", core.maxclients)])
-    received: list[Sample] = [('front="resp"', core.total_connections)]
-    if http is not None:
-        received.append(('front="http"', http.total_connections))
     out.counter("fastlimit_connections_received_total", "Connections accepted, by front.",
-                received)
+                [('front="resp"', core.total_connections),
+                 ('front="http"', http.total_connections)])
     out.counter("fastlimit_rejected_connections_total",
-                "Connections refused (maxclients, protected mode).",
-                [("", core.rejected_connections)])
+                "Connections refused (maxclients, protected mode), by front.",
+                [('front="resp"', core.rejected_connections),
+                 ('front="http"', http.rejected_connections)])
+    out.counter("fastlimit_http_requests_total", "HTTP requests read.",
+                [("", http.total_requests)])
+    out.counter("fastlimit_http_bad_requests_total",
+                "HTTP requests that could not be parsed (answered 400, connection closed).",
+                [("", http.bad_requests)])
     out.counter("fastlimit_protocol_error_disconnections_total",
                 "Connections closed for a protocol error.", [("", core.protocol_errors)])
     out.counter("fastlimit_auth_failures_total", "Failed authentications.",
