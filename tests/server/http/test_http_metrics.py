@@ -190,6 +190,38 @@ def test_each_call_is_one_observation_of_its_command(make_http_server):
             frozenset({("cmd", "cl.check"), ("front", "resp")})) not in series
 
 
+def test_http_calls_are_counted_under_front_http(make_http_server):
+    srv = make_http_server("--manual-clock")
+    with Wire.to(srv.port) as w:
+        set_rules(w, {"api": rule("api", 2)})
+    bucket = {"key": "b", "capacity": 3, "refill_per_sec": 1}
+    for _ in range(4):
+        assert srv.post("/v1/check/bucket", bucket)[0] == 200
+    assert srv.post("/v1/check/bucket", {"key": "b"})[0] == 400          # fails, counted
+    for _ in range(3):      # the same engine as RESP: 2 allowed, 1 denied
+        assert srv.post("/v1/check", {"client_key": "u", "resource": "api"})[0] == 200
+    scrape(srv.http_port)
+    series = samples(scrape(srv.http_port))
+    assert_histogram_matches_calls(series, "check_bucket", "http", 5)
+    assert value(series, "fastlimit_command_errors_total", cmd="check_bucket", front="http",
+                 reason="failed") == 1
+    assert_histogram_matches_calls(series, "check", "http", 3)
+    assert_histogram_matches_calls(series, "GET /metrics", "http", 1)   # the scrape before
+    assert value(series, "fastlimit_decisions_total", rule="api", decision="allowed") == 2
+    assert value(series, "fastlimit_decisions_total", rule="api", decision="denied") == 1
+    assert value(series, "fastlimit_connections_received_total", front="http") == 10
+
+
+def test_metrics_need_the_password_unless_http_metrics_auth_is_no(make_http_server):
+    guarded = make_http_server("--requirepass", "s3cret")
+    assert get(guarded.http_port)[0] == 401
+    status, _, body = guarded.request("GET", "/metrics", headers={"Authorization": "Bearer s3cret"})
+    assert status == 200 and b"fastlimit_commands_total" in body
+    open_metrics = make_http_server("--requirepass", "s3cret", "--http-metrics-auth", "no")
+    assert get(open_metrics.http_port)[0] == 200
+    assert open_metrics.request("GET", "/v1/info")[0] == 401       # only /metrics is opened
+
+
 def test_rule_label_cap_sums_the_rules_past_it_under_other(make_http_server):
     srv, port = start(make_http_server, "--metrics-rule-labels", "2")
     checks = {"r1": 1, "r2": 2, "r3": 3, "r4": 4, "r5": 5}     # capacity 3 each
