@@ -431,3 +431,35 @@ def test_http_port_0_turns_the_front_off():
     with ServerProcess("--manual-clock") as srv:
         info = srv.client().info("stats")
         assert info["http_port"] == 0
+
+
+# ---- cluster mode -------------------------------------------------------------------------
+
+def test_in_cluster_mode_a_key_of_another_shard_gets_421_naming_its_node(
+        make_http_server, tmp_path):
+    from wire import free_port
+    mine, other = free_port(), free_port()        # the other shard's node is not started
+    path = tmp_path / "map.toml"
+    path.write_text(f"""version = 1
+[[shard]]
+name = "a"
+slots = ["0-8191"]
+primary = "127.0.0.1:{mine}"
+[[shard]]
+name = "b"
+slots = ["8192-16383"]
+primary = "127.0.0.1:{other}"
+""")
+    hs = make_http_server("--manual-clock", "--port", str(mine), "--cluster-enabled", "yes",
+                          "--cluster-config-file", str(path))
+    here, there = "{b}", "{a}"       # hash slots 3300 and 15495
+    assert hs.client().execute_command("CLUSTER", "KEYSLOT", there) == 15495
+    status, _, doc = hs.post("/v1/check/bucket", {"key": here, "capacity": 1,
+                                                  "refill_per_sec": 1})
+    assert status == 200
+    for path_, doc_ in (("/v1/check", {"client_key": there, "resource": "r"}),
+                        ("/v1/check/bucket", {"key": there, "capacity": 1,
+                                              "refill_per_sec": 1})):
+        status, _, doc = hs.post(path_, doc_)
+        assert status == 421
+        assert (doc["code"], doc["detail"]) == ("MOVED", f"MOVED 15495 127.0.0.1:{other}")

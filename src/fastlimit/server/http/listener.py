@@ -165,8 +165,6 @@ class HttpFront(Subsystem):
         headers = []
         if status == 503:
             headers.append(("Retry-After", "1"))
-        if code == "MOVED":
-            headers.append(("Location-Node", error.split()[-1]))
         return problem(status, REASONS.get(status, "error").lower(), error, code=code,
                        headers=headers)
 
