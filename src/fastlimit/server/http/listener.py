@@ -195,8 +195,7 @@ class HttpFront(Subsystem):
 
 
 def count(stats, response: Response, started: int) -> None:
-    stats.calls += 1
-    stats.nsec += time.perf_counter_ns() - started
+    stats.record(time.perf_counter_ns() - started)
     if response.status >= 400:
         stats.failed_calls += 1
 
