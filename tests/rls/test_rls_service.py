@@ -301,7 +301,7 @@ def test_atomic_counting_spends_nothing_unless_every_descriptor_passes(rig):
     r.call("beyond", [("route", "x")])
     r.call("beyond", [("route", "x")])
     overall, st, _ = r.call("beyond", [("user", "u")], [("route", "x")])
-    assert (overall, st[0][0], st[1][0]) == (OVER_LIMIT, OK, OVER_LIMIT)
+    assert (overall, st[0][:3], st[1][0]) == (OVER_LIMIT, (OK, lim(3, SECOND), 3), OVER_LIMIT)
     # the user's limits were not spent: three more pass
     assert [r.call("beyond", [("user", "u")])[0] for _ in range(4)] == [OK, OK, OK, OVER_LIMIT]
 
@@ -329,3 +329,24 @@ def test_a_reload_keeps_counts_when_only_requests_per_unit_changes(rig):
         r.call("edge_proxy_per_ip", [("remote_address", "5.5.5.5")])
     r.load(EDGE_PER_IP.replace("requests_per_unit: 10", "requests_per_unit: 20"))
     assert r.call("edge_proxy_per_ip", [("remote_address", "5.5.5.5")])[1][0][2] == 15
+
+
+YEARLY = """
+domain: y
+descriptors:
+  - key: k
+    rate_limit: {unit: year, requests_per_unit: 2}
+"""
+
+
+def test_a_year_window_longer_than_the_engine_s_counts_across_it_and_starts_over_after(rig):
+    r = rig(YEARLY)
+    year_s = 365 * 86400
+    left = year_s - (r.clock.now() // 1000) % year_s       # seconds to the next year window
+    assert left > 100 * 86400                                # longer than any engine window
+    assert r.call("y", [("k", "v")])[1][0][2:] == (1, left)
+    r.advance(left - 1)                                      # the window's last second
+    assert r.call("y", [("k", "v")])[1][0][2:] == (0, 1)
+    assert r.call("y", [("k", "v")])[0] == OVER_LIMIT
+    r.advance(1)
+    assert r.call("y", [("k", "v")])[1][0][:3] == (OK, (2, 6, b""), 1)

@@ -44,9 +44,12 @@ EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting
 VALID_KEYS = REFERENCE_KEYS | EXTRA_KEYS
 
 MAX_UINT32 = 2**32 - 1
-# The engine's longest window (fl_native.h MAX_PERIOD_MS): a limit's
-# window (unit seconds x unit_multiplier) must fit it.
+# The engine's longest period (fl_native.h MAX_PERIOD_MS, 49.7 days): a
+# token bucket's, GCRA's or sliding window's window must fit it.  The
+# reference's fixed windows count in any window up to ten years (see
+# service.py: how a year is counted).
 MAX_WINDOW_S = (2**32 - 1) // 1000
+MAX_FIXED_WINDOW_S = 10 * 365 * 86400
 
 
 class ConfigError(Exception):
@@ -295,9 +298,10 @@ class _Loader:
         if multiplier < 1:
             raise self.error("unit_multiplier must be at least 1")
         window_s = unit_s * multiplier
-        if not unlimited and window_s > MAX_WINDOW_S:
-            raise self.error(f"a window of {window_s} s is longer than the {MAX_WINDOW_S} s "
-                             f"fastlimit's engine counts in")
+        longest = MAX_FIXED_WINDOW_S if algorithm == "fixed_window" else MAX_WINDOW_S
+        if not unlimited and window_s > longest:
+            raise self.error(f"a window of {window_s} s is longer than the {longest} s "
+                             f"of the {algorithm} algorithm")
         if algorithm != "fixed_window" and not unlimited and rpu == 0:
             raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
         return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],

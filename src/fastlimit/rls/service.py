@@ -9,7 +9,13 @@ sweep and BGSAVE see them as any rule's buckets):
 - the reference's fixed window is an exact counter: an engine
   fixed_window rule per window length whose limit (10^15) is never
   reached, so every hit is counted as Redis's INCRBY counts it, even when
-  over; the comparison with requests_per_unit is made here;
+  over; the comparison with requests_per_unit is made here.  The engine
+  is asked at the window's last millisecond (windows are aligned to the
+  Unix epoch, as the engine's and the reference's are), which changes
+  nothing for a window the engine can hold and lets one longer than its
+  49.7 days (a year) be counted in a single engine window that ends after
+  it: the next window's last millisecond is in another engine window,
+  where the count starts over;
 - token_bucket, gcra and sliding_window limits are engine rules with the
   limit's numbers, one per distinct set of numbers;
 
@@ -32,6 +38,7 @@ OK, OVER_LIMIT = 1, 2
 MAX_UINT32 = 2**32 - 1
 # The reference counter's engine limit (the engine's largest): never reached.
 COUNTER_LIMIT = 10**15
+MAX_ENGINE_WINDOW_MS = 2**32 - 1      # fl_native.h MAX_PERIOD_MS
 NO_MATCH = (OK, None, 0, 0)
 UNLIMITED = (OK, None, MAX_UINT32, 0)
 
@@ -44,7 +51,8 @@ class RlsError(Exception):
 def engine_spec(algorithm: str, rpu: int, window_s: int) -> dict:
     window_ms = window_s * 1000
     if algorithm == "fixed_window":
-        return {"algorithm": "fixed_window", "limit": COUNTER_LIMIT, "window_ms": window_ms}
+        return {"algorithm": "fixed_window", "limit": COUNTER_LIMIT,
+                "window_ms": min(window_ms, MAX_ENGINE_WINDOW_MS)}
     if algorithm == "token_bucket":
         return {"algorithm": "token_bucket", "capacity": rpu, "refill": rpu,
                 "period_ms": window_ms}
@@ -164,14 +172,15 @@ class RateLimitService:
         now_ms = self.clock.now()
         atomic = dom.counting == "atomic"
         results = []   # per descriptor: (status, limit or None)
+        spent = []     # per descriptor: the hits it would spend
         commits = []
         for (entries, _, d_hits), match in zip(descriptors, matched):
+            hits = min(d_hits if d_hits is not None else request_hits, COUNTER_LIMIT + 1)
+            spent.append(hits)
             if match is None or match is True:
                 results.append((UNLIMITED if match is True else NO_MATCH, None))
                 continue
             limits, shares = match
-            hits = d_hits if d_hits is not None else request_hits
-            hits = min(hits, COUNTER_LIMIT + 1)
             steps = [self.step(domain, entries, shares, limit, hits, now_ms, atomic, commits)
                      for limit in limits]
             results.append(binding(steps))
@@ -194,8 +203,11 @@ class RateLimitService:
         if quota_total and quota_total == quota_over:
             overall = OVER_LIMIT
         if atomic and overall == OK:
-            for num, key, hits in commits:
-                self.engine.apply([num], key, hits)
+            for num, key, hits, at_ms in commits:
+                self.engine.apply([num], key, hits, now_ms=at_ms)
+        elif atomic:
+            # nothing was spent: what passed shows what is left unspent
+            statuses = [unspent(status, hits) for status, hits in zip(statuses, spent)]
         if overall == OVER_LIMIT:
             stats.over_limit += 1
         headers = self.headers(results, overall) if self.response_headers else []
@@ -235,8 +247,13 @@ class RateLimitService:
             num = self.override_number(limit)
         key = bucket_key(domain, entries, shares, limit.index)
         cost = 0 if atomic else hits
+        at_ms = now_ms
+        if limit.algorithm == "fixed_window":
+            window_ms = limit.window_s * 1000
+            at_ms = now_ms - now_ms % window_ms + window_ms - 1
         try:
-            allowed, _, remaining, retry_ms, reset_ms = self.engine.apply([num], key, cost)
+            allowed, _, remaining, retry_ms, reset_ms = self.engine.apply(
+                [num], key, cost, now_ms=at_ms)
         except ValueError:
             raise RlsError("descriptor too long: its key must be at most 65535 bytes") from None
         now_s = now_ms // 1000
@@ -251,7 +268,7 @@ class RateLimitService:
             wait = retry_ms if over and retry_ms > 0 else reset_ms
             reset_s = max(1, -(-wait // 1000)) if wait >= 0 else limit.window_s
         if atomic and not over and hits:
-            commits.append((num, key, hits))
+            commits.append((num, key, hits, at_ms))
         return (OVER_LIMIT if over else OK, limit.current_limit, left, reset_s), limit
 
     # ---- response headers ------------------------------------------------------
@@ -282,6 +299,12 @@ class RateLimitService:
 
     def info(self) -> dict:
         return {name.decode("utf-8", "replace"): s for name, s in self.stats.items()}
+
+
+def unspent(status, hits: int):
+    if status[0] != OK or status[1] is None:
+        return status
+    return (OK, status[1], min(status[2] + hits, status[1][0]), status[3])
 
 
 def tighter(a, b) -> bool:

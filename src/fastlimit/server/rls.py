@@ -97,7 +97,7 @@ class RlsSubsystem(Subsystem):
             "rls_last_reload_time": self.reloaded_at,
             "rls_reloads": self.reloads,
             "rls_reload_failures": self.failures,
-            "rls_last_error": self.last_error.replace("\r", " ").replace("\n", " "),
+            "rls_last_error": " ".join(self.last_error.split()).replace(",", ";"),
             "rls_unknown_domain_calls": self.service.unknown_domain,
         }
         for name, s in self.service.stats.items():
