@@ -10,7 +10,6 @@ import time
 
 import pytest
 import redis
-
 from servers import ServerProcess
 
 ONE = """domain: one

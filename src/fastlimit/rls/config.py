@@ -23,7 +23,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # no stubs in the test set-up
 
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).

@@ -173,8 +173,8 @@ class RateLimitService:
         atomic = dom.counting == "atomic"
         results = []   # per descriptor: (status, limit or None)
         spent = []     # per descriptor: the hits it would spend
-        commits = []
-        for (entries, _, d_hits), match in zip(descriptors, matched):
+        commits: list[tuple[int, bytes, int, int]] = []
+        for (entries, _, d_hits), match in zip(descriptors, matched, strict=True):
             hits = min(d_hits if d_hits is not None else request_hits, COUNTER_LIMIT + 1)
             spent.append(hits)
             if match is None or match is True:
@@ -207,7 +207,7 @@ class RateLimitService:
                 self.engine.apply([num], key, hits, now_ms=at_ms)
         elif atomic:
             # nothing was spent: what passed shows what is left unspent
-            statuses = [unspent(status, hits) for status, hits in zip(statuses, spent)]
+            statuses = [unspent(status, hits) for status, hits in zip(statuses, spent, strict=True)]
         if overall == OVER_LIMIT:
             stats.over_limit += 1
         headers = self.headers(results, overall) if self.response_headers else []

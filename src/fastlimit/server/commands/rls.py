@@ -27,7 +27,7 @@ def _lines(node: Node):
                 f"unit={UNIT_NAMES[limit.unit]} requests_per_unit={limit.requests_per_unit}")
             yield (f"{limit.full_key}: {what}, algorithm: {limit.algorithm}, "
                    f"window_s: {limit.window_s}, shadow_mode: {str(limit.shadow_mode).lower()}, "
-                   f"quota_mode: {str(limit.quota_mode).lower()}").encode("utf-8")
+                   f"quota_mode: {str(limit.quota_mode).lower()}").encode()
         yield from _lines(child)
 
 
