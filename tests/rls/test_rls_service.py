@@ -350,3 +350,13 @@ def test_a_year_window_longer_than_the_engine_s_counts_across_it_and_starts_over
     assert r.call("y", [("k", "v")])[0] == OVER_LIMIT
     r.advance(1)
     assert r.call("y", [("k", "v")])[1][0][:3] == (OK, (2, 6, b""), 1)
+
+
+def test_counters_are_buckets_of_the_engine_and_a_check_only_call_writes_none(rig):
+    r = rig(MESSAGING)
+    r.call("messaging", ([("to_number", "1")], None, 0))
+    assert len(r.engine) == 0
+    r.call("messaging", D1, D2)
+    assert len(r.engine) == 2
+    r.engine.sweep(now_ms=r.clock.now() + 86_400_000 + 1000)    # past the day's window
+    assert len(r.engine) == 0

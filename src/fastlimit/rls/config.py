@@ -102,6 +102,7 @@ class Domain:
 class RlsConfig:
     domains: dict             # name (bytes) -> Domain
     files: tuple              # the files read
+    text_bytes: int = 0       # their size: the tree's memory grows with it
 
     @property
     def descriptor_count(self) -> int:
@@ -133,18 +134,20 @@ def load(path: str) -> RlsConfig:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
     domains: dict[bytes, Domain] = {}
+    size = 0
     for name in files:
         try:
             with open(name, encoding="utf-8") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
+        size += len(text)
         domain = load_text(name, text)
         if domain.name in domains:
             raise ConfigError(
                 f"{name}: duplicate domain '{domain.name.decode()}' in config file")
         domains[domain.name] = domain
-    return RlsConfig(domains, tuple(files))
+    return RlsConfig(domains, tuple(files), size)
 
 
 def load_text(name: str, text: str) -> Domain:

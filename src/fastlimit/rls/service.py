@@ -175,7 +175,8 @@ class RateLimitService:
         spent = []     # per descriptor: the hits it would spend
         commits: list[tuple[int, bytes, int, int]] = []
         for (entries, _, d_hits), match in zip(descriptors, matched, strict=True):
-            hits = min(d_hits if d_hits is not None else request_hits, COUNTER_LIMIT + 1)
+            hits = min(max(0, d_hits if d_hits is not None else request_hits),
+                       COUNTER_LIMIT + 1)
             spent.append(hits)
             if match is None or match is True:
                 results.append((UNLIMITED if match is True else NO_MATCH, None))

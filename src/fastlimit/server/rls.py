@@ -105,4 +105,4 @@ class RlsSubsystem(Subsystem):
                             for c in name.decode("utf-8", "replace"))
             fields[f"rls_domain_{label}"] = (f"calls={s.calls},over_limit={s.over_limit},"
                                               f"limits_over={s.limits_over},shadow={s.shadow}")
-        return {"rls": fields}
+        return {"rls": fields, "memory": {"rls_config_text_bytes": config.text_bytes}}
