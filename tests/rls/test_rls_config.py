@@ -8,7 +8,7 @@ import os
 import pytest
 
 from fastlimit.rls.config import ConfigError, load, load_text
-from fastlimit.rls.matcher import get_limits
+from fastlimit.rls.matcher import find_limit
 
 
 def one(text: str):
@@ -70,7 +70,7 @@ def test_a_value_of_the_wrong_type_is_an_error_loading_the_config_file():
 def test_units_are_case_insensitive_from_second_to_year(unit, enum):
     d = one(f"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: {unit}, "
             f"requests_per_unit: 3}}\n")
-    (limit,), _ = get_limits(d.root, [(b"a", b"x")])
+    (limit,) = find_limit(d.root, [(b"a", b"x")])[0].limits
     assert (limit.requests_per_unit, limit.unit) == (3, enum)
 
 
@@ -80,7 +80,7 @@ def test_the_keys_beyond_the_reference_are_accepted():
             "      - {unit: minute, requests_per_unit: 100, algorithm: gcra, "
             "unit_multiplier: 5}\n")
     assert d.counting == "atomic"
-    limits, _ = get_limits(d.root, [(b"a", b"x")])
+    limits = find_limit(d.root, [(b"a", b"x")])[0].limits
     assert [(lim.algorithm, lim.window_s) for lim in limits] == [("token_bucket", 1),
                                                                  ("gcra", 300)]
 
@@ -132,4 +132,4 @@ def test_a_missing_path_is_a_clear_error(tmp_path):
 def test_a_childless_limitless_descriptor_is_whitelisted():
     d = one("domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n"
             "    rate_limit: {unit: second, requests_per_unit: 1}\n")
-    assert get_limits(d.root, [(b"a", b"b")]) == ((), None)
+    assert find_limit(d.root, [(b"a", b"b")]) == (None, None)

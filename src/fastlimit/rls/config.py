@@ -83,9 +83,13 @@ class Node:
     """One level of a domain's descriptor tree."""
     children: dict = field(default_factory=dict)      # composite key (bytes) -> Node
     wildcards: list = field(default_factory=list)     # (parts, Node) in load order
-    limits: tuple = ()                                # Limit, ...
+    limits: tuple = ()                                # Limit, ... as configured
     share_pattern: bytes | None = None                # share_threshold: the value pattern
     key: bytes = b""                                  # this node's composite key
+    # what a request landing here needs, worked out once per load:
+    counted: tuple = ()                               # the limits that count (not unlimited)
+    unlimited: bool = False                           # every limit is unlimited
+    replaces: frozenset = frozenset()                 # names its limits replace
 
 
 @dataclass(eq=False)
@@ -263,7 +267,10 @@ class _Loader:
             if flags["share_threshold"] and "*" not in final_key:
                 raise self.error("share_threshold can only be used with wildcard values "
                                  f"(containing '*'), but found key '{final_key}'")
-            node = Node(limits=limits, key=composite)
+            counted = tuple(lim for lim in limits if not lim.unlimited)
+            node = Node(limits=limits, key=composite, counted=counted,
+                        unlimited=bool(limits) and not counted,
+                        replaces=frozenset().union(*(lim.replaces for lim in limits)))
             if flags["share_threshold"]:
                 node.share_pattern = final_key[len(key) + 1:].encode("utf-8") \
                     if final_key.startswith(key + "_") else composite

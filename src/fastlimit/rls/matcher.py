@@ -34,12 +34,12 @@ def wildcard_match(parts: tuple, value: bytes) -> bool:
     return True
 
 
-def get_limits(root: Node, entries) -> tuple[tuple, tuple | None]:
-    """(the limits of the node the descriptor lands on, or () for none;
-    the share_threshold value patterns by entry index, or None)."""
+def find_limit(root: Node, entries) -> tuple[Node | None, tuple | None]:
+    """(the node with limits the descriptor lands on, or None; the
+    share_threshold value patterns by entry index, or None)."""
     node = root
     last = len(entries) - 1
-    limits: tuple = ()
+    found = None
     shares = None
     for i, (k, v) in enumerate(entries):
         child = node.children.get(k + b"_" + v)
@@ -57,9 +57,9 @@ def get_limits(root: Node, entries) -> tuple[tuple, tuple | None]:
             child = node.children.get(k)
         if child is None:
             break
-        if i == last:
-            limits = child.limits
+        if i == last and child.limits:
+            found = child
         if not child.children:
             break
         node = child
-    return limits, (tuple(shares) if shares is not None and limits else None)
+    return found, (tuple(shares) if shares is not None and found is not None else None)

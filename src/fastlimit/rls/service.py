@@ -32,7 +32,7 @@ request is read first, and only if the request passes is anything spent.
 from __future__ import annotations
 
 from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig
-from fastlimit.rls.matcher import get_limits
+from fastlimit.rls.matcher import find_limit
 
 OK, OVER_LIMIT = 1, 2
 MAX_UINT32 = 2**32 - 1
@@ -61,13 +61,14 @@ def engine_spec(algorithm: str, rpu: int, window_s: int) -> dict:
     return {"algorithm": "sliding_window", "limit": rpu, "window_ms": window_ms}
 
 
-def bucket_key(domain: bytes, entries, shares, index: int) -> bytes:
-    parts = [len(domain).to_bytes(2, "little"), domain]
+def bucket_key(domain: bytes, entries, shares) -> bytes:
+    """The descriptor's part of its buckets' keys (a limit's index follows):
+    length-prefixed, so no two descriptors share one by accident."""
+    parts = [b"%d:%s" % (len(domain), domain)]
     for i, (k, v) in enumerate(entries):
         if shares is not None and shares[i] is not None:
             v = shares[i]
-        parts += [len(k).to_bytes(2, "little"), k, len(v).to_bytes(2, "little"), v]
-    parts.append(bytes((index,)))
+        parts.append(b"%d:%s%d:%s" % (len(k), k, len(v), v))
     return b"".join(parts)
 
 
@@ -182,8 +183,8 @@ class RateLimitService:
                 results.append((UNLIMITED if match is True else NO_MATCH, None))
                 continue
             limits, shares = match
-            steps = [self.step(domain, entries, shares, limit, hits, now_ms, atomic, commits)
-                     for limit in limits]
+            key = bucket_key(domain, entries, shares)
+            steps = [self.step(key, limit, hits, now_ms, atomic, commits) for limit in limits]
             results.append(binding(steps))
         overall, quota_total, quota_over = OK, 0, 0
         stats = self.stats[domain]
@@ -219,19 +220,18 @@ class RateLimitService:
         (no limit) or True (unlimited); limits named by another matched
         limit's `replaces` are dropped."""
         matched: list = []
-        replacing: set = set()
+        replacing: frozenset = frozenset()
         for entries, override, _ in descriptors:
             if override is not None:
                 matched.append(((override_limit(dom.name, entries, *override),), None))
                 continue
-            limits, shares = get_limits(dom.root, entries)
-            for limit in limits:
-                replacing |= limit.replaces
-            if limits and all(limit.unlimited for limit in limits):
-                matched.append(True)
-            else:
-                limits = tuple(limit for limit in limits if not limit.unlimited)
-                matched.append((limits, shares) if limits else None)
+            node, shares = find_limit(dom.root, entries)
+            if node is None:
+                matched.append(None)
+                continue
+            if node.replaces:
+                replacing |= node.replaces
+            matched.append(True if node.unlimited else (node.counted, shares))
         if replacing:
             for i, match in enumerate(matched):
                 if match is None or match is True:
@@ -240,13 +240,13 @@ class RateLimitService:
                 matched[i] = (kept, match[1]) if kept else None
         return matched
 
-    def step(self, domain, entries, shares, limit: Limit, hits: int, now_ms: int,
+    def step(self, descriptor_key: bytes, limit: Limit, hits: int, now_ms: int,
              atomic: bool, commits: list):
         """One limit's count: ((code, current_limit, remaining, reset_s), limit)."""
         num = self._num_of.get(limit)
         if num is None:
             num = self.override_number(limit)
-        key = bucket_key(domain, entries, shares, limit.index)
+        key = descriptor_key + b"%d" % limit.index
         cost = 0 if atomic else hits
         at_ms = now_ms
         if limit.algorithm == "fixed_window":
