@@ -133,3 +133,14 @@ def test_cl_rule_reload_and_sighup_reload_and_say_why_not(make_server, tmp_path)
     s.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: info(c)["rls_reloads"] > reloads and info(c)["rls_domains"] == 1,
              "the SIGHUP reload")
+
+
+def test_response_headers_can_be_turned_on_at_runtime(make_server, tmp_path):
+    f = tmp_path / "rls.yaml"
+    f.write_text(ONE)
+    c = make_server("--rls-config", str(f)).client()
+    assert c.config_get("rls-*") == {"rls-config": str(f), "rls-response-headers": "no"}
+    assert c.config_set("rls-response-headers", "yes")
+    assert c.config_get("rls-response-headers") == {"rls-response-headers": "yes"}
+    with pytest.raises(redis.ResponseError):
+        c.config_set("rls-config", str(f))          # a restart's setting
