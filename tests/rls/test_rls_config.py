@@ -133,3 +133,11 @@ def test_a_childless_limitless_descriptor_is_whitelisted():
     d = one("domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n"
             "    rate_limit: {unit: second, requests_per_unit: 1}\n")
     assert find_limit(d.root, [(b"a", b"b")]) == (None, None)
+
+
+def test_a_file_nested_too_deeply_is_an_error_not_a_crash():
+    text = "domain: d\ndescriptors:\n" + "".join(
+        "  " * (2 * i) + "  - key: k\n" + "  " * (2 * i) + "    descriptors:\n"
+        for i in range(600))
+    with pytest.raises(ConfigError, match="^c.yaml: error loading config file: "):
+        one(text)

@@ -157,6 +157,13 @@ def load(path: str) -> RlsConfig:
 def load_text(name: str, text: str) -> Domain:
     """One file's domain (ConfigFileContentToYaml then loadConfig)."""
     try:
+        return _load_text(name, text)
+    except RecursionError:
+        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
+
+
+def _load_text(name: str, text: str) -> Domain:
+    try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{name}: error loading config file: {_yaml_problem(e)}") from None

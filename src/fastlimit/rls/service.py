@@ -328,7 +328,10 @@ def binding(steps: list):
     return best
 
 
-def walk_limits(node: Node):
-    for child in node.children.values():
-        yield from child.limits
-        yield from walk_limits(child)
+def walk_limits(root: Node):
+    """Every limit of a tree (without recursion: its depth is the file's)."""
+    stack = [root]
+    while stack:
+        for child in stack.pop().children.values():
+            yield from child.limits
+            stack.append(child)

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from fastlimit._resp import ReplyError
 from fastlimit.rls.config import UNIT_NAMES, Node
-from fastlimit.rls.service import OVER_LIMIT, RlsError
+from fastlimit.rls.service import OVER_LIMIT, RlsError, walk_limits
 
 CODES = {1: b"OK", OVER_LIMIT: b"OVER_LIMIT"}
 
 
-def _lines(node: Node):
-    for child in node.children.values():
-        for limit in child.limits:
-            what = "unlimited" if limit.unlimited else (
-                f"unit={UNIT_NAMES[limit.unit]} requests_per_unit={limit.requests_per_unit}")
-            yield (f"{limit.full_key}: {what}, algorithm: {limit.algorithm}, "
-                   f"window_s: {limit.window_s}, shadow_mode: {str(limit.shadow_mode).lower()}, "
-                   f"quota_mode: {str(limit.quota_mode).lower()}").encode()
-        yield from _lines(child)
+def _lines(root: Node):
+    for limit in sorted(walk_limits(root), key=lambda lim: (lim.full_key, lim.index)):
+        what = "unlimited" if limit.unlimited else (
+            f"unit={UNIT_NAMES[limit.unit]} requests_per_unit={limit.requests_per_unit}")
+        yield (f"{limit.full_key}: {what}, algorithm: {limit.algorithm}, "
+               f"window_s: {limit.window_s}, shadow_mode: {str(limit.shadow_mode).lower()}, "
+               f"quota_mode: {str(limit.quota_mode).lower()}").encode()
 
 
 def cmd_rls_list(conn, args):
