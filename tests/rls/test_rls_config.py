@@ -141,3 +141,9 @@ def test_a_file_nested_too_deeply_is_an_error_not_a_crash():
         for i in range(600))
     with pytest.raises(ConfigError, match="^c.yaml: error loading config file: "):
         one(text)
+
+
+def test_a_date_like_value_is_a_string_as_go_yaml_reads_it():
+    d = one("domain: d\ndescriptors:\n  - key: day\n    value: 2026-12-01\n"
+            "    rate_limit: {unit: second, requests_per_unit: 1}\n")
+    assert find_limit(d.root, [(b"day", b"2026-12-01")])[0] is not None

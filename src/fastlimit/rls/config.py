@@ -52,6 +52,16 @@ MAX_WINDOW_S = (2**32 - 1) // 1000
 MAX_FIXED_WINDOW_S = 10 * 365 * 86400
 
 
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML as go-yaml v2 reads it into the reference's maps: a plain
+    2001-12-14 is a string there, not a date."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
 class ConfigError(Exception):
     """A configuration that cannot be used, worded as the reference words
     it: "<file>: <problem>"."""
@@ -164,7 +174,7 @@ def load_text(name: str, text: str) -> Domain:
 
 def _load_text(name: str, text: str) -> Domain:
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_YamlLoader)     # a safe loader
     except yaml.YAMLError as e:
         raise ConfigError(f"{name}: error loading config file: {_yaml_problem(e)}") from None
     if doc is None:
