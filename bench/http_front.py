@@ -38,11 +38,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -94,6 +92,7 @@ VARIANTS = [("allowed", "items"), ("denied", "login")]
 CHECK = ["CL.CHECK", "key:__rand_int__", "100", "10"]
 CHECK_KEYS = 1_000_000
 METRICS_RULES = 1000
+CALLGRIND_START_S = 180     # a server's start (imports) under callgrind takes ~20 s
 
 # sides of the throughput part, in table order
 FL_HTTP = "fastlimit HTTP `POST /v1/check`"
@@ -203,7 +202,7 @@ def fastlimit_http(workdir: Path, extra: list[str] = ()) -> tuple[Fastlimit, int
 def rule_counts(c: redis.Redis, rule_id: str) -> tuple[int, int]:
     reply = c.execute_command("CL.RULE", "STATS", rule_id)
     if isinstance(reply, list):              # RESP2: a flat list of pairs
-        reply = dict(zip(reply[::2], reply[1::2]))
+        reply = dict(zip(reply[::2], reply[1::2], strict=True))
     stats = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in reply.items()}
     return stats["allowed"], stats["denied"]
 
@@ -231,7 +230,7 @@ def run_wrk(port: int, path: str, seconds: float, keys: int, resource: str) -> d
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60,
                               preexec_fn=_die_with_parent)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"wrk did not end {seconds + 60:.0f} s after starting")
+        raise RuntimeError(f"wrk did not end {seconds + 60:.0f} s after starting") from None
     m = re.search(r"^WRK_JSON (.*)$", proc.stdout, re.M)
     if proc.returncode != 0 or not m:
         err = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
@@ -464,6 +463,77 @@ def check_path_cost(args, workdir: Path) -> dict:
     return {"cpu": runs, "rps": rates, "scrapes": scraper.statuses if scraper else {}}
 
 
+class Callgrinded(Fastlimit):
+    """A fastlimit under callgrind, which writes its counts when the server exits."""
+
+    def __init__(self, workdir: Path, out: Path, extra: list[str]):
+        self.callgrind_out = out
+        super().__init__(workdir, extra)
+
+    def _spawn(self, argv: list[str], env=None) -> None:
+        super()._spawn(["valgrind", "--tool=callgrind",
+                        f"--callgrind-out-file={self.callgrind_out}", *argv], env)
+
+    def stop_and_dump(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=CALLGRIND_START_S)
+        self.stop()
+
+
+DATA_RECEIVED = re.compile(r"^\s*([\d,]+) .*_protocol\.c:__pyx_pw_\w*Connection_\d+data_received"
+                           r" ", re.M)
+
+
+def data_received_ir(out: Path) -> int:
+    """Instructions in the RESP connection's data_received and all it calls."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", str(out)],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+    m = DATA_RECEIVED.search(text)
+    if not m:
+        raise RuntimeError(f"no Connection.data_received in {out.name}")
+    return int(m.group(1).replace(",", ""))
+
+
+def callgrind_check_path(args, workdir: Path) -> dict:
+    """Instructions per CL.CHECK in the RESP connection (callgrind), with the
+    HTTP front off and on (scraped once a second): the noise does not move them."""
+    for tool in ("valgrind", "callgrind_annotate"):
+        if not shutil.which(tool):
+            return {"error": f"{tool} not installed (Debian's valgrind)"}
+    http_port = free_port()
+    servers: dict[str, Callgrinded] = {}
+    scraper = None
+    out: dict = {"calls": {}, "ir": {}}
+    try:
+        # both start at once: each takes ~20 s to import under callgrind
+        for who, port in (("off", 0), ("on", http_port)):
+            servers[who] = Callgrinded(workdir, workdir / f"callgrind-{who}.out",
+                                       ["--http-port", str(port)])
+        for srv in servers.values():
+            srv.wait_ready(timeout=CALLGRIND_START_S)
+        wait_http(http_port, "/livez", servers["on"].proc, timeout=CALLGRIND_START_S)
+        scraper = Scraper(http_port)
+        scraper.start()
+        for who, srv in servers.items():
+            run_benchmark(args.redis_benchmark, srv.port, CONNECTIONS, args.callgrind_n, 16,
+                          CHECK, CHECK_KEYS)
+            c = srv.client()
+            out["calls"][who] = c.info("commandstats")["cmdstat_cl.check"]["calls"]
+            c.close()
+        scraper.stop()
+        out["scrapes"] = scraper.statuses
+        for who, srv in servers.items():
+            srv.stop_and_dump()
+            out["ir"][who] = data_received_ir(srv.callgrind_out) / out["calls"][who]
+            log(f"  callgrind http {who:3} {out['ir'][who]:,.0f} instructions per CL.CHECK")
+    finally:
+        if scraper is not None:
+            scraper.stop()
+        for srv in servers.values():
+            srv.stop()
+    return out
+
+
 def metrics_scrape(args, workdir: Path) -> dict:
     """One /metrics scrape with METRICS_RULES rules, each with decisions counted."""
     fl, port = fastlimit_http(workdir)
@@ -526,23 +596,27 @@ def us(x: float | None) -> str:
 
 
 def build_report(args, sides_of: dict, cost: dict, scrape: dict, meta: dict) -> str:
-    out = ["# fastlimit: the HTTP front", ""]
-    out.append(f"{meta['when']} · {meta['machine']} · rev {meta['rev']} · wrk "
-               f"{meta['wrk']} · redis-server {meta['redis_version']} · "
-               f"{meta.get('starlette', '?')} · {meta['elapsed']:.0f} s in total")
-    out.append("")
-    out.append(f"## `POST /v1/check`: fastlimit vs Starlette + limits + redis-server")
-    out.append("")
-    out.append(f"{CONNECTIONS} keep-alive connections (`wrk -t 1 -c {CONNECTIONS}` with "
-               f"bench/http_check.lua; redis-benchmark `-c {CONNECTIONS} -P 1` for RESP), "
-               f"{args.seconds:g} s per run, {args.keys:,} client keys drawn at random per "
-               f"request, `{args.strategy}` on both stacks, median of {args.repeat} "
-               "interleaved run(s). CPU: the server process's user+system time per request "
-               "(/proc); the Starlette stack's redis-server apart.")
-    out.append("")
-    out.append("| rule | side | req/s | p50 ms | p90 ms | p99 ms | server CPU µs/req "
-               "| + redis-server µs/req | allowed |")
-    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    out = ["# fastlimit: the HTTP front", "",
+           f"{meta['when']} · {meta['machine']} · rev {meta['rev']} · wrk {meta['wrk']} · "
+           f"redis-server {meta['redis_version']} · {meta.get('starlette', '?')} · "
+           f"{meta['elapsed']:.0f} s in total", ""]
+    out += throughput_lines(args, sides_of, meta)
+    out += check_path_lines(args, cost)
+    out += scrape_lines(args, scrape)
+    return "\n".join(out) + "\n"
+
+
+def throughput_lines(args, sides_of: dict, meta: dict) -> list[str]:
+    out = ["## `POST /v1/check`: fastlimit vs Starlette + limits + redis-server", "",
+           f"{CONNECTIONS} keep-alive connections (`wrk -t 1 -c {CONNECTIONS}` with "
+           f"bench/http_check.lua; redis-benchmark `-c {CONNECTIONS} -P 1` for RESP), "
+           f"{args.seconds:g} s per run, {args.keys:,} client keys drawn at random per "
+           f"request, `{args.strategy}` on both stacks, median of {args.repeat} "
+           "interleaved run(s). CPU: the server process's user+system time per request "
+           "(/proc); the Starlette stack's redis-server apart.", "",
+           "| rule | side | req/s | p50 ms | p90 ms | p99 ms | server CPU µs/req "
+           "| + redis-server µs/req | allowed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     med: dict[tuple[str, str], Side] = {}
     for variant, rule_id in VARIANTS:
         for side in sides_of.get(variant, []):
@@ -553,28 +627,26 @@ def build_report(args, sides_of: dict, cost: dict, scrape: dict, meta: dict) -> 
                        f"{ms(side.median('p90'))} | {ms(side.median('p99'))} | "
                        f"{us(side.median('cpu'))} | {us(side.median('redis_cpu'))} | "
                        f"{'–' if share is None else f'{share:.0%}'} |")
-    out.append("")
 
-    def ratio(variant, a, b, attr="rps"):
+    def ratio(variant, a, b):
         sa, sb = med.get((variant, a)), med.get((variant, b))
-        x, y = sa and sa.median(attr), sb and sb.median(attr)
+        x, y = sa and sa.median("rps"), sb and sb.median("rps")
         return x / y if x and y else None
 
     def stack_cpu(variant, name):
         s = med.get((variant, name))
         return s and s.median("cpu") and s.median("cpu") + (s.median("redis_cpu") or 0)
 
-    out.append("| rule | HTTP ÷ Starlette (same answer) | HTTP ÷ Starlette (flag only) "
-               "| HTTP ÷ RESP P1 | Starlette stack CPU ÷ fastlimit HTTP CPU |")
-    out.append("|---|---:|---:|---:|---:|")
+    out += ["", "| rule | HTTP ÷ Starlette (same answer) | HTTP ÷ Starlette (flag only) "
+            "| HTTP ÷ RESP P1 | Starlette stack CPU ÷ fastlimit HTTP CPU |",
+            "|---|---:|---:|---:|---:|"]
     for variant, _ in VARIANTS:
         cpu_full, cpu_fl = stack_cpu(variant, ST_FULL), stack_cpu(variant, FL_HTTP)
         out.append(f"| {variant} | {fmt_x(ratio(variant, FL_HTTP, ST_FULL))} | "
                    f"{fmt_x(ratio(variant, FL_HTTP, ST_HIT))} | "
                    f"{fmt_x(ratio(variant, FL_HTTP, FL_RESP))} | "
                    f"{fmt_x(cpu_full / cpu_fl if cpu_full and cpu_fl else None)} |")
-    out.append("")
-    out.append("Targets (ratios of req/s measured side by side in this run):")
+    out += ["", "Targets (ratios of req/s measured side by side in this run):"]
     for variant, _ in VARIANTS:
         out.append(target_line(f"{variant}: fastlimit HTTP ≥ 5× Starlette + limits (same "
                                "answer, the target)", ratio(variant, FL_HTTP, ST_FULL), 5.0))
@@ -584,13 +656,19 @@ def build_report(args, sides_of: dict, cost: dict, scrape: dict, meta: dict) -> 
         out.append(target_line(f"{variant}: fastlimit HTTP ≥ 0.5× fastlimit RESP CL.LIMIT "
                                "-P 1", ratio(variant, FL_HTTP, FL_RESP), 0.5))
     out.append("")
+    out += [f"- {n}" for n in throughput_notes(args, sides_of, meta)]
+    out.append("")
+    return out
+
+
+def throughput_notes(args, sides_of: dict, meta: dict) -> list[str]:
     notes = []
     for side in (s for sides in sides_of.values() for s in sides):
         errors = sum(r.errors for r in side.runs)
         if errors:
             notes.append(f"{side.name}: {errors:,} non-200 responses or socket errors.")
-        for f in side.failures:
-            notes.append(f"{side.name}: a failed run, left out: {f}")
+        for f in dict.fromkeys(side.failures):
+            notes.append(f"{side.name}: failed run(s), left out: {f}")
     if meta.get("error"):
         notes.append(meta["error"])
     notes.append(
@@ -614,61 +692,81 @@ def build_report(args, sides_of: dict, cost: dict, scrape: dict, meta: dict) -> 
         "Starlette stack redis-server share the 2 CPUs, as in the other benches. Allowed: "
         "the share of checks decided in the run (fastlimit's `CL.RULE STATS`, the app's "
         "own counters).")
-    out += [f"- {n}" for n in notes]
-    out.append("")
+    return notes
 
-    out.append("## The cost of the HTTP front and /metrics on the check path")
-    out.append("")
+
+def check_path_lines(args, cost: dict) -> list[str]:
+    out = ["## The cost of the HTTP front and /metrics on the check path", ""]
+    out += proc_cpu_lines(args, cost)
+    return out + callgrind_lines(args, cost.get("callgrind", {}))
+
+
+def proc_cpu_lines(args, cost: dict) -> list[str]:
     off, on = cost.get("cpu", {}).get("off"), cost.get("cpu", {}).get("on")
-    scrapes = cost.get("scrapes", {})
-    if off and on:
-        out.append(f"redis-benchmark `-c {CONNECTIONS} -P 16 -n {args.n16:,} -r "
-                   f"{CHECK_KEYS:,} {' '.join(CHECK)}`, {args.check_repeat} interleaved "
-                   "run(s) per side, medians; the front-on server's /metrics is scraped "
-                   "once a second throughout:")
-        out.append("")
-        out.append("| server | req/s | server CPU µs/CL.CHECK | spread |")
-        out.append("|---|---:|---:|---:|")
-        for who, label in (("off", "`--http-port 0`"),
-                           ("on", "`--http-port <port>`, /metrics scraped every second")):
-            cpu, rps = cost["cpu"][who], cost["rps"][who]
-            out.append(f"| {label} | {fmt_rps(statistics.median(rps))} | "
-                       f"{statistics.median(cpu):.3f} | {min(cpu):.3f}–{max(cpu):.3f} |")
-        out.append("")
-        out.append(target_line("CPU per CL.CHECK with the HTTP front and scraping ≤ 1.03× "
-                               "without", statistics.median(on) / statistics.median(off),
-                               1.03, higher_is_better=False))
-        shown = ", ".join(f"{n}× {s}" for s, n in sorted(scrapes.items(), key=str))
-        out.append(f"- Scrapes during the runs: {shown or 'none'}"
-                   + (" (404: /metrics has not landed in this build, so the scraper "
-                      "costs only the front's routing)" if 404 in scrapes else "") + ".")
-    else:
-        out.append("- **not measured**" + (f" ({cost['error']})" if cost.get("error") else ""))
-    out.append("")
+    if not (off and on):
+        why = f" ({cost['error']})" if cost.get("error") else ""
+        return [f"- CPU per CL.CHECK with the HTTP front ≤ 1.03× without: "
+                f"**not measured**{why}", ""]
+    out = [f"redis-benchmark `-c {CONNECTIONS} -P 16 -n {args.n16:,} -r {CHECK_KEYS:,} "
+           f"{' '.join(CHECK)}`, {args.check_repeat} interleaved run(s) per side, medians; "
+           "the front-on server's /metrics is scraped once a second throughout:", "",
+           "| server | req/s | server CPU µs/CL.CHECK | spread |", "|---|---:|---:|---:|"]
+    for who, label in (("off", "`--http-port 0`"),
+                       ("on", "`--http-port <port>`, /metrics scraped every second")):
+        cpu, rps = cost["cpu"][who], cost["rps"][who]
+        out.append(f"| {label} | {fmt_rps(statistics.median(rps))} | "
+                   f"{statistics.median(cpu):.3f} | {min(cpu):.3f}–{max(cpu):.3f} |")
+    return out + [
+        "", target_line("CPU per CL.CHECK with the HTTP front and scraping ≤ 1.03× without",
+                        statistics.median(on) / statistics.median(off), 1.03,
+                        higher_is_better=False),
+        f"- Scrapes during the runs: {scrape_text(cost.get('scrapes', {}))}.", ""]
 
-    out.append(f"## One /metrics scrape with {METRICS_RULES:,} rules")
-    out.append("")
-    if scrape.get("status") == 200:
-        out.append(f"{scrape['rules']:,} token-bucket rules set with `CL.RULE SET`, each with "
-                   f"one decision counted; {args.scrapes} GETs on one keep-alive "
-                   "connection after 3 unmeasured ones:")
-        out.append("")
-        out.append("| median ms | p90 ms | max ms | server CPU ms/scrape | bytes | samples "
-                   "| rule label values |")
-        out.append("|---:|---:|---:|---:|---:|---:|---:|")
-        out.append(f"| {scrape['median_ms']:.2f} | {scrape['p90_ms']:.2f} | "
-                   f"{scrape['max_ms']:.2f} | {scrape['cpu_ms']:.2f} | {scrape['bytes']:,} | "
-                   f"{scrape['samples']:,} | {scrape['rule_labels']:,} |")
-        out.append("")
-        out.append(target_line(f"a scrape with {METRICS_RULES:,} rules < 50 ms (median)",
-                               scrape["median_ms"], 50.0, higher_is_better=False,
-                               unit="ms"))
-    else:
+
+def callgrind_lines(args, grind: dict) -> list[str]:
+    what = "instructions per CL.CHECK with the HTTP front and scraping ≤ 1.03× without"
+    if not grind.get("ir"):
+        return [f"- {what}: **not measured** ({grind.get('error', '--skip-callgrind')})", ""]
+    off, on = grind["ir"]["off"], grind["ir"]["on"]
+    return [f"Under callgrind, two servers each given `redis-benchmark -c {CONNECTIONS} -P 16 "
+            f"-n {args.callgrind_n:,}` of the same CL.CHECK; instructions of the RESP "
+            "connection's `data_received` and everything it calls, per CL.CHECK (the "
+            "counts do not move with the machine's noise):", "",
+            "| server | instructions per CL.CHECK |", "|---|---:|",
+            f"| `--http-port 0` | {off:,.0f} |",
+            f"| `--http-port <port>`, /metrics scraped every second | {on:,.0f} |", "",
+            target_line(what, on / off, 1.03, higher_is_better=False),
+            f"- Scrapes during the callgrind run: {scrape_text(grind.get('scrapes', {}))}.",
+            ""]
+
+
+def scrape_text(statuses: dict) -> str:
+    shown = ", ".join(f"{n}× {s}" for s, n in sorted(statuses.items(), key=str))
+    return (shown or "none") + (" (404: /metrics has not landed in this build, so each "
+                                "scrape costs only the front's routing)"
+                                if 404 in statuses else "")
+
+
+def scrape_lines(args, scrape: dict) -> list[str]:
+    out = [f"## One /metrics scrape with {METRICS_RULES:,} rules", ""]
+    what = f"a scrape with {METRICS_RULES:,} rules < 50 ms"
+    if scrape.get("status") != 200:
         why = (f"GET /metrics answered {scrape['status']}" if scrape.get("status")
                else scrape.get("error", "not run"))
-        out.append(f"- a scrape with {METRICS_RULES:,} rules < 50 ms: **not measured** "
-                   f"({why}{': /metrics has not landed in this build' if scrape.get('status') == 404 else ''})")
-    return "\n".join(out) + "\n"
+        if scrape.get("status") == 404:
+            why += ": /metrics has not landed in this build"
+        return out + [f"- {what}: **not measured** ({why})", ""]
+    return out + [
+        f"{scrape['rules']:,} token-bucket rules set with `CL.RULE SET`, each with one "
+        f"decision counted; {args.scrapes} GETs on one keep-alive connection after 3 "
+        "unmeasured ones:", "",
+        "| median ms | p90 ms | max ms | server CPU ms/scrape | bytes | samples "
+        "| rule label values |", "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {scrape['median_ms']:.2f} | {scrape['p90_ms']:.2f} | {scrape['max_ms']:.2f} | "
+        f"{scrape['cpu_ms']:.2f} | {scrape['bytes']:,} | {scrape['samples']:,} | "
+        f"{scrape['rule_labels']:,} |", "",
+        target_line(f"{what} (median)", scrape["median_ms"], 50.0, higher_is_better=False,
+                    unit="ms"), ""]
 
 
 def fmt_x(x: float | None) -> str:
@@ -708,8 +806,12 @@ def parse_args(argv=None):
     p.add_argument("--check-repeat", type=int, help="interleaved runs per side of the "
                    "check-path part (default 5)")
     p.add_argument("--scrapes", type=int, help="timed /metrics GETs (default 50)")
+    p.add_argument("--callgrind-n", type=int, default=32_000,
+                   help="CL.CHECKs per server under callgrind (default 32,000)")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-check-path", action="store_true")
+    p.add_argument("--skip-callgrind", action="store_true",
+                   help="leave out the instruction counts (about 40 s; off with --quick)")
     p.add_argument("--skip-scrape", action="store_true")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
     p.add_argument("--redis-benchmark",
@@ -724,6 +826,7 @@ def parse_args(argv=None):
     args.n16 = args.n16 or (200_000 if q else 1_000_000)
     args.check_repeat = max(1, args.check_repeat or (1 if q else 5))
     args.scrapes = args.scrapes or (10 if q else 50)
+    args.skip_callgrind = args.skip_callgrind or q
     return args
 
 
@@ -764,6 +867,13 @@ def main(argv=None) -> int:
             except (RuntimeError, OSError, redis.RedisError) as e:
                 cost = {"error": short(e)}
                 log(cost["error"])
+        if not args.skip_callgrind:
+            log(f"== callgrind: {args.callgrind_n:,} CL.CHECK, --http-port 0 vs a scraped front")
+            try:
+                cost["callgrind"] = callgrind_check_path(args, workdir)
+            except (RuntimeError, OSError, redis.RedisError, subprocess.SubprocessError) as e:
+                cost["callgrind"] = {"error": short(e)}
+                log(cost["callgrind"]["error"])
         if not args.skip_scrape:
             log(f"== /metrics with {METRICS_RULES:,} rules")
             try:
