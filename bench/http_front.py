@@ -222,8 +222,8 @@ class Run:
     errors: int = 0
 
 
-def run_wrk(port: int, path: str, seconds: float, keys: int, resource: str) -> dict:
-    argv = ["wrk", "-t", "1", "-c", str(CONNECTIONS), "-d", f"{seconds:g}s",
+def run_wrk(port: int, path: str, seconds: int, keys: int, resource: str) -> dict:
+    argv = ["wrk", "-t", "1", "-c", str(CONNECTIONS), "-d", f"{seconds}s",
             "--timeout", "5s", "-s", str(LUA), f"http://127.0.0.1:{port}{path}",
             "--", str(keys), resource, "1"]
     try:
@@ -259,6 +259,14 @@ class Throughput:
         self.args = args
         self.fl = self.rd = self.app = None
         self.no_front = ""
+        self.resp_n: dict[str, int] = {}
+        try:
+            self._start(workdir)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, workdir: Path) -> None:
         try:
             self.fl, self.fl_http = fastlimit_http(workdir)
         except RuntimeError as e:
@@ -266,17 +274,18 @@ class Throughput:
             self.no_front = short(e)
             self.fl, self.fl_http = Fastlimit(workdir), None
             self.fl.wait_ready()
-        self.rd = RedisServer(workdir, args.redis_server)
+        self.rd = RedisServer(workdir, self.args.redis_server)
         self.rd.wait_ready()
-        self.app = StarletteApp(workdir, self.rd.port, args.strategy)
+        self.app = StarletteApp(workdir, self.rd.port, self.args.strategy)
         self.app.wait_ready()
         self.c = self.fl.client()
         for rule_id, rule in RULES.items():
             self.c.execute_command("CL.RULE", "SET", rule_id,
-                                   fastlimit_rule(rule, args.strategy))
-        self.resp_n: dict[str, int] = {}
+                                   fastlimit_rule(rule, self.args.strategy))
 
     def stop(self) -> None:
+        if getattr(self, "c", None) is not None:
+            self.c.close()
         for srv in (self.fl, self.rd, self.app):
             if srv is not None:
                 srv.stop()
@@ -326,7 +335,7 @@ class Throughput:
             return self.app.pid, self.rd.pid
         return self.fl.pid, None
 
-    def load(self, side: str, rule_id: str, seconds: float) -> tuple[int, dict]:
+    def load(self, side: str, rule_id: str, seconds: int) -> tuple[int, dict]:
         """Drives one side for about `seconds`: (requests done, latency figures)."""
         resource = RULES[rule_id]["resource"]
         if side == FL_RESP:
@@ -671,6 +680,9 @@ def throughput_notes(args, sides_of: dict, meta: dict) -> list[str]:
             notes.append(f"{side.name}: failed run(s), left out: {f}")
     if meta.get("error"):
         notes.append(meta["error"])
+    for (who, rule_id), doc in meta.get("answers", {}).items():
+        notes.append(f"{who}'s answer to the first check of a key under `{rule_id}`: "
+                     f"`{json.dumps(doc)}`")
     notes.append(
         "Rules: " + "; ".join(f"`{rid}` {r['limit']:,} per {r['window_ms'] // 1000:,} s "
                               f"per key on `{r['resource']}`" for rid, r in RULES.items()) +
@@ -794,9 +806,10 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="2 s runs, 1 repeat, short check-path and scrape parts: about 40 s")
-    p.add_argument("--seconds", type=float, help="seconds per measured run (default 8)")
-    p.add_argument("--warm", type=float, help="unmeasured seconds per side before a rule's "
-                   "runs (default 1)")
+    p.add_argument("--seconds", type=int, help="seconds per measured run (default 6; wrk "
+                   "takes whole seconds)")
+    p.add_argument("--warm", type=int, default=1, help="unmeasured seconds per side before "
+                   "a rule's runs (default 1)")
     p.add_argument("--repeat", type=int, help="interleaved runs per side (default 2)")
     p.add_argument("--keys", type=int, default=10_000, help="client keys (default 10,000)")
     p.add_argument("--strategy", choices=sorted(STRATEGY_NAMES), default="fixed_window",
@@ -820,8 +833,8 @@ def parse_args(argv=None):
                    help="also write the report here (default bench/results/http.md)")
     args = p.parse_args(argv)
     q = args.quick
-    args.seconds = args.seconds or (2.0 if q else 8.0)
-    args.warm = args.warm if args.warm is not None else (0.5 if q else 1.0)
+    args.seconds = max(1, args.seconds or (2 if q else 6))
+    args.warm = max(1, args.warm)
     args.repeat = max(1, args.repeat or (1 if q else 2))
     args.n16 = args.n16 or (200_000 if q else 1_000_000)
     args.check_repeat = max(1, args.check_repeat or (1 if q else 5))
