@@ -616,7 +616,11 @@ def build_report(args, sides_of: dict, cost: dict, scrape: dict, meta: dict) -> 
 
 
 def throughput_lines(args, sides_of: dict, meta: dict) -> list[str]:
-    out = ["## `POST /v1/check`: fastlimit vs Starlette + limits + redis-server", "",
+    title = "## `POST /v1/check`: fastlimit vs Starlette + limits + redis-server"
+    if not sides_of:
+        return [title, "", "- **not measured** ("
+                + meta.get("error", "--skip-throughput") + ")", ""]
+    out = [title, "",
            f"{CONNECTIONS} keep-alive connections (`wrk -t 1 -c {CONNECTIONS}` with "
            f"bench/http_check.lua; redis-benchmark `-c {CONNECTIONS} -P 1` for RESP), "
            f"{args.seconds:g} s per run, {args.keys:,} client keys drawn at random per "
