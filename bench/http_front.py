@@ -777,7 +777,7 @@ def scrape_lines(args, scrape: dict) -> list[str]:
         f"decision counted; {args.scrapes} GETs on one keep-alive connection after 3 "
         "unmeasured ones:", "",
         "| median ms | p90 ms | max ms | server CPU ms/scrape | bytes | samples "
-        "| rule label values |", "|---:|---:|---:|---:|---:|---:|---:|",
+        "| rule label values (`__other__` too) |", "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {scrape['median_ms']:.2f} | {scrape['p90_ms']:.2f} | {scrape['max_ms']:.2f} | "
         f"{scrape['cpu_ms']:.2f} | {scrape['bytes']:,} | {scrape['samples']:,} | "
         f"{scrape['rule_labels']:,} |", "",
