@@ -24,7 +24,9 @@ One run:
   3. the cost of the HTTP front and /metrics on the check path:
      ``redis-benchmark -P 16 CL.CHECK`` against a fastlimit with
      ``--http-port 0`` and one with an HTTP port scraped at /metrics once a
-     second, interleaved: server CPU per CL.CHECK;
+     second, interleaved: server CPU per CL.CHECK; then the same two under
+     callgrind: instructions per CL.CHECK in the RESP connection, which the
+     machine's noise does not move (valgrind; left out with --quick);
   4. one /metrics scrape with 1,000 rules: the median time of many GETs;
   5. prints one markdown report and writes it to bench/results/http.md.
 
