@@ -356,6 +356,11 @@ cdef class HttpConnection:
                 self.send_python(self.shared.front.unauthorized(), keep, method)
             elif method == b"POST" and path in FAST_ENDPOINTS:
                 self.run_endpoint(FAST_ENDPOINTS[path], query, keep)
+                if self.pending is not None:
+                    # after a response that waits: this one waits behind it
+                    self.pending.append(PyBytes_FromStringAndSize(self.out.buf + mark,
+                                                                  self.out.len - mark))
+                    self.out.len = mark
             else:
                 self.send_python(self.shared.front.route(method, path, query, self.headers,
                                                          b"".join(self.body)), keep, method)
