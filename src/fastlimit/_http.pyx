@@ -4,7 +4,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStri
 from libc.stdint cimport int64_t, uint32_t
 
 from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
-from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit
+from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit, record_call
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
@@ -391,8 +391,7 @@ cdef class HttpConnection:
             stats.failed_calls += 1
             self.out.len = mark
             self.send_python(self.shared.front.refused(e.error), keep, b"POST")
-        stats.calls += 1
-        stats.nsec += fl_mono_ns() - t0
+        record_call(stats, fl_mono_ns() - t0)
 
     cdef bint authorized(self, bytes path):
         cdef HttpShared shared = self.shared

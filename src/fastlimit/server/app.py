@@ -140,6 +140,7 @@ class Server:
             cmd.reset_stats()
             for sub in cmd.subcommands.values():
                 sub.reset_stats()
+        self.http.reset_stats()
 
     # ---- lifecycle ------------------------------------------------------------
 
