@@ -23,6 +23,7 @@ install_debian_tools() {
     command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
     command -v chromium >/dev/null || need_apt+=(chromium)
     command -v wrk >/dev/null || need_apt+=(wrk)
+    command -v valgrind >/dev/null || need_apt+=(valgrind)   # the benches count instructions
     if ((${#need_apt[@]})); then
         echo "== installing ${need_apt[*]} with apt-get"
         export DEBIAN_FRONTEND=noninteractive
