@@ -26,6 +26,8 @@ from fastlimit._resp import parse_integer
 
 DEFAULT_PORT = 6380
 DEFAULT_HTTP_PORT = 8380
+# envoyproxy/ratelimit's gRPC port: Envoy's configs point there
+DEFAULT_GRPC_PORT = 8081
 
 
 class ConfigError(ValueError):
@@ -221,6 +223,9 @@ class Settings:
     http_header_timeout: float = 10.0
     http_batch_max: int = 1000
     metrics_rule_labels: int = 1000
+    grpc_port: int = DEFAULT_GRPC_PORT
+    grpc_max_concurrent_streams: int = 100
+    grpc_deadline_ms: float = 15.0
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -291,6 +296,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "http-header-timeout": (lambda v: parse_number(v, 0, 3600, above_low=True), str),
     "http-batch-max": (lambda v: parse_int(v, 1, 100_000), str),
     "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
+    "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
+    "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
+    "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
 }
 
 
@@ -333,7 +341,8 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "repl-buffer-limit", "rules-cache-size", "cluster-announce-ip",
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
-                    "metrics-rule-labels"}
+                    "metrics-rule-labels",
+                    "grpc-max-concurrent-streams", "grpc-deadline-ms"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -800,6 +809,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-rule-labels", metavar="N",
                    help="rules with a rule label of their own in /metrics; the rest "
                         "are summed as __other__ (default 1000; 0: no per-rule series)")
+    p.add_argument("--grpc-port", metavar="N",
+                   help=f"gRPC port (cleartext HTTP/2) for Envoy's rate limit service "
+                        f"(ShouldRateLimit) and the gRPC health check, on the bind addresses "
+                        f"(default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
+    p.add_argument("--grpc-max-concurrent-streams", metavar="N",
+                   help="calls one gRPC connection may have open at once, as HTTP/2's "
+                        "SETTINGS_MAX_CONCURRENT_STREAMS (default 100; new connections)")
+    p.add_argument("--grpc-deadline-ms", metavar="N",
+                   help="a gRPC call not answered within this many milliseconds fails "
+                        "with UNAVAILABLE, so Envoy's failure mode decides before its own "
+                        "timeout (default 15; 0: only the client's grpc-timeout)")
     return p
 
 
