@@ -209,6 +209,7 @@ cdef struct Stream:
     Route route
     uint8_t queued            # in the connection's ready list
     uint8_t answered          # a response is submitted
+    uint8_t cut_off           # answered before its request ended: reset once sent
     uint8_t post              # :method POST
     uint8_t grpc_type         # content-type application/grpc[+...|;...]
     uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message

@@ -673,8 +673,17 @@ cdef int on_frame_recv(nghttp2_session* session, const nghttp2_frame* frame,
 
 cdef int on_frame_send(nghttp2_session* session, const nghttp2_frame* frame,
                        void* ud) noexcept nogil:
+    cdef Stream* s
     if frame.hd.type == NGHTTP2_GOAWAY and frame.goaway.error_code != NGHTTP2_NO_ERROR:
         (<Conn*>ud).protocol_error = 1
+    elif frame.hd.type == NGHTTP2_HEADERS and frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
+        # An answer that went before its request ended: the rest of the request is
+        # cut off with RST_STREAM NO_ERROR (RFC 9113 8.1), only now, or nghttp2
+        # would send the reset first and drop the answer.
+        s = stream_of(session, frame.hd.stream_id)
+        if s != NULL and s.cut_off:
+            s.cut_off = 0
+            nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_NO_ERROR)
     return 0
 
 
@@ -1066,8 +1075,8 @@ cdef class GrpcConnection:
     cdef void fail_with(self, Stream* s, int status, const char* message, size_t length,
                         int http_status):
         """A trailers-only response: HEADERS with grpc-status and
-        grpc-message, ending the stream; the rest of a request still coming
-        is cut off with RST_STREAM NO_ERROR (RFC 9113 §8.1)."""
+        grpc-message, ending the stream (the rest of a request still coming
+        is cut off once it is sent: on_frame_send)."""
         cdef nghttp2_nv nva[4]
         nva[0] = RESPONSE_HEADERS[0]
         if http_status == 405:
@@ -1087,7 +1096,7 @@ cdef class GrpcConnection:
             nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id,
                                       NGHTTP2_INTERNAL_ERROR)
         elif not nghttp2_session_get_stream_remote_close(self.c.session, s.id):
-            nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_NO_ERROR)
+            s.cut_off = 1
 
     # ---- deadlines -------------------------------------------------------------------
 
