@@ -68,7 +68,8 @@ def test_streams_past_max_concurrent_streams_are_refused(make_grpc_server):
     s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
     # a client that ignores the server's SETTINGS: six calls at once
     s.sendall(PREFACE + frame(4, 0, 0, b"")
-              + b"".join(frame(1, 0x4, sid, request_block(RLS_PATH)) for sid in (1, 3, 5, 7, 9, 11)))
+              + b"".join(frame(1, 0x4, sid, request_block(RLS_PATH))
+                         for sid in (1, 3, 5, 7, 9, 11)))
     frames = read_until(s, lambda fs: sum(t == 3 for t, _, _ in fs) == 2)
     resets = {sid: int.from_bytes(p, "big") for t, sid, p in frames if t == 3}
     assert resets == {9: REFUSED_STREAM, 11: REFUSED_STREAM}
@@ -115,7 +116,8 @@ def test_an_oversized_message_is_resource_exhausted(srv):
     while sent < len(body) and not h.closed:
         window = min(h.conn.local_flow_control_window(sid), h.conn.max_outbound_frame_size)
         if window <= 0:
-            h.wait(lambda ev, n=len(h.events): len(ev) > n)
+            seen = len(h.events)
+            h.wait(lambda ev, seen=seen: len(ev) > seen)
             if any(isinstance(e, h2.events.StreamEnded) for e in h.events):
                 break
             continue
