@@ -472,21 +472,6 @@ cdef int encode_response(Writer* w, overall, list statuses, list headers) except
     return 0
 
 
-def encode_rate_limit_response(overall, list statuses, list headers=[]):
-    """The RateLimitResponse message the front sends for this decision
-    (no gRPC framing): for tests and the bench's expected bytes."""
-    writer_reset(&MSG)
-    encode_response(&MSG, overall, statuses, headers)
-    return PyBytes_FromStringAndSize(MSG.buf, MSG.len)
-
-
-def decode_rate_limit_request(bytes message):
-    """(domain, descriptors, hits_addend) as the service gets them, or
-    None if the message is malformed."""
-    return decode_request(<const uint8_t*>PyBytes_AS_STRING(message),
-                          PyBytes_GET_SIZE(message))
-
-
 def percent_encode(bytes text):
     """grpc-message's encoding: bytes outside printable ASCII, and %, as %XX."""
     return b"".join(bytes([c]) if 0x20 <= c <= 0x7e and c != 0x25 else b"%%%02X" % c

@@ -13,7 +13,7 @@ from fastlimit._grpc import GrpcConnection, GrpcShared
 from fastlimit.server.subsystem import Subsystem
 
 try:
-    from fastlimit.rls.service import RlsError
+    from fastlimit.rls.service import RlsError  # type: ignore[import-not-found, unused-ignore]
 except ImportError:     # until the rls layer lands; then this goes
     class RlsError(Exception):  # type: ignore[no-redef]
         """A request the service refuses: gRPC status UNKNOWN with this message."""
