@@ -207,3 +207,18 @@ def test_shutdown_says_not_serving_then_goaway(make_grpc_server):
     goaways = [p for t, _, p in frames if t == 7]
     assert int.from_bytes(goaways[-1][:4], "big") == sid  # the last GOAWAY
     assert srv.proc.wait(10) == 0
+
+
+def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc_server):
+    srv = make_grpc_server("--maxclients", "1")
+    first = RawH2(srv.grpc_port)
+    first.wait(lambda ev: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
+    s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
+    s.sendall(PREFACE + frame(4, 0, 0, b""))
+    goaways = [p for t, _, p in read_frames(s) if t == 7]
+    assert goaways and goaways[0][:8] == bytes(8)     # last stream 0, NO_ERROR
+    assert b"too many connections" in goaways[0]
+    sid = first.start(HEALTH_PATH)
+    first.send(sid, grpc_frame(b""))
+    assert first.ended(sid)[b"grpc-status"] == b"0"
+    assert srv.info()["grpc_rejected_connections"] == 1
