@@ -10,7 +10,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DEBUG = os.environ.get("FASTLIMIT_DEBUG", "") not in ("", "0")
-MODULES = [m for m in ["_core", "_resp", "_rules", "_protocol", "_cluster", "_http"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
+MODULES = [m for m in ["_core", "_resp", "_rules", "_protocol", "_cluster", "_http", "_grpc"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
 
 if DEBUG:
     compile_args = ["-O0", "-g3", "-UNDEBUG"]
@@ -22,6 +22,9 @@ else:
     macros = [("CYTHON_WITHOUT_ASSERTIONS", "1")]
     directives = {"boundscheck": False, "wraparound": False,
                   "initializedcheck": False}
+# The C libraries an extension links besides Python's: the gRPC front's
+# HTTP/2 is libnghttp2 (Debian's libnghttp2-dev).
+LIBRARIES = {"_grpc": ["nghttp2"]}
 # C division everywhere: the engine never divides negative numbers, and
 # Cython's Python-semantics helpers would truncate its 128-bit values.
 directives.update(language_level=3, embedsignature=True, cdivision=True)
@@ -33,6 +36,7 @@ extensions = [
         include_dirs=["src/fastlimit"],
         extra_compile_args=compile_args,
         define_macros=macros,
+        libraries=LIBRARIES.get(name, []),
     )
     for name in MODULES
 ]

@@ -60,7 +60,7 @@ class Server:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fastlimit.server", "--bind", "127.0.0.1", "--port", "0",
-             "--rules-db", "", "--snapshot-file", "", "--http-port", "0",
+             "--rules-db", "", "--snapshot-file", "", "--http-port", "0", "--grpc-port", "0",
              "--rules-file", rules_file],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
         deadline = time.monotonic() + 60

@@ -5,12 +5,25 @@
 #             (what `make serve` runs; no apt, no test packages)
 #   (none)    .venv: the release build with the test dependencies, plus
 #             Debian's redis-server, redis-tools, redis-sentinel, prometheus,
-#             chromium and wrk (the tests and bench use them)
+#             chromium, wrk, valgrind and nghttp2-client (the tests and bench use
+#             them); both install libnghttp2-dev, which the gRPC front builds on
 #   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 mode=${1:-}
+
+apt_install() {  # apt_install PACKAGE...
+    echo "== installing $* with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "$@" >/dev/null
+}
+
+# What the build itself needs: the gRPC front is built on libnghttp2.
+install_build_deps() {
+    [ -e /usr/include/nghttp2/nghttp2.h ] || apt_install libnghttp2-dev
+}
 
 install_debian_tools() {
     local need_apt=()
@@ -24,11 +37,9 @@ install_debian_tools() {
     command -v chromium >/dev/null || need_apt+=(chromium)
     command -v wrk >/dev/null || need_apt+=(wrk)
     command -v valgrind >/dev/null || need_apt+=(valgrind)   # the benches count instructions
+    command -v h2load >/dev/null && command -v nghttp >/dev/null || need_apt+=(nghttp2-client)
     if ((${#need_apt[@]})); then
-        echo "== installing ${need_apt[*]} with apt-get"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq "${need_apt[@]}" >/dev/null
+        apt_install "${need_apt[@]}"
     fi
 }
 
@@ -57,8 +68,10 @@ build_venv() {  # build_venv DIR EXTRAS [ENV=VALUE ...]
 
 case "$mode" in
     --serve)
+        install_build_deps
         build_venv .venv-serve "" FASTLIMIT_DEBUG=0 ;;
     ""|--debug)
+        install_build_deps
         install_debian_tools
         build_venv .venv "[test]" FASTLIMIT_DEBUG=0
         if [ "$mode" = "--debug" ]; then

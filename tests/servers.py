@@ -51,6 +51,9 @@ def untraced_env() -> dict[str, str]:
 class ServerProcess:
     """A fastlimit-server child process with its log in a temp file."""
 
+    # What the interpreter runs: a subclass may run a test's own launcher.
+    entry = ["-m", "fastlimit.server"]
+
     def __init__(self, *args: str):
         self.args = list(args)
         self.proc: subprocess.Popen | None = None
@@ -66,8 +69,10 @@ class ServerProcess:
             durability += ["--snapshot-file", ""]
         if "--http-port" not in self.args:
             durability += ["--http-port", "0"]     # side by side, they would share 8380
+        if "--grpc-port" not in self.args:
+            durability += ["--grpc-port", "0"]     # and 8081
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
+            [PYTHON, *self.entry, "--port", "0", *durability, *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=None if TRACED else untraced_env())
         deadline = time.monotonic() + START_TIMEOUT

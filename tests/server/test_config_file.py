@@ -66,8 +66,8 @@ def run_with_config(tmp_path, text: str | bytes | None,
     if text is not None:
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return subprocess.run(
-        [PYTHON, "-m", "fastlimit.server", "--port", "0", "--http-port", "0", "--rules-db", "",
-         "--snapshot-file", "", "--config", str(path), *args],
+        [PYTHON, "-m", "fastlimit.server", "--port", "0", "--http-port", "0", "--grpc-port", "0",
+         "--rules-db", "", "--snapshot-file", "", "--config", str(path), *args],
         capture_output=True, text=True, timeout=60)
 
 

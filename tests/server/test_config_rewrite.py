@@ -73,7 +73,8 @@ def test_rewrite_keeps_the_operators_layout_and_writes_what_changed(make_server,
     c.config_set("replica-priority", "7")
     assert c.execute_command("CONFIG", "REWRITE") == b"OK"
     # The command line's settings (the test harness's --port 0, --rules-db,
-    # --snapshot-file and --http-port 0) are running settings too, as in Redis.
+    # --snapshot-file, --http-port 0 and --grpc-port 0) are running settings
+    # too, as in Redis.
     assert read(path) == """\
 # fastlimit on box 3: edited by hand, rewritten by CONFIG REWRITE
 [server]
@@ -87,6 +88,7 @@ snapshot-file = ""
 rules-db = ""
 replica-priority = 7
 http-port = 0
+grpc-port = 0
 
 [rules]
 # kept for later
@@ -176,7 +178,9 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--http-port", "8000", "--http-metrics-auth", "no", "--http-max-header-bytes", "8kb",
             "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
             "--http-batch-max", "10", "--metrics-rule-labels", "5",
-            "--rls-config", "rls.yaml", "--rls-response-headers", "yes"]
+            "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
+            "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",
+            "--grpc-deadline-ms", "2.5"]
     settings = cfg.from_args(argv)
     defaults = cfg.Settings()
     unchanged = [name for name in cfg.get_all(settings)

@@ -22,6 +22,7 @@ from fastlimit.server import config as cfg
 from fastlimit.server.cluster import Cluster
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
+from fastlimit.server.grpc.listener import GrpcFront
 from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
@@ -59,6 +60,7 @@ class Server:
         self.cluster.load(settings)
         self.reshard = Reshard(self, log)
         self.http = HttpFront(self, log)
+        self.grpc = GrpcFront(self, log)
         # in the order they start; they stop in the reverse order
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
         # The Envoy rate limit service's YAML: raises ConfigError (the
@@ -69,7 +71,7 @@ class Server:
         self.subsystems: list[Subsystem] = [
             self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
-            self.http, self.rls]
+            self.http, self.rls, self.grpc]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()

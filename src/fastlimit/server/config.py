@@ -26,6 +26,8 @@ from fastlimit._resp import parse_integer
 
 DEFAULT_PORT = 6380
 DEFAULT_HTTP_PORT = 8380
+# envoyproxy/ratelimit's gRPC port: Envoy's configs point there
+DEFAULT_GRPC_PORT = 8081
 
 
 class ConfigError(ValueError):
@@ -223,6 +225,9 @@ class Settings:
     metrics_rule_labels: int = 1000
     rls_config: str | None = None
     rls_response_headers: bool = False
+    grpc_port: int = DEFAULT_GRPC_PORT
+    grpc_max_concurrent_streams: int = 100
+    grpc_deadline_ms: float = 15.0
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -295,6 +300,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
     "rls-config": (lambda v: str(v) or None, lambda v: v or ""),
     "rls-response-headers": (parse_bool, lambda v: "yes" if v else "no"),
+    "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
+    "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
+    "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
 }
 
 
@@ -338,7 +346,8 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
-                    "rls-response-headers"}
+                    "rls-response-headers",
+                    "grpc-max-concurrent-streams", "grpc-deadline-ms"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -811,6 +820,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rls-response-headers", metavar="yes|no",
                    help="the rate limit service adds the RateLimit-Policy, RateLimit and "
                         "(when over) Retry-After headers to its answers (default no)")
+    p.add_argument("--grpc-port", metavar="N",
+                   help=f"gRPC port (cleartext HTTP/2) for Envoy's rate limit service "
+                        f"(ShouldRateLimit) and the gRPC health check, on the bind addresses "
+                        f"(default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
+    p.add_argument("--grpc-max-concurrent-streams", metavar="N",
+                   help="calls one gRPC connection may have open at once, as HTTP/2's "
+                        "SETTINGS_MAX_CONCURRENT_STREAMS (default 100; new connections)")
+    p.add_argument("--grpc-deadline-ms", metavar="N",
+                   help="a gRPC call not answered within this many milliseconds fails "
+                        "with UNAVAILABLE, so Envoy's failure mode decides before its own "
+                        "timeout (default 15; 0: only the client's grpc-timeout)")
     return p
 
 

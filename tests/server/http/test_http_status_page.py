@@ -12,7 +12,7 @@ import os
 import re
 
 import pytest
-from cdp import CHROMIUM, Chromium, console_problems
+from cdp import Chromium, console_problems
 from wire import wait_until
 
 WAIT = 10.0     # seconds: the page polls once a second
@@ -177,9 +177,6 @@ def test_status_page_is_one_self_contained_html_document(start):
 
 # ---- the page in a browser ----------------------------------------------------------------------
 
-needs_chromium = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                    reason=f"{CHROMIUM} is not installed")
-
 # what the test reads from the DOM, in one evaluation
 READ_PAGE = """(() => {
   const q = (s) => document.querySelector(s);
@@ -208,7 +205,6 @@ def open_page(chromium: Chromium, url: str):
     return page
 
 
-@needs_chromium
 def test_status_page_with_no_rules_loads_in_chromium_without_a_console_error(start):
     server = start()
     with Chromium() as chromium:
@@ -221,7 +217,6 @@ def test_status_page_with_no_rules_loads_in_chromium_without_a_console_error(sta
     assert (seen["chart_denied"], seen["rule_series"], seen["role"]) == (0, [], "primary")
 
 
-@needs_chromium
 def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(start, tmp_path):
     server = start()
     c = server.client()
@@ -259,7 +254,6 @@ def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-@needs_chromium
 def test_status_page_behind_requirepass_polls_with_the_credentials_it_was_opened_with(start):
     server = start("--requirepass", "s3cret")
     assert server.request("GET", "/v1/stats")[0] == 401

@@ -1,0 +1,290 @@
+# The gRPC front's connection: cleartext HTTP/2 (h2c with prior knowledge,
+# as Envoy's gRPC client speaks it) driven by libnghttp2, the gRPC framing,
+# and the two Envoy RLS messages (RateLimitRequest in, RateLimitResponse
+# out) and grpc.health.v1's read and written by hand in C.  nghttp2 calls
+# back into C functions only (no Python per frame); a call whose request is
+# complete is answered after nghttp2 has read the whole chunk, and all the
+# frames of one read go out in one write.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+
+from fastlimit._protocol cimport Command, ServerCore
+from fastlimit._resp cimport Writer
+
+
+cdef extern from "nghttp2/nghttp2.h" nogil:
+    ctypedef struct nghttp2_session:
+        pass
+    ctypedef struct nghttp2_session_callbacks:
+        pass
+    ctypedef struct nghttp2_option:
+        pass
+
+    ctypedef struct nghttp2_frame_hd:
+        size_t length
+        int32_t stream_id
+        uint8_t type
+        uint8_t flags
+
+    ctypedef enum nghttp2_headers_category:
+        NGHTTP2_HCAT_REQUEST
+        NGHTTP2_HCAT_RESPONSE
+        NGHTTP2_HCAT_PUSH_RESPONSE
+        NGHTTP2_HCAT_HEADERS
+
+    ctypedef struct nghttp2_headers:
+        nghttp2_frame_hd hd
+        nghttp2_headers_category cat
+
+    ctypedef struct nghttp2_goaway:
+        nghttp2_frame_hd hd
+        int32_t last_stream_id
+        uint32_t error_code
+
+    ctypedef union nghttp2_frame:
+        nghttp2_frame_hd hd
+        nghttp2_headers headers
+        nghttp2_goaway goaway
+
+    ctypedef struct nghttp2_nv:
+        uint8_t* name
+        uint8_t* value
+        size_t namelen
+        size_t valuelen
+        uint8_t flags
+
+    ctypedef union nghttp2_data_source:
+        int fd
+        void* ptr
+
+    ctypedef ssize_t (*nghttp2_data_source_read_callback)(
+        nghttp2_session* session, int32_t stream_id, uint8_t* buf, size_t length,
+        uint32_t* data_flags, nghttp2_data_source* source, void* user_data) noexcept
+
+    ctypedef struct nghttp2_data_provider:
+        nghttp2_data_source source
+        nghttp2_data_source_read_callback read_callback
+
+    ctypedef struct nghttp2_settings_entry:
+        int32_t settings_id
+        uint32_t value
+
+    ctypedef void* (*nghttp2_malloc)(size_t size, void* mem_user_data) noexcept
+    ctypedef void (*nghttp2_free)(void* ptr, void* mem_user_data) noexcept
+    ctypedef void* (*nghttp2_calloc)(size_t nmemb, size_t size, void* mem_user_data) noexcept
+    ctypedef void* (*nghttp2_realloc)(void* ptr, size_t size, void* mem_user_data) noexcept
+
+    ctypedef struct nghttp2_mem:
+        void* mem_user_data
+        nghttp2_malloc malloc
+        nghttp2_free free
+        nghttp2_calloc calloc
+        nghttp2_realloc realloc
+
+    enum:
+        NGHTTP2_DATA = 0
+        NGHTTP2_HEADERS = 1
+        NGHTTP2_RST_STREAM = 3
+        NGHTTP2_GOAWAY = 7
+        NGHTTP2_FLAG_NONE = 0
+        NGHTTP2_FLAG_END_STREAM = 1
+        NGHTTP2_NV_FLAG_NONE = 0
+        NGHTTP2_NV_FLAG_NO_COPY_NAME = 2
+        NGHTTP2_NV_FLAG_NO_COPY_VALUE = 4
+        NGHTTP2_DATA_FLAG_EOF = 1
+        NGHTTP2_DATA_FLAG_NO_END_STREAM = 2
+        NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS = 3
+        NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE = 6
+        NGHTTP2_NO_ERROR = 0
+        NGHTTP2_PROTOCOL_ERROR = 1
+        NGHTTP2_INTERNAL_ERROR = 2
+        NGHTTP2_REFUSED_STREAM = 7
+        NGHTTP2_ENHANCE_YOUR_CALM = 11
+        NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE = -521
+        NGHTTP2_ERR_CALLBACK_FAILURE = -902
+
+    ctypedef int (*nghttp2_on_begin_headers_callback)(
+        nghttp2_session* session, const nghttp2_frame* frame, void* user_data) noexcept
+    ctypedef int (*nghttp2_on_header_callback)(
+        nghttp2_session* session, const nghttp2_frame* frame, const uint8_t* name,
+        size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags,
+        void* user_data) noexcept
+    ctypedef int (*nghttp2_on_data_chunk_recv_callback)(
+        nghttp2_session* session, uint8_t flags, int32_t stream_id, const uint8_t* data,
+        size_t len, void* user_data) noexcept
+    ctypedef int (*nghttp2_on_frame_recv_callback)(
+        nghttp2_session* session, const nghttp2_frame* frame, void* user_data) noexcept
+    ctypedef int (*nghttp2_on_frame_send_callback)(
+        nghttp2_session* session, const nghttp2_frame* frame, void* user_data) noexcept
+    ctypedef int (*nghttp2_on_stream_close_callback)(
+        nghttp2_session* session, int32_t stream_id, uint32_t error_code,
+        void* user_data) noexcept
+
+    int nghttp2_session_callbacks_new(nghttp2_session_callbacks** callbacks_ptr)
+    void nghttp2_session_callbacks_set_on_begin_headers_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_begin_headers_callback cb)
+    void nghttp2_session_callbacks_set_on_header_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_header_callback cb)
+    void nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_data_chunk_recv_callback cb)
+    void nghttp2_session_callbacks_set_on_frame_recv_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_frame_recv_callback cb)
+    void nghttp2_session_callbacks_set_on_frame_send_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_frame_send_callback cb)
+    void nghttp2_session_callbacks_set_on_stream_close_callback(
+        nghttp2_session_callbacks* cbs, nghttp2_on_stream_close_callback cb)
+
+    int nghttp2_option_new(nghttp2_option** option_ptr)
+    void nghttp2_option_set_no_closed_streams(nghttp2_option* option, int val)
+
+    int nghttp2_session_server_new3(nghttp2_session** session_ptr,
+                                    const nghttp2_session_callbacks* callbacks,
+                                    void* user_data, const nghttp2_option* option,
+                                    nghttp2_mem* mem)
+    void nghttp2_session_del(nghttp2_session* session)
+    ssize_t nghttp2_session_mem_recv(nghttp2_session* session, const uint8_t* data,
+                                     size_t length)
+    ssize_t nghttp2_session_mem_send(nghttp2_session* session, const uint8_t** data_ptr)
+    int nghttp2_session_want_read(nghttp2_session* session)
+    int nghttp2_session_want_write(nghttp2_session* session)
+    void* nghttp2_session_get_stream_user_data(nghttp2_session* session, int32_t stream_id)
+    int nghttp2_session_set_stream_user_data(nghttp2_session* session, int32_t stream_id,
+                                             void* stream_user_data)
+    int nghttp2_session_get_stream_remote_close(nghttp2_session* session, int32_t stream_id)
+    int32_t nghttp2_session_get_last_proc_stream_id(nghttp2_session* session)
+    int nghttp2_session_terminate_session(nghttp2_session* session, uint32_t error_code)
+    int nghttp2_submit_settings(nghttp2_session* session, uint8_t flags,
+                                const nghttp2_settings_entry* iv, size_t niv)
+    int nghttp2_submit_response(nghttp2_session* session, int32_t stream_id,
+                                const nghttp2_nv* nva, size_t nvlen,
+                                const nghttp2_data_provider* data_prd)
+    int nghttp2_submit_trailer(nghttp2_session* session, int32_t stream_id,
+                               const nghttp2_nv* nva, size_t nvlen)
+    int nghttp2_submit_rst_stream(nghttp2_session* session, uint8_t flags, int32_t stream_id,
+                                  uint32_t error_code)
+    int nghttp2_submit_goaway(nghttp2_session* session, uint8_t flags, int32_t last_stream_id,
+                              uint32_t error_code, const uint8_t* opaque_data,
+                              size_t opaque_data_len)
+    int nghttp2_submit_shutdown_notice(nghttp2_session* session)
+    const char* nghttp2_strerror(int lib_error_code)
+
+
+cdef enum:
+    # A request message past this (gRPC framing included) gets
+    # RESOURCE_EXHAUSTED, as grpc's max receive message size does; an RLS
+    # request is a few hundred bytes.
+    MAX_MESSAGE_BYTES = 1024 * 1024
+    # Request bytes all the unfinished calls of one connection may hold.
+    MAX_CONNECTION_BUFFERED = 4 * 1024 * 1024
+    # One request's header list, as HTTP/2 counts it (name + value + 32
+    # per field): past it the stream is reset (an HPACK bomb stops here).
+    MAX_HEADER_LIST_BYTES = 16 * 1024
+
+
+cdef enum Route:
+    ROUTE_UNKNOWN = 0
+    ROUTE_RLS = 1        # /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+    ROUTE_HEALTH = 2     # /grpc.health.v1.Health/Check
+
+
+# The bounds every connection reads (set from the settings).
+cdef struct Limits:
+    uint32_t max_streams
+    int64_t deadline_ns       # the server's answer budget per call; 0: none
+
+
+# What the connections of a front have in C, summed for INFO memory.
+cdef struct Totals:
+    size_t memory             # every byte the connections hold in C
+
+
+cdef struct Buf:
+    uint8_t* data
+    size_t len
+    size_t cap
+
+
+cdef struct Stream:
+    int32_t id
+    Route route
+    uint8_t queued            # in the connection's ready list
+    uint8_t answered          # a response is submitted
+    uint8_t cut_off           # answered before its request ended: reset once sent
+    uint8_t post              # :method POST
+    uint8_t grpc_type         # content-type application/grpc[+...|;...]
+    uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message
+                              # is then UNIMPLEMENTED, not malformed)
+    int status                # a gRPC status decided before the call ran; 0: none
+    const char* message       # its grpc-message
+    size_t header_bytes
+    int64_t started_ns        # when its HEADERS began
+    int64_t deadline_ns       # when the call must have been answered; 0: never
+    int deadline_status       # what it gets then: DEADLINE_EXCEEDED or UNAVAILABLE
+    int64_t client_deadline_ns  # grpc-timeout's end; 0: none
+    Buf body                  # the request's DATA
+    Buf reply                 # the response's DATA (one gRPC message)
+    size_t reply_sent
+    Stream* prev              # the connection's open streams, oldest first
+    Stream* next
+
+
+cdef struct Conn:
+    nghttp2_session* session
+    const Limits* limits
+    Totals* totals
+    size_t memory             # what this connection holds in C
+    size_t buffered           # request bytes of its unfinished calls
+    Stream* first
+    Stream* last
+    uint32_t unanswered
+    int32_t* ready            # streams whose request is complete, in order
+    uint32_t nready
+    uint32_t ready_cap
+    uint8_t out_of_memory
+    uint8_t protocol_error    # it sent (or must send) a GOAWAY with an error
+
+
+cdef class GrpcShared:
+    """What every gRPC connection shares: the engine, the bounds, the
+    counters, the per-call statistics, and the front (server/grpc/)."""
+    cdef readonly ServerCore core
+    cdef readonly object front
+    cdef public object app            # the server: app.rls.service decides
+    cdef public object refusal        # the exception class the service refuses with
+    cdef public object loop
+    cdef Limits limits
+    cdef Totals totals
+    cdef public bint draining         # shutting down: health says NOT_SERVING
+    cdef readonly set connections
+    cdef readonly dict endpoint_stats  # name -> Command (calls, nsec, failed_calls)
+    cdef Command rls_stats
+    cdef Command health_stats
+    cdef Command other_stats
+    cdef public int64_t total_connections
+    cdef public int64_t rejected_connections
+    cdef public int64_t protocol_errors
+
+
+cdef class GrpcConnection:
+    cdef GrpcShared shared
+    cdef Conn c
+    cdef object transport
+    cdef object timer                 # wakes expire() at the earliest deadline
+    cdef int64_t timer_at
+    cdef Writer out
+    cdef bint closed
+    cdef bint paused
+
+    cdef void release(self) noexcept
+    cdef void process_ready(self)
+    cdef void answer(self, Stream* s, int64_t now)
+    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n) except -1
+    cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1
+    cdef void reply(self, Stream* s)
+    cdef void fail(self, Stream* s, int status, const char* message, int http_status=*)
+    cdef void fail_text(self, Stream* s, int status, str message)
+    cdef void fail_with(self, Stream* s, int status, const char* message, size_t length,
+                        int http_status)
+    cdef void arm_timer(self, int64_t now)
+    cdef void flush(self)
+    cdef void close_transport(self)

@@ -1,0 +1,1147 @@
+"""The gRPC front's connection; see _grpc.pxd."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcmp, memcpy, memmove, memset, strlen
+
+from fastlimit._core cimport fl_mono_ns
+from fastlimit._protocol cimport Command, ServerCore
+from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
+
+# gRPC status codes (grpc/doc/statuscodes.md)
+cdef enum:
+    GRPC_OK = 0
+    GRPC_UNKNOWN = 2
+    GRPC_DEADLINE_EXCEEDED = 4
+    GRPC_NOT_FOUND = 5
+    GRPC_RESOURCE_EXHAUSTED = 8
+    GRPC_UNIMPLEMENTED = 12
+    GRPC_INTERNAL = 13
+    GRPC_UNAVAILABLE = 14
+
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+cdef enum:
+    HEALTH_SERVING = 1
+    HEALTH_NOT_SERVING = 2
+
+RLS_PATH = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+HEALTH_PATH = b"/grpc.health.v1.Health/Check"
+# The names the health service knows: the server as a whole, and the RLS.
+RLS_SERVICE = b"envoy.service.ratelimit.v3.RateLimitService"
+ENDPOINT_NAMES = ("should_rate_limit", "health_check", "unimplemented")
+
+# The same, for the C callbacks
+cdef const char* RLS_PATH_C = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+cdef const char* HEALTH_PATH_C = "/grpc.health.v1.Health/Check"
+cdef const char* RLS_SERVICE_C = "envoy.service.ratelimit.v3.RateLimitService"
+cdef size_t RLS_PATH_N = strlen(RLS_PATH_C)
+cdef size_t HEALTH_PATH_N = strlen(HEALTH_PATH_C)
+cdef size_t RLS_SERVICE_N = strlen(RLS_SERVICE_C)
+
+# One response message is made here, then copied to its stream: the server
+# is single-threaded and makes each to completion before the next.
+cdef Writer MSG
+if writer_init(&MSG, 4096) != 0:
+    raise MemoryError()
+
+
+# ---- what a connection holds in C, counted ---------------------------------------------
+#
+# Every allocation of a connection (nghttp2's session, HPACK tables and
+# queues as well as the streams and their buffers) goes through these, so
+# INFO shows exactly what the gRPC connections hold.  Each block carries its
+# size in front of it (16 bytes keep malloc's alignment).
+
+cdef enum:
+    BLOCK_HEAD = 16
+
+
+cdef void* conn_malloc(size_t size, void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef size_t* p
+    if size > (<size_t>-1) - BLOCK_HEAD:
+        return NULL
+    p = <size_t*>malloc(size + BLOCK_HEAD)
+    if p == NULL:
+        c.out_of_memory = 1
+        return NULL
+    p[0] = size
+    c.memory += size
+    c.totals.memory += size
+    return <char*>p + BLOCK_HEAD
+
+
+cdef void conn_free(void* ptr, void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef size_t* p
+    if ptr == NULL:
+        return
+    p = <size_t*>(<char*>ptr - BLOCK_HEAD)
+    c.memory -= p[0]
+    c.totals.memory -= p[0]
+    free(p)
+
+
+cdef void* conn_calloc(size_t nmemb, size_t size, void* ud) noexcept nogil:
+    cdef void* p
+    if size and nmemb > (<size_t>-1) // size:
+        return NULL
+    p = conn_malloc(nmemb * size, ud)
+    if p != NULL:
+        memset(p, 0, nmemb * size)
+    return p
+
+
+cdef void* conn_realloc(void* ptr, size_t size, void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef size_t* p
+    cdef size_t old
+    if ptr == NULL:
+        return conn_malloc(size, ud)
+    if size == 0:
+        conn_free(ptr, ud)
+        return NULL
+    if size > (<size_t>-1) - BLOCK_HEAD:
+        return NULL
+    p = <size_t*>(<char*>ptr - BLOCK_HEAD)
+    old = p[0]
+    p = <size_t*>realloc(p, size + BLOCK_HEAD)
+    if p == NULL:
+        c.out_of_memory = 1
+        return NULL
+    p[0] = size
+    c.memory = c.memory - old + size
+    c.totals.memory = c.totals.memory - old + size
+    return <char*>p + BLOCK_HEAD
+
+
+cdef int buf_append(Conn* c, Buf* b, const uint8_t* data, size_t n) noexcept nogil:
+    cdef size_t cap
+    cdef uint8_t* p
+    if b.len + n > b.cap:
+        cap = b.cap * 2 if b.cap else 256
+        if cap < b.len + n:
+            cap = b.len + n
+        p = <uint8_t*>conn_realloc(b.data, cap, c)
+        if p == NULL:
+            return -1
+        b.data = p
+        b.cap = cap
+    memcpy(b.data + b.len, data, n)
+    b.len += n
+    return 0
+
+
+cdef void buf_free(Conn* c, Buf* b) noexcept nogil:
+    conn_free(b.data, c)
+    b.data = NULL
+    b.len = b.cap = 0
+
+
+# ---- protobuf wire format ----------------------------------------------------------------
+#
+# Only what the two RLS messages and the health check use: varints and
+# length-delimited fields; fixed32/64 are skipped like any unknown field
+# (so a newer Envoy's additions pass); groups, which proto3 never sends,
+# are malformed.  Every length is checked against what is left.
+
+cdef enum:
+    WT_VARINT = 0
+    WT_FIXED64 = 1
+    WT_LEN = 2
+    WT_FIXED32 = 5
+
+
+cdef struct Reader:
+    const uint8_t* p
+    const uint8_t* end
+
+
+cdef int get_varint(Reader* r, uint64_t* out) noexcept:
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef uint8_t b
+    while r.p < r.end and shift < 64:
+        b = r.p[0]
+        r.p += 1
+        v |= <uint64_t>(b & 0x7f) << shift
+        if b < 0x80:
+            out[0] = v
+            return 0
+        shift += 7
+    return -1
+
+
+cdef int next_field(Reader* r, uint32_t* field, uint32_t* wire_type) noexcept:
+    cdef uint64_t tag
+    if get_varint(r, &tag) != 0 or tag >> 3 == 0 or tag >> 3 > 0x1fffffff:
+        return -1
+    field[0] = <uint32_t>(tag >> 3)
+    wire_type[0] = <uint32_t>(tag & 7)
+    return 0
+
+
+cdef int get_len(Reader* r, Reader* sub) noexcept:
+    cdef uint64_t n
+    if get_varint(r, &n) != 0 or n > <uint64_t>(r.end - r.p):
+        return -1
+    sub.p = r.p
+    sub.end = r.p + n
+    r.p += n
+    return 0
+
+
+cdef int skip_field(Reader* r, uint32_t wire_type) noexcept:
+    cdef uint64_t v
+    cdef Reader sub
+    if wire_type == WT_VARINT:
+        return get_varint(r, &v)
+    if wire_type == WT_LEN:
+        return get_len(r, &sub)
+    if wire_type == WT_FIXED64 or wire_type == WT_FIXED32:
+        v = 8 if wire_type == WT_FIXED64 else 4
+        if v > <uint64_t>(r.end - r.p):
+            return -1
+        r.p += v
+        return 0
+    return -1
+
+
+cdef inline bytes reader_bytes(const Reader* r):
+    return PyBytes_FromStringAndSize(<const char*>r.p, r.end - r.p)
+
+
+cdef object decode_entry(Reader* r):
+    """RateLimitDescriptor.Entry {1 key, 2 value}: (key, value), or None
+    if malformed."""
+    cdef uint32_t f, wt
+    cdef Reader sub
+    cdef bytes key = b""
+    cdef bytes value = b""
+    while r.p < r.end:
+        if next_field(r, &f, &wt) != 0:
+            return None
+        if (f == 1 or f == 2) and wt == WT_LEN:
+            if get_len(r, &sub) != 0:
+                return None
+            if f == 1:
+                key = reader_bytes(&sub)
+            else:
+                value = reader_bytes(&sub)
+        elif skip_field(r, wt) != 0:
+            return None
+    return (key, value)
+
+
+cdef int decode_override(Reader* r, uint32_t* rpu, int32_t* unit) noexcept:
+    """RateLimitOverride {1 requests_per_unit, 2 unit}, merged into what
+    an earlier occurrence set (protobuf's rule for a repeated singular
+    message)."""
+    cdef uint32_t f, wt
+    cdef uint64_t v
+    while r.p < r.end:
+        if next_field(r, &f, &wt) != 0:
+            return -1
+        if (f == 1 or f == 2) and wt == WT_VARINT:
+            if get_varint(r, &v) != 0:
+                return -1
+            if f == 1:
+                rpu[0] = <uint32_t>v
+            else:
+                unit[0] = <int32_t><uint32_t>v
+        elif skip_field(r, wt) != 0:
+            return -1
+    return 0
+
+
+cdef int decode_uint64_value(Reader* r, uint64_t* value) noexcept:
+    """google.protobuf.UInt64Value {1 value}."""
+    cdef uint32_t f, wt
+    while r.p < r.end:
+        if next_field(r, &f, &wt) != 0:
+            return -1
+        if f == 1 and wt == WT_VARINT:
+            if get_varint(r, value) != 0:
+                return -1
+        elif skip_field(r, wt) != 0:
+            return -1
+    return 0
+
+
+cdef object decode_descriptor(Reader* r):
+    """RateLimitDescriptor {1 entries, 2 limit, 3 hits_addend}: the
+    interface's (entries, limit or None, hits_addend or None), or None if
+    malformed."""
+    cdef uint32_t f, wt
+    cdef Reader sub
+    cdef list entries = []
+    cdef bint has_limit = False, has_hits = False
+    cdef uint32_t rpu = 0
+    cdef int32_t unit = 0
+    cdef uint64_t hits = 0
+    while r.p < r.end:
+        if next_field(r, &f, &wt) != 0:
+            return None
+        if 1 <= f <= 3 and wt == WT_LEN:
+            if get_len(r, &sub) != 0:
+                return None
+            if f == 1:
+                entry = decode_entry(&sub)
+                if entry is None:
+                    return None
+                entries.append(entry)
+            elif f == 2:
+                has_limit = True
+                if decode_override(&sub, &rpu, &unit) != 0:
+                    return None
+            else:
+                has_hits = True
+                if decode_uint64_value(&sub, &hits) != 0:
+                    return None
+        elif skip_field(r, wt) != 0:
+            return None
+    return (entries, (rpu, unit) if has_limit else None, hits if has_hits else None)
+
+
+cdef object decode_request(const uint8_t* data, size_t n):
+    """RateLimitRequest {1 domain, 2 descriptors, 3 hits_addend}: the
+    arguments of should_rate_limit, or None if malformed."""
+    cdef Reader r, sub
+    cdef uint32_t f, wt
+    cdef uint64_t v
+    cdef bytes domain = b""
+    cdef list descriptors = []
+    cdef uint32_t hits = 0
+    r.p = data
+    r.end = data + n
+    while r.p < r.end:
+        if next_field(&r, &f, &wt) != 0:
+            return None
+        if (f == 1 or f == 2) and wt == WT_LEN:
+            if get_len(&r, &sub) != 0:
+                return None
+            if f == 1:
+                domain = reader_bytes(&sub)
+            else:
+                descriptor = decode_descriptor(&sub)
+                if descriptor is None:
+                    return None
+                descriptors.append(descriptor)
+        elif f == 3 and wt == WT_VARINT:
+            if get_varint(&r, &v) != 0:
+                return None
+            hits = <uint32_t>v
+        elif skip_field(&r, wt) != 0:
+            return None
+    return (domain, descriptors, hits)
+
+
+cdef int decode_health_request(const uint8_t* data, size_t n, Reader* service) noexcept:
+    """HealthCheckRequest {1 service}: the service name's bytes."""
+    cdef Reader r
+    cdef uint32_t f, wt
+    r.p = data
+    r.end = data + n
+    service.p = service.end = data
+    while r.p < r.end:
+        if next_field(&r, &f, &wt) != 0:
+            return -1
+        if f == 1 and wt == WT_LEN:
+            if get_len(&r, service) != 0:
+                return -1
+        elif skip_field(&r, wt) != 0:
+            return -1
+    return 0
+
+
+cdef inline int put_varint(Writer* w, uint64_t v) noexcept:
+    cdef uint8_t* p
+    if writer_reserve(w, 10) != 0:
+        return -1
+    p = <uint8_t*>w.buf + w.len
+    while v >= 0x80:
+        p[0] = <uint8_t>(v | 0x80)
+        p += 1
+        v >>= 7
+    p[0] = <uint8_t>v
+    w.len = <size_t>(p + 1 - <uint8_t*>w.buf)
+    return 0
+
+
+cdef inline int put_uint_field(Writer* w, uint32_t field, uint64_t v) noexcept:
+    """A varint field, left out when 0 (proto3's default)."""
+    if v == 0:
+        return 0
+    if put_varint(w, field << 3 | WT_VARINT) != 0:
+        return -1
+    return put_varint(w, v)
+
+
+cdef int put_bytes_field(Writer* w, uint32_t field, bytes value) noexcept:
+    cdef size_t n = PyBytes_GET_SIZE(value)
+    if n == 0:
+        return 0
+    if put_varint(w, field << 3 | WT_LEN) != 0 or put_varint(w, n) != 0:
+        return -1
+    return write_raw(w, PyBytes_AS_STRING(value), n)
+
+
+cdef inline Py_ssize_t begin_message(Writer* w, uint32_t field) noexcept:
+    """Starts an embedded message: its tag and one byte for its length
+    (end_message widens it when the message is 128 bytes or more)."""
+    if put_varint(w, field << 3 | WT_LEN) != 0 or writer_reserve(w, 1) != 0:
+        return -1
+    w.len += 1
+    return <Py_ssize_t>w.len
+
+
+cdef int end_message(Writer* w, Py_ssize_t start) noexcept:
+    cdef size_t n = w.len - <size_t>start
+    cdef size_t width = 1
+    cdef size_t v = n
+    cdef uint8_t* p
+    if start < 0:
+        return -1
+    while v >= 0x80:
+        width += 1
+        v >>= 7
+    if width > 1:
+        if writer_reserve(w, width - 1) != 0:
+            return -1
+        memmove(w.buf + start + width - 1, w.buf + start, n)
+        w.len += width - 1
+    p = <uint8_t*>w.buf + start - 1
+    v = n
+    while v >= 0x80:
+        p[0] = <uint8_t>(v | 0x80)
+        p += 1
+        v >>= 7
+    p[0] = <uint8_t>v
+    return 0
+
+
+cdef int encode_status(Writer* w, object status) except -1:
+    """RateLimitResponse.DescriptorStatus {1 code, 2 current_limit
+    {1 requests_per_unit, 2 unit, 3 name}, 3 limit_remaining,
+    4 duration_until_reset {1 seconds}} from the interface's
+    (code, (requests_per_unit, unit, name) or None, remaining, seconds)."""
+    code, current, remaining, reset = status
+    cdef Py_ssize_t start = begin_message(w, 2)
+    cdef Py_ssize_t inner
+    cdef uint32_t c = code
+    cdef uint32_t rem = remaining
+    cdef int64_t seconds = reset
+    cdef uint32_t rpu, unit
+    cdef bytes name
+    if put_uint_field(w, 1, c) != 0:
+        raise MemoryError()
+    if current is not None:
+        rpu, unit, name = current
+        inner = begin_message(w, 2)
+        if (put_uint_field(w, 1, rpu) != 0 or put_uint_field(w, 2, unit) != 0
+                or put_bytes_field(w, 3, name) != 0 or end_message(w, inner) != 0):
+            raise MemoryError()
+    if put_uint_field(w, 3, rem) != 0:
+        raise MemoryError()
+    if current is not None or seconds:
+        # Envoy's x-ratelimit-reset reads it only when present
+        inner = begin_message(w, 4)
+        if put_uint_field(w, 1, <uint64_t>seconds) != 0 or end_message(w, inner) != 0:
+            raise MemoryError()
+    if end_message(w, start) != 0:
+        raise MemoryError()
+    return 0
+
+
+cdef int encode_response(Writer* w, overall, list statuses, list headers) except -1:
+    """RateLimitResponse {1 overall_code, 2 statuses, 3
+    response_headers_to_add (HeaderValue {1 key, 2 value})}."""
+    cdef uint32_t code = overall
+    cdef Py_ssize_t start
+    cdef bytes key, value
+    if put_uint_field(w, 1, code) != 0:
+        raise MemoryError()
+    for status in statuses:
+        encode_status(w, status)
+    for key, value in headers:
+        start = begin_message(w, 3)
+        if (put_bytes_field(w, 1, key) != 0 or put_bytes_field(w, 2, value) != 0
+                or end_message(w, start) != 0):
+            raise MemoryError()
+    return 0
+
+
+def percent_encode(bytes text):
+    """grpc-message's encoding: bytes outside printable ASCII, and %, as %XX."""
+    return b"".join(bytes([c]) if 0x20 <= c <= 0x7e and c != 0x25 else b"%%%02X" % c
+                    for c in text)
+
+
+# ---- HTTP/2 --------------------------------------------------------------------------------
+
+cdef nghttp2_session_callbacks* CALLBACKS = NULL
+cdef nghttp2_option* OPTION = NULL
+
+cdef nghttp2_nv RESPONSE_HEADERS[2]
+cdef nghttp2_nv TRAILER_OK[1]
+cdef char STATUS_TEXT[17][4]
+
+
+cdef void static_nv(nghttp2_nv* nv, const char* name, const char* value) noexcept nogil:
+    nv.name = <uint8_t*>name
+    nv.namelen = strlen(name)
+    nv.value = <uint8_t*>value
+    nv.valuelen = strlen(value)
+    nv.flags = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE
+
+
+cdef inline bint equals(const uint8_t* s, size_t n, const char* literal, size_t m) noexcept nogil:
+    return n == m and memcmp(s, literal, m) == 0
+
+
+cdef inline Stream* stream_of(nghttp2_session* session, int32_t stream_id) noexcept nogil:
+    return <Stream*>nghttp2_session_get_stream_user_data(session, stream_id)
+
+
+cdef int queue_ready(Conn* c, Stream* s) noexcept nogil:
+    """Marks s to be answered once nghttp2 has read the whole chunk."""
+    cdef int32_t* p
+    cdef uint32_t cap
+    if s.queued:
+        return 0
+    if c.nready == c.ready_cap:
+        cap = c.ready_cap * 2 if c.ready_cap else 16
+        p = <int32_t*>conn_realloc(c.ready, cap * sizeof(int32_t), c)
+        if p == NULL:
+            return -1
+        c.ready = p
+        c.ready_cap = cap
+    c.ready[c.nready] = s.id
+    c.nready += 1
+    s.queued = 1
+    return 0
+
+
+cdef void refuse_early(Conn* c, Stream* s, int status, const char* message) noexcept nogil:
+    """A call that fails before its request is complete: its bytes go at
+    once, the answer after this read."""
+    s.status = status
+    s.message = message
+    c.buffered -= s.body.len
+    buf_free(c, &s.body)
+    if queue_ready(c, s) != 0:
+        c.out_of_memory = 1
+
+
+cdef bint parse_timeout(const uint8_t* v, size_t n, int64_t* ns) noexcept nogil:
+    """grpc-timeout: at most 8 digits and a unit (H M S m u n)."""
+    cdef int64_t amount = 0
+    cdef size_t i
+    cdef int64_t scale
+    cdef uint8_t unit
+    if n < 2 or n > 9:
+        return False
+    for i in range(n - 1):
+        if not (c'0' <= v[i] <= c'9'):
+            return False
+        amount = amount * 10 + (v[i] - c'0')
+    unit = v[n - 1]
+    if unit == c'H':
+        scale = <int64_t>3600 * 1000000000
+    elif unit == c'M':
+        scale = <int64_t>60 * 1000000000
+    elif unit == c'S':
+        scale = 1000000000
+    elif unit == c'm':
+        scale = 1000000
+    elif unit == c'u':
+        scale = 1000
+    elif unit == c'n':
+        scale = 1
+    else:
+        return False
+    ns[0] = amount * scale      # at most 99999999 hours: fits
+    return True
+
+
+cdef int on_begin_headers(nghttp2_session* session, const nghttp2_frame* frame,
+                          void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef Stream* s
+    if frame.hd.type != NGHTTP2_HEADERS or frame.headers.cat != NGHTTP2_HCAT_REQUEST:
+        return 0
+    s = <Stream*>conn_calloc(1, sizeof(Stream), c)
+    if s == NULL:
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    s.id = frame.hd.stream_id
+    s.started_ns = fl_mono_ns()
+    if c.limits.deadline_ns:
+        s.deadline_ns = s.started_ns + c.limits.deadline_ns
+        s.deadline_status = GRPC_UNAVAILABLE
+    if nghttp2_session_set_stream_user_data(session, s.id, s) != 0:
+        conn_free(s, c)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    s.prev = c.last
+    if c.last != NULL:
+        c.last.next = s
+    else:
+        c.first = s
+    c.last = s
+    c.unanswered += 1
+    return 0
+
+
+cdef int on_header(nghttp2_session* session, const nghttp2_frame* frame, const uint8_t* name,
+                   size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags,
+                   void* ud) noexcept nogil:
+    cdef Stream* s
+    cdef int64_t timeout
+    if frame.hd.type != NGHTTP2_HEADERS or frame.headers.cat != NGHTTP2_HCAT_REQUEST:
+        return 0       # a client's trailers: gRPC has none to read
+    s = stream_of(session, frame.hd.stream_id)
+    if s == NULL:
+        return 0
+    s.header_bytes += namelen + valuelen + 32
+    if s.header_bytes > MAX_HEADER_LIST_BYTES:
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    if equals(name, namelen, ":path", 5):
+        if equals(value, valuelen, RLS_PATH_C, RLS_PATH_N):
+            s.route = ROUTE_RLS
+        elif equals(value, valuelen, HEALTH_PATH_C, HEALTH_PATH_N):
+            s.route = ROUTE_HEALTH
+    elif equals(name, namelen, ":method", 7):
+        s.post = equals(value, valuelen, "POST", 4)
+    elif equals(name, namelen, "content-type", 12):
+        s.grpc_type = valuelen >= 16 and memcmp(value, "application/grpc", 16) == 0 and (
+            valuelen == 16 or value[16] == c'+' or value[16] == c';')
+    elif equals(name, namelen, "grpc-timeout", 12):
+        if parse_timeout(value, valuelen, &timeout):
+            s.client_deadline_ns = s.started_ns + timeout
+            if s.deadline_ns == 0 or s.client_deadline_ns < s.deadline_ns:
+                s.deadline_ns = s.client_deadline_ns
+                s.deadline_status = GRPC_DEADLINE_EXCEEDED
+    elif equals(name, namelen, "grpc-encoding", 13):
+        s.compressed_ok = not equals(value, valuelen, "identity", 8)
+    return 0
+
+
+cdef int on_data_chunk_recv(nghttp2_session* session, uint8_t flags, int32_t stream_id,
+                            const uint8_t* data, size_t n, void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef Stream* s = stream_of(session, stream_id)
+    if s == NULL or s.answered or s.status:
+        return 0
+    if s.body.len + n > MAX_MESSAGE_BYTES + 5:
+        refuse_early(c, s, GRPC_RESOURCE_EXHAUSTED,
+                     "the request message is larger than the server's 1 MiB")
+    elif c.buffered + n > MAX_CONNECTION_BUFFERED:
+        refuse_early(c, s, GRPC_RESOURCE_EXHAUSTED,
+                     "the connection holds too many unfinished requests")
+    elif buf_append(c, &s.body, data, n) != 0:
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    else:
+        c.buffered += n
+    return 0
+
+
+cdef int on_frame_recv(nghttp2_session* session, const nghttp2_frame* frame,
+                       void* ud) noexcept nogil:
+    cdef Stream* s
+    if (frame.hd.type == NGHTTP2_DATA or frame.hd.type == NGHTTP2_HEADERS) and \
+            frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
+        s = stream_of(session, frame.hd.stream_id)
+        if s != NULL and queue_ready(<Conn*>ud, s) != 0:
+            return NGHTTP2_ERR_CALLBACK_FAILURE
+    return 0
+
+
+cdef int on_frame_send(nghttp2_session* session, const nghttp2_frame* frame,
+                       void* ud) noexcept nogil:
+    cdef Stream* s
+    if frame.hd.type == NGHTTP2_GOAWAY and frame.goaway.error_code != NGHTTP2_NO_ERROR:
+        (<Conn*>ud).protocol_error = 1
+    elif frame.hd.type == NGHTTP2_HEADERS and frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
+        # An answer that went before its request ended: the rest of the request is
+        # cut off with RST_STREAM NO_ERROR (RFC 9113 8.1), only now, or nghttp2
+        # would send the reset first and drop the answer.
+        s = stream_of(session, frame.hd.stream_id)
+        if s != NULL and s.cut_off:
+            s.cut_off = 0
+            nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_NO_ERROR)
+    return 0
+
+
+cdef int on_stream_close(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
+                         void* ud) noexcept nogil:
+    cdef Conn* c = <Conn*>ud
+    cdef Stream* s = stream_of(session, stream_id)
+    if s == NULL:
+        return 0
+    if not s.answered:
+        c.unanswered -= 1
+    release_stream(c, s)
+    return 0
+
+
+cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
+    if s.prev != NULL:
+        s.prev.next = s.next
+    else:
+        c.first = s.next
+    if s.next != NULL:
+        s.next.prev = s.prev
+    else:
+        c.last = s.prev
+    c.buffered -= s.body.len
+    buf_free(c, &s.body)
+    buf_free(c, &s.reply)
+    conn_free(s, c)
+
+
+cdef ssize_t read_reply(nghttp2_session* session, int32_t stream_id, uint8_t* buf,
+                        size_t length, uint32_t* data_flags, nghttp2_data_source* source,
+                        void* ud) noexcept nogil:
+    """The response message as DATA, then grpc-status 0 as trailers."""
+    cdef Stream* s = <Stream*>source.ptr
+    cdef size_t n = s.reply.len - s.reply_sent
+    if n > length:
+        n = length
+    memcpy(buf, s.reply.data + s.reply_sent, n)
+    s.reply_sent += n
+    if s.reply_sent == s.reply.len:
+        data_flags[0] |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM
+        if nghttp2_submit_trailer(session, stream_id, TRAILER_OK, 1) != 0:
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+    return <ssize_t>n
+
+
+cdef void init_nghttp2() noexcept:
+    global CALLBACKS, OPTION
+    cdef int i
+    nghttp2_session_callbacks_new(&CALLBACKS)
+    nghttp2_session_callbacks_set_on_begin_headers_callback(CALLBACKS, on_begin_headers)
+    nghttp2_session_callbacks_set_on_header_callback(CALLBACKS, on_header)
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(CALLBACKS, on_data_chunk_recv)
+    nghttp2_session_callbacks_set_on_frame_recv_callback(CALLBACKS, on_frame_recv)
+    nghttp2_session_callbacks_set_on_frame_send_callback(CALLBACKS, on_frame_send)
+    nghttp2_session_callbacks_set_on_stream_close_callback(CALLBACKS, on_stream_close)
+    nghttp2_option_new(&OPTION)
+    # no priority tree of closed streams: nothing here uses priorities
+    nghttp2_option_set_no_closed_streams(OPTION, 1)
+    static_nv(&RESPONSE_HEADERS[0], ":status", "200")
+    static_nv(&RESPONSE_HEADERS[1], "content-type", "application/grpc")
+    static_nv(&TRAILER_OK[0], "grpc-status", "0")
+    for i in range(17):
+        if i < 10:
+            STATUS_TEXT[i][0] = c'0' + i
+            STATUS_TEXT[i][1] = 0
+        else:
+            STATUS_TEXT[i][0] = c'1'
+            STATUS_TEXT[i][1] = c'0' + i - 10
+            STATUS_TEXT[i][2] = 0
+
+
+init_nghttp2()
+if CALLBACKS == NULL or OPTION == NULL:
+    raise MemoryError()
+
+
+cdef class GrpcShared:
+    def __init__(self, ServerCore core, front):
+        """front: the event-loop layer's side (server/grpc/listener.py)."""
+        self.core = core
+        self.front = front
+        self.app = None
+        self.refusal = ()
+        self.loop = None
+        self.limits.max_streams = 100
+        self.limits.deadline_ns = 15 * 1000000
+        self.connections = set()
+        self.endpoint_stats = {name: Command(name, 0) for name in ENDPOINT_NAMES}
+        self.rls_stats = self.endpoint_stats["should_rate_limit"]
+        self.health_stats = self.endpoint_stats["health_check"]
+        self.other_stats = self.endpoint_stats["unimplemented"]
+        self.total_connections = self.rejected_connections = self.protocol_errors = 0
+
+    @property
+    def max_streams(self):
+        return self.limits.max_streams
+
+    @max_streams.setter
+    def max_streams(self, uint32_t n):
+        self.limits.max_streams = n
+
+    @property
+    def deadline_ns(self):
+        return self.limits.deadline_ns
+
+    @deadline_ns.setter
+    def deadline_ns(self, int64_t ns):
+        self.limits.deadline_ns = ns
+
+    @property
+    def memory(self):
+        """Bytes the connections hold in C (nghttp2's and the calls')."""
+        return self.totals.memory
+
+
+cdef class GrpcConnection:
+    def __cinit__(self):
+        if writer_init(&self.out, 4096) != 0:
+            raise MemoryError()
+
+    def __init__(self, GrpcShared shared):
+        cdef nghttp2_mem mem
+        cdef nghttp2_settings_entry settings[2]
+        self.shared = shared
+        self.c.limits = &shared.limits
+        self.c.totals = &shared.totals
+        mem.mem_user_data = &self.c
+        mem.malloc = conn_malloc
+        mem.free = conn_free
+        mem.calloc = conn_calloc
+        mem.realloc = conn_realloc
+        if nghttp2_session_server_new3(&self.c.session, CALLBACKS, &self.c, OPTION, &mem) != 0:
+            self.c.session = NULL
+            raise MemoryError()
+        settings[0].settings_id = NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS
+        settings[0].value = shared.limits.max_streams
+        settings[1].settings_id = NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE
+        settings[1].value = MAX_HEADER_LIST_BYTES
+        if nghttp2_submit_settings(self.c.session, NGHTTP2_FLAG_NONE, settings, 2) != 0:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        self.release()
+        writer_free(&self.out)
+
+    cdef void release(self) noexcept:
+        """Frees the session and every stream (nghttp2 closes none of them
+        when it is deleted)."""
+        if self.c.session != NULL:
+            nghttp2_session_del(self.c.session)
+            self.c.session = NULL
+        while self.c.first != NULL:
+            release_stream(&self.c, self.c.first)
+        conn_free(self.c.ready, &self.c)
+        self.c.ready = NULL
+        self.c.nready = self.c.ready_cap = self.c.unanswered = 0
+
+    # ---- asyncio.Protocol ----------------------------------------------------------
+
+    def connection_made(self, transport):
+        cdef GrpcShared shared = self.shared
+        self.transport = transport
+        shared.total_connections += 1
+        if len(shared.connections) >= shared.core.maxclients:
+            # last stream 0: nothing was processed, the client may retry elsewhere
+            shared.rejected_connections += 1
+            nghttp2_submit_goaway(self.c.session, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR,
+                                  <const uint8_t*>"too many connections", 20)
+            self.flush()
+            self.close_transport()
+            return
+        shared.connections.add(self)
+        self.flush()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.shared.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.transport = None
+        self.release()
+
+    def eof_received(self):
+        return False     # the transport closes itself
+
+    def pause_writing(self):
+        # A client that does not read its responses stops being read: what it
+        # holds is bounded by the transport's high-water mark plus one read.
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self):
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def data_received(self, bytes data):
+        cdef ssize_t rv
+        if self.closed or self.c.session == NULL:
+            return
+        rv = nghttp2_session_mem_recv(self.c.session, <const uint8_t*>PyBytes_AS_STRING(data),
+                                      PyBytes_GET_SIZE(data))
+        if rv < 0:
+            # not HTTP/2 (a bad preface), a flood, or out of memory: GOAWAY, close
+            self.c.protocol_error = 1
+            nghttp2_session_terminate_session(
+                self.c.session, NGHTTP2_INTERNAL_ERROR if self.c.out_of_memory
+                else NGHTTP2_PROTOCOL_ERROR)
+        else:
+            self.process_ready()
+        self.flush()
+
+    # ---- shutdown, by the front ------------------------------------------------------
+
+    def notify_shutdown(self):
+        """GOAWAY that says the server is going: calls still run (health
+        checks say NOT_SERVING) until goaway()."""
+        if self.c.session != NULL and not self.closed:
+            nghttp2_submit_shutdown_notice(self.c.session)
+            self.flush()
+
+    def goaway(self):
+        """The last GOAWAY (no stream past those already seen), then close
+        once what is queued is written."""
+        if self.c.session != NULL and not self.closed:
+            nghttp2_submit_goaway(self.c.session, NGHTTP2_FLAG_NONE,
+                                  nghttp2_session_get_last_proc_stream_id(self.c.session),
+                                  NGHTTP2_NO_ERROR, NULL, 0)
+            self.flush()
+        self.close_transport()
+
+    @property
+    def unanswered(self):
+        """Calls begun and not yet answered."""
+        return self.c.unanswered
+
+    @property
+    def memory(self):
+        return self.c.memory
+
+    # ---- calls -----------------------------------------------------------------------
+
+    cdef void process_ready(self):
+        cdef uint32_t i
+        cdef Stream* s
+        cdef int64_t now = fl_mono_ns()
+        for i in range(self.c.nready):
+            s = stream_of(self.c.session, self.c.ready[i])
+            if s != NULL and not s.answered:
+                self.answer(s, now)
+        self.c.nready = 0
+        if self.c.unanswered:
+            self.arm_timer(now)
+
+    cdef void answer(self, Stream* s, int64_t now):
+        """Answers one call: its error if one is known already, else the
+        method's answer; counted per method."""
+        cdef GrpcShared shared = self.shared
+        cdef Command stats = (shared.rls_stats if s.route == ROUTE_RLS else
+                              shared.health_stats if s.route == ROUTE_HEALTH else
+                              shared.other_stats)
+        cdef const uint8_t* body = s.body.data
+        cdef size_t n = s.body.len
+        cdef size_t length
+        if s.status:
+            self.fail(s, s.status, s.message)
+        elif s.deadline_ns and now >= s.deadline_ns:
+            if s.deadline_status == GRPC_DEADLINE_EXCEEDED:
+                self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
+            else:
+                self.fail(s, GRPC_UNAVAILABLE,
+                          "the server could not answer within grpc-deadline-ms")
+        elif not s.post:
+            self.fail(s, GRPC_UNIMPLEMENTED, "gRPC calls are POST", 405)
+        elif not s.grpc_type:
+            self.fail(s, GRPC_INTERNAL, "content-type must be application/grpc", 415)
+        elif s.route == ROUTE_UNKNOWN:
+            self.fail(s, GRPC_UNIMPLEMENTED, "unknown service or method")
+        elif n == 0:
+            self.fail(s, GRPC_INTERNAL, "the request has no message")
+        elif n < 5:
+            self.fail(s, GRPC_INTERNAL, "the request message is truncated")
+        else:
+            length = (<size_t>body[1] << 24) | (<size_t>body[2] << 16) | \
+                     (<size_t>body[3] << 8) | body[4]
+            if n < length + 5:
+                self.fail(s, GRPC_INTERNAL, "the request message is truncated")
+            elif n > length + 5:
+                self.fail(s, GRPC_INTERNAL, "a unary call takes one request message")
+            elif body[0] != 0:
+                if body[0] == 1 and s.compressed_ok:
+                    self.fail(s, GRPC_UNIMPLEMENTED, "compressed messages are not supported")
+                else:
+                    self.fail(s, GRPC_INTERNAL, "the message's compressed flag is invalid")
+            else:
+                try:
+                    if s.route == ROUTE_RLS:
+                        self.rate_limit(s, body + 5, length)
+                    else:
+                        self.health(s, body + 5, length)
+                except Exception:
+                    # A bug, not the client's fault: it gets INTERNAL, the log the trace.
+                    shared.core.log.exception("gRPC %s failed", stats.name)
+                    if not s.answered:
+                        self.fail(s, GRPC_INTERNAL, "the server failed; see its log")
+        stats.calls += 1
+        stats.nsec += fl_mono_ns() - now
+        if s.status:
+            stats.failed_calls += 1
+
+    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n) except -1:
+        cdef GrpcShared shared = self.shared
+        cdef uint8_t* frame
+        cdef size_t frame_length
+        request = decode_request(msg, n)
+        if request is None:
+            self.fail(s, GRPC_INTERNAL, "the RateLimitRequest cannot be parsed")
+            return 0
+        try:
+            overall, statuses, headers = shared.app.rls.service.should_rate_limit(*request)
+        except shared.refusal as e:
+            self.fail_text(s, GRPC_UNKNOWN, str(e))
+            return 0
+        if s.client_deadline_ns and fl_mono_ns() >= s.client_deadline_ns:
+            # never an answer the client has stopped waiting for
+            self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
+            return 0
+        writer_reset(&MSG)
+        if write_raw(&MSG, "\0\0\0\0\0", 5) != 0:
+            raise MemoryError()
+        encode_response(&MSG, overall, statuses, headers)
+        frame_length = MSG.len - 5
+        frame = <uint8_t*>MSG.buf
+        frame[1] = <uint8_t>(frame_length >> 24)
+        frame[2] = <uint8_t>(frame_length >> 16)
+        frame[3] = <uint8_t>(frame_length >> 8)
+        frame[4] = <uint8_t>frame_length
+        if buf_append(&self.c, &s.reply, frame, MSG.len) != 0:
+            raise MemoryError()
+        self.reply(s)
+        return 0
+
+    cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1:
+        cdef Reader service
+        cdef uint8_t reply[7]
+        if decode_health_request(msg, n, &service) != 0:
+            self.fail(s, GRPC_INTERNAL, "the HealthCheckRequest cannot be parsed")
+            return 0
+        if service.p != service.end and not equals(
+                service.p, service.end - service.p, RLS_SERVICE_C, RLS_SERVICE_N):
+            self.fail(s, GRPC_NOT_FOUND, "unknown service")
+            return 0
+        # HealthCheckResponse {1 status}, framed
+        reply[0] = 0
+        reply[1] = reply[2] = reply[3] = 0
+        reply[4] = 2
+        reply[5] = 1 << 3 | WT_VARINT
+        reply[6] = HEALTH_NOT_SERVING if self.shared.draining else HEALTH_SERVING
+        if buf_append(&self.c, &s.reply, reply, 7) != 0:
+            raise MemoryError()
+        self.reply(s)
+        return 0
+
+    cdef void reply(self, Stream* s):
+        """HEADERS, the message in s.reply, and grpc-status 0 as trailers."""
+        cdef nghttp2_data_provider provider
+        provider.source.ptr = s
+        provider.read_callback = read_reply
+        s.answered = 1
+        self.c.unanswered -= 1
+        if nghttp2_submit_response(self.c.session, s.id, RESPONSE_HEADERS, 2, &provider) != 0:
+            nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id,
+                                      NGHTTP2_INTERNAL_ERROR)
+
+    cdef void fail(self, Stream* s, int status, const char* message, int http_status=200):
+        self.fail_with(s, status, message, strlen(message), http_status)
+
+    cdef void fail_text(self, Stream* s, int status, str message):
+        cdef bytes encoded = percent_encode(message.encode("utf-8", "replace"))
+        self.fail_with(s, status, PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded), 200)
+
+    cdef void fail_with(self, Stream* s, int status, const char* message, size_t length,
+                        int http_status):
+        """A trailers-only response: HEADERS with grpc-status and
+        grpc-message, ending the stream (the rest of a request still coming
+        is cut off once it is sent: on_frame_send)."""
+        cdef nghttp2_nv nva[4]
+        nva[0] = RESPONSE_HEADERS[0]
+        if http_status == 405:
+            static_nv(&nva[0], ":status", "405")
+        elif http_status == 415:
+            static_nv(&nva[0], ":status", "415")
+        nva[1] = RESPONSE_HEADERS[1]
+        static_nv(&nva[2], "grpc-status", STATUS_TEXT[status])
+        static_nv(&nva[3], "grpc-message", "")
+        nva[3].value = <uint8_t*>message
+        nva[3].valuelen = length
+        nva[3].flags = NGHTTP2_NV_FLAG_NO_COPY_NAME    # nghttp2 copies the message
+        s.status = status
+        s.answered = 1
+        self.c.unanswered -= 1
+        if nghttp2_submit_response(self.c.session, s.id, nva, 4, NULL) != 0:
+            nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id,
+                                      NGHTTP2_INTERNAL_ERROR)
+        elif not nghttp2_session_get_stream_remote_close(self.c.session, s.id):
+            s.cut_off = 1
+
+    # ---- deadlines -------------------------------------------------------------------
+
+    cdef void arm_timer(self, int64_t now):
+        """Wakes expire() at the earliest deadline of the unanswered calls
+        (only a call whose request is still coming has one to wait for)."""
+        cdef Stream* s = self.c.first
+        cdef int64_t earliest = 0
+        while s != NULL:
+            if not s.answered and s.deadline_ns and (earliest == 0 or s.deadline_ns < earliest):
+                earliest = s.deadline_ns
+            s = s.next
+        if earliest == 0 or (self.timer is not None and self.timer_at <= earliest):
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = earliest
+        self.timer = self.shared.loop.call_later(
+            (earliest - now) / 1e9 if earliest > now else 0, self.expire)
+
+    def expire(self):
+        """Fails the calls whose deadline has come (the loop's timers may
+        wake up to a millisecond early)."""
+        cdef Stream* s = self.c.first
+        cdef int64_t now = fl_mono_ns()
+        self.timer = None
+        if self.closed:
+            return
+        while s != NULL:
+            if not s.answered and s.deadline_ns and s.deadline_ns <= now + 1000000:
+                self.answer(s, s.deadline_ns if s.deadline_ns > now else now)
+            s = s.next
+        self.flush()
+        if self.c.unanswered and not self.closed:
+            self.arm_timer(now)
+
+    # ---- output ----------------------------------------------------------------------
+
+    cdef void flush(self):
+        """Sends every frame nghttp2 has queued, in one write; closes once
+        the session has nothing left to read or write."""
+        cdef const uint8_t* data
+        cdef ssize_t n
+        if self.transport is None or self.c.session == NULL:
+            return
+        while True:
+            n = nghttp2_session_mem_send(self.c.session, &data)
+            if n <= 0:
+                break
+            if write_raw(&self.out, <const char*>data, n) != 0:
+                n = -1
+                break
+        if self.out.len:
+            self.transport.write(PyBytes_FromStringAndSize(self.out.buf, self.out.len))
+            writer_reset(&self.out)
+        if self.c.protocol_error == 1:
+            self.c.protocol_error = 2       # counted once
+            self.shared.protocol_errors += 1
+        if n < 0 or (not nghttp2_session_want_read(self.c.session)
+                     and not nghttp2_session_want_write(self.c.session)):
+            self.close_transport()
+
+    cdef void close_transport(self):
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()

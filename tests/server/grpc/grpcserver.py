@@ -1,0 +1,54 @@
+"""A fastlimit server process with its gRPC front on a free grpc-port,
+called with grpcio (raw bytes over a generic unary call, the messages made
+by rls_messages.py)."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+from rls_messages import HEALTH_PATH, RLS_PATH, decode_response, health_status
+from servers import ServerProcess
+from wire import free_port
+
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
+
+
+class GrpcServer(ServerProcess):
+    """A fastlimit-server child with --grpc-port on a free port; with
+    standin_rules, it decides through the stand-in service (standin.py)."""
+
+    def __init__(self, *args: str, standin_rules=None):
+        self.grpc_port = free_port()
+        if standin_rules is not None:
+            self.entry = [STANDIN, *(f"--standin-rule={r}" for r in standin_rules)]
+        super().__init__("--grpc-port", str(self.grpc_port), *args)
+        self._channel = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        return self._channel
+
+    def call(self, path: str, message: bytes, timeout: float = 10, metadata=None) -> bytes:
+        """The response message's bytes; grpc.RpcError on a gRPC error."""
+        return self.channel().unary_unary(path)(message, timeout=timeout, metadata=metadata)
+
+    def should_rate_limit(self, message: bytes, **kw) -> dict:
+        return decode_response(self.call(RLS_PATH, message, **kw))
+
+    def health(self, message: bytes = b"") -> int:
+        return health_status(self.call(HEALTH_PATH, message))
+
+    def info(self) -> dict:
+        return self.client().info("everything")
+
+    def stop(self, *args, **kw):
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        return super().stop(*args, **kw)
