@@ -191,6 +191,10 @@ cdef enum Route:
 cdef struct Limits:
     uint32_t max_streams
     int64_t deadline_ns       # the server's answer budget per call; 0: none
+    # requirepass: a ShouldRateLimit call needs "authorization: Bearer <it>"
+    # (Envoy's grpc_service.initial_metadata); NULL: no password
+    const char* bearer        # "Bearer <password>", kept alive by GrpcShared.bearer_bytes
+    size_t bearer_len
 
 
 # What the connections of a front have in C, summed for INFO memory.
@@ -214,6 +218,7 @@ cdef struct Stream:
     uint8_t grpc_type         # content-type application/grpc[+...|;...]
     uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message
                               # is then UNIMPLEMENTED, not malformed)
+    uint8_t authorized        # its authorization header carries requirepass
     int status                # a gRPC status decided before the call ran; 0: none
     const char* message       # its grpc-message
     size_t header_bytes
@@ -253,6 +258,7 @@ cdef class GrpcShared:
     cdef public object refusal        # the exception class the service refuses with
     cdef public object loop
     cdef Limits limits
+    cdef bytes bearer_bytes           # what limits.bearer points into
     cdef Totals totals
     cdef public bint draining         # shutting down: health says NOT_SERVING
     cdef readonly set connections

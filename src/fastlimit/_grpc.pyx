@@ -19,6 +19,7 @@ cdef enum:
     GRPC_UNIMPLEMENTED = 12
     GRPC_INTERNAL = 13
     GRPC_UNAVAILABLE = 14
+    GRPC_UNAUTHENTICATED = 16
 
 # grpc.health.v1.HealthCheckResponse.ServingStatus
 cdef enum:
@@ -621,9 +622,24 @@ cdef int on_header(nghttp2_session* session, const nghttp2_frame* frame, const u
             if s.deadline_ns == 0 or s.client_deadline_ns < s.deadline_ns:
                 s.deadline_ns = s.client_deadline_ns
                 s.deadline_status = GRPC_DEADLINE_EXCEEDED
+    elif equals(name, namelen, "authorization", 13):
+        s.authorized = bearer_matches(<Conn*>ud, value, valuelen)
     elif equals(name, namelen, "grpc-encoding", 13):
         s.compressed_ok = not equals(value, valuelen, "identity", 8)
     return 0
+
+
+cdef inline bint bearer_matches(Conn* c, const uint8_t* value, size_t n) noexcept nogil:
+    """Whether value is "Bearer <requirepass>", compared in constant time
+    over the expected length."""
+    cdef const char* want = c.limits.bearer
+    cdef size_t i
+    cdef uint8_t diff = 0
+    if want == NULL or n != c.limits.bearer_len:
+        return False
+    for i in range(n):
+        diff |= value[i] ^ <uint8_t>want[i]
+    return diff == 0
 
 
 cdef int on_data_chunk_recv(nghttp2_session* session, uint8_t flags, int32_t stream_id,
@@ -779,6 +795,18 @@ cdef class GrpcShared:
     @deadline_ns.setter
     def deadline_ns(self, int64_t ns):
         self.limits.deadline_ns = ns
+
+    def set_password(self, password):
+        """requirepass (bytes or None): ShouldRateLimit then needs it as a
+        bearer token; the health check stays open, as /livez does."""
+        if password is None:
+            self.bearer_bytes = None
+            self.limits.bearer = NULL
+            self.limits.bearer_len = 0
+            return
+        self.bearer_bytes = b"Bearer " + password
+        self.limits.bearer = self.bearer_bytes
+        self.limits.bearer_len = len(self.bearer_bytes)
 
     @property
     def memory(self):
@@ -951,6 +979,9 @@ cdef class GrpcConnection:
             self.fail(s, GRPC_INTERNAL, "content-type must be application/grpc", 415)
         elif s.route == ROUTE_UNKNOWN:
             self.fail(s, GRPC_UNIMPLEMENTED, "unknown service or method")
+        elif s.route == ROUTE_RLS and shared.limits.bearer != NULL and not s.authorized:
+            self.fail(s, GRPC_UNAUTHENTICATED, "NOAUTH this server needs its password: "
+                      "authorization: Bearer <password>")
         elif n == 0:
             self.fail(s, GRPC_INTERNAL, "the request has no message")
         elif n < 5:

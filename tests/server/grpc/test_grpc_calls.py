@@ -190,3 +190,22 @@ def test_max_concurrent_streams_and_deadline_are_settings(gs):
     assert c.config_get("grpc-deadline-ms") == {"grpc-deadline-ms": "40.0"}
     assert gs.should_rate_limit(request(b"rig", KEY))["overall"] == OK
 
+
+
+def test_with_requirepass_a_call_needs_it_as_a_bearer_token_and_health_does_not(
+        make_grpc_server):
+    gs = make_grpc_server("--manual-clock", "--requirepass", "s3cret",
+                          standin_rules=["api_key=3/minute"])
+    message = request(b"rig", KEY)
+    for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]):
+        code, details = error_of(lambda: gs.should_rate_limit(message, metadata=metadata))
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+        assert details.startswith("NOAUTH")
+    resp = gs.should_rate_limit(message, metadata=[("authorization", "Bearer s3cret")])
+    assert resp["overall"] == OK
+    assert gs.health() == 1
+    # a changed password applies to the next call
+    gs.client(password="s3cret").config_set("requirepass", "other")
+    code, _ = error_of(lambda: gs.should_rate_limit(
+        message, metadata=[("authorization", "Bearer s3cret")]))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
