@@ -20,7 +20,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 import servers  # noqa: E402  (needs the path above)
-from servers import RedisServerProcess, ServerProcess  # noqa: E402
+from servers import RedisServerProcess, ServerProcess, started_servers  # noqa: E402
 
 # ---- coverage ------------------------------------------------------------------------------
 # The debug pass of scripts/test.sh runs under `coverage run`.  Line tracing
@@ -156,16 +156,8 @@ def r(server):
 @pytest.fixture
 def make_server():
     """Starts extra servers with their own settings; stops them after."""
-    started = []
-
-    def start(*args: str) -> ServerProcess:
-        s = ServerProcess(*args).start()
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
+    with started_servers(ServerProcess) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

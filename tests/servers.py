@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import shutil
 import time
+from contextlib import contextmanager
 
 import redis
-
 from wire import free_port
 
 PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
@@ -60,7 +60,7 @@ class ServerProcess:
         self.port: int | None = None
         self.log_path = tempfile.mktemp(prefix="fastlimit-", suffix=".log")
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         self._log = open(self.log_path, "wb")
         # Rules in memory unless a test asks for a database: servers started
         # side by side must not share (or lock) one rules file.
@@ -155,3 +155,56 @@ class RedisServerProcess:
         self.proc.terminate()
         self.proc.wait(10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ExtraPortServer(ServerProcess):
+    """A server with another listener (HTTP, gRPC) on a port the test
+    picks: the RESP port is the kernel's pick and cannot be lost, this one
+    can be taken by another process before the server binds it, so a start
+    that loses it is tried again on a new one."""
+
+    PORT_FLAG = ""
+    ATTEMPTS = 3
+
+    def __init__(self, *args: str):
+        self.extra_port = free_port()
+        super().__init__(self.PORT_FLAG, str(self.extra_port), *args)
+
+    def start(self) -> ServerProcess:
+        for attempt in range(self.ATTEMPTS):
+            try:
+                return super().start()
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == self.ATTEMPTS - 1:
+                    raise
+                self.extra_port = free_port()
+                self.args[self.args.index(self.PORT_FLAG) + 1] = str(self.extra_port)
+        raise AssertionError("unreachable")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within timeout."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+@contextmanager
+def started_servers(server_class):
+    """A make(*args, **kw) that starts server_class processes; every one
+    started is stopped when the block ends (the make_* fixtures)."""
+    started = []
+
+    def make(*args, **kw):
+        srv = server_class(*args, **kw).start()
+        started.append(srv)
+        return srv
+
+    try:
+        yield make
+    finally:
+        for srv in started:
+            srv.stop()

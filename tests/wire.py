@@ -50,13 +50,13 @@ class Wire:
         self.reset = False
 
     @classmethod
-    def to(cls, port: int) -> "Wire":
+    def to(cls, port: int) -> Wire:
         """A new connection to a server on 127.0.0.1."""
         s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(s)
 
-    def __enter__(self) -> "Wire":
+    def __enter__(self) -> Wire:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -75,7 +75,7 @@ class Wire:
         self.sock.settimeout(left)
         try:
             chunk = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return False
         except ConnectionResetError:
             self.eof = self.reset = True
@@ -193,3 +193,31 @@ def wait_until(predicate, timeout: float = TIMEOUT, what: str = "the condition",
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+class RecordingTransport:
+    """An asyncio transport stand-in for a protocol object fed by hand in
+    the test's process: keeps what is written and whether reading is on."""
+
+    def __init__(self):
+        self.out = b""
+        self.reading = True
+        self.closed = False
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 1)
+
+    def write(self, data):
+        self.out += data
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
+
+    def close(self):
+        self.closed = True

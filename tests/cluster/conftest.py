@@ -12,6 +12,7 @@ import tempfile
 import pytest
 import redis
 from cluster_rig import FastlimitCluster, raw_reply, wait_for
+from servers import stop_process
 from wire import free_port
 
 
@@ -47,12 +48,7 @@ class RedisClusterNode:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 def redis_cli(*args: str) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from wire import RecordingTransport
+
 from fastlimit._cluster import keyslot
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
@@ -15,32 +17,6 @@ from fastlimit._rules import RuleEngine
 from fastlimit.server.commands.table import build_table
 
 A, B = b"{a}", b"{b}"          # different slots
-
-
-class Recording:
-    def __init__(self):
-        self.out = b""
-        self.reading = True
-
-    def get_extra_info(self, name):
-        return ("127.0.0.1", 1)
-
-    def write(self, data):
-        self.out += data
-
-    def get_write_buffer_size(self):
-        return 0
-
-    def pause_reading(self):
-        self.reading = False
-
-    def resume_reading(self):
-        self.reading = True
-
-    def close(self):
-        pass
-
-    abort = close
 
 
 def command(*args: bytes) -> bytes:
@@ -64,7 +40,7 @@ def node():
     core = ServerCore(BucketStore(clock=clock), RuleEngine(clock=clock), build_table())
     core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:7001"])
     conn = Connection(core)
-    transport = Recording()
+    transport = RecordingTransport()
     conn.connection_made(transport)
     return core, conn, transport
 

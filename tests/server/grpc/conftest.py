@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import pytest
 from grpcserver import GrpcServer
+from servers import started_servers
 
 
 @pytest.fixture
 def make_grpc_server():
-    started: list[GrpcServer] = []
-
-    def make(*args: str, standin_rules=None) -> GrpcServer:
-        srv = GrpcServer(*args, standin_rules=standin_rules).start()
-        started.append(srv)
-        return srv
-
-    yield make
-    for srv in started:
-        srv.stop()
+    with started_servers(GrpcServer) as make:
+        yield make
 
 
 @pytest.fixture

@@ -8,22 +8,26 @@ import os
 
 import grpc
 from rls_messages import HEALTH_PATH, RLS_PATH, decode_response, health_status
-from servers import ServerProcess
-from wire import free_port
+from servers import ExtraPortServer
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
 
 
-class GrpcServer(ServerProcess):
+class GrpcServer(ExtraPortServer):
     """A fastlimit-server child with --grpc-port on a free port; with
     standin_rules, it decides through the stand-in service (standin.py)."""
 
+    PORT_FLAG = "--grpc-port"
+
     def __init__(self, *args: str, standin_rules=None):
-        self.grpc_port = free_port()
         if standin_rules is not None:
             self.entry = [STANDIN, *(f"--standin-rule={r}" for r in standin_rules)]
-        super().__init__("--grpc-port", str(self.grpc_port), *args)
+        super().__init__(*args)
         self._channel = None
+
+    @property
+    def grpc_port(self) -> int:
+        return self.extra_port
 
     @property
     def url(self) -> str:

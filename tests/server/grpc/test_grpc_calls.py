@@ -198,7 +198,7 @@ def test_with_requirepass_a_call_needs_it_as_a_bearer_token_and_health_does_not(
                           standin_rules=["api_key=3/minute"])
     message = request(b"rig", KEY)
     for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]):
-        code, details = error_of(lambda: gs.should_rate_limit(message, metadata=metadata))
+        code, details = error_of(lambda md=metadata: gs.should_rate_limit(message, metadata=md))
         assert code == grpc.StatusCode.UNAUTHENTICATED
         assert details.startswith("NOAUTH")
     resp = gs.should_rate_limit(message, metadata=[("authorization", "Bearer s3cret")])

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 from grpcserver import GrpcServer
-from servers import PYTHON
+from servers import PYTHON, stop_process
 from wire import free_port, wait_until
 
 ENVOY = os.path.join(os.path.dirname(PYTHON), "envoy")
@@ -69,12 +69,7 @@ class Envoy:
                     if line.lower().startswith("grpc-status"))
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         os.unlink(self.config)
 
 
@@ -94,7 +89,7 @@ def envoys():
 
 def standin(grpc_port: int) -> GrpcServer:
     srv = GrpcServer("--manual-clock", standin_rules=["api_key=3/minute"])
-    srv.grpc_port = grpc_port
+    srv.extra_port = grpc_port
     srv.args[1] = str(grpc_port)
     srv.start()
     srv.client().execute_command("DEBUG", "CLOCK", "SET", "0")

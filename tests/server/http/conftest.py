@@ -6,16 +6,17 @@ import http.client
 import json
 
 import pytest
-from servers import ServerProcess
-from wire import free_port
+from servers import ExtraPortServer, started_servers
 
 
-class HttpServer(ServerProcess):
+class HttpServer(ExtraPortServer):
     """A fastlimit-server child with --http-port on a free port."""
 
-    def __init__(self, *args: str):
-        self.http_port = free_port()
-        super().__init__("--http-port", str(self.http_port), *args)
+    PORT_FLAG = "--http-port"
+
+    @property
+    def http_port(self) -> int:
+        return self.extra_port
 
     def http(self, timeout: float = 10) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
@@ -41,16 +42,8 @@ class HttpServer(ServerProcess):
 
 @pytest.fixture
 def make_http_server():
-    started: list[HttpServer] = []
-
-    def make(*args: str) -> HttpServer:
-        srv = HttpServer(*args).start()
-        started.append(srv)
-        return srv
-
-    yield make
-    for srv in started:
-        srv.stop()
+    with started_servers(HttpServer) as make:
+        yield make
 
 
 @pytest.fixture

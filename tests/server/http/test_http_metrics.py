@@ -19,7 +19,7 @@ import time
 import urllib.parse
 
 import pytest
-from servers import ServerProcess
+from servers import ServerProcess, stop_process
 from wire import Wire, free_port, wait_until
 
 import fastlimit
@@ -393,12 +393,7 @@ class Prometheus:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def test_a_real_prometheus_scrapes_the_per_rule_counters(make_http_server, tmp_path):
