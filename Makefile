@@ -1,10 +1,14 @@
-.PHONY: serve test bench soak ha cluster cluster-stop build clean
+.PHONY: serve test test-debug-serial bench soak ha cluster cluster-stop build clean
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
 
 test:           ## build everything (release and debug), ruff and mypy on src/, run the whole test suite
 	scripts/test.sh
+
+test-debug-serial:  ## the serial tests (volume, time bounds) on the debug build, which make test runs on the release build only
+	scripts/bootstrap.sh --debug
+	FASTLIMIT_PYTHON=$$PWD/.venv-debug/bin/python .venv-debug/bin/python -m pytest -m "serial and not release_only"
 
 bench:          ## fastlimit vs redis-server, the clients vs the limits library, replication (bench/README.md)
 	scripts/bootstrap.sh

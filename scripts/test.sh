@@ -33,12 +33,16 @@ FASTLIMIT_PYTHON=$PWD/.venv/bin/python pass_of .venv/bin/python -- "not no_such_
     || status=$?
 
 echo "== tests: debug build, with line coverage"
+# The serial tests (volume and time bounds, real-time failovers) ran on the
+# release build above; they run untraced, so here they would add no
+# coverage, only their minutes: `make test-debug-serial` runs them on this
+# build.
 # Cython.Coverage maps the .pyx lines through the generated C, which it
 # looks for beside the .pyx: put the debug build's there (gitignored).
 cp build/debug/cython/src/fastlimit/_*.c src/fastlimit/
 rm -rf build/coverage && mkdir -p build/coverage     # [tool.coverage] in pyproject.toml
 FASTLIMIT_PYTHON=$PWD/.venv-debug/bin/python pass_of .venv-debug/bin/python -m coverage run \
-    -- "not release_only" -- "$@" || status=$?
+    -- "not release_only and not serial" -- "$@" || status=$?
 echo "== line coverage of the debug pass (untraced tests: UNTRACED in tests/conftest.py)"
 .venv-debug/bin/python -m coverage combine -q
 .venv-debug/bin/python -m coverage report
