@@ -61,7 +61,13 @@ NESTED_TOO_DEEPLY = "nested too deeply"
 
 class RuleError(ValueError):
     """A rule, rule id or rules file that cannot be used; the message is
-    one line, ready to follow "ERR " in a reply."""
+    one line, ready to follow "ERR " in a reply.  ``field`` is the
+    document field it names (``capacity``, ``match.tier``), if any, for
+    replies that carry it apart (the HTTP API's problem documents)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -143,7 +149,7 @@ def parse_rule(rule_id: str, doc: dict | str | bytes) -> Rule:
     raises RuleError naming the field and why."""
     check_rule_id(rule_id)
     if isinstance(doc, (bytes, bytearray, str)):
-        doc = _load_json(rule_id, doc)
+        doc = load_document(rule_id, doc)
     if not isinstance(doc, dict):
         raise _invalid(rule_id, None, "must be an object")
     return _RuleParser(rule_id, doc).parse()
@@ -151,7 +157,7 @@ def parse_rule(rule_id: str, doc: dict | str | bytes) -> Rule:
 
 def _invalid(rule_id: str, field: str | None, reason: str) -> RuleError:
     where = f"{field}: " if field else ""
-    return RuleError(f"invalid rule '{rule_id}': {where}{reason}")
+    return RuleError(f"invalid rule '{rule_id}': {where}{reason}", field)
 
 
 def no_duplicate_keys(pairs):
@@ -174,7 +180,10 @@ def load_json(text: str):
     return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
 
 
-def _load_json(rule_id: str, text: str | bytes):
+def load_document(rule_id: str, text: str | bytes):
+    """A rule document's JSON text as Python values, not yet validated
+    as a rule (parse_rule does both; the HTTP API tells a malformed body
+    from an invalid rule); raises RuleError."""
     # len() first, so a huge str is refused without encoding it.
     if len(text) > MAX_DOCUMENT_BYTES or (
             isinstance(text, str) and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES):
