@@ -269,34 +269,50 @@ def test_if_none_match_star_makes_put_create_only(node):
     assert node("GET", "/v1/rules/orders").body == CANONICAL.encode()
 
 
+def race(port: int, tag: str, capacities: tuple[int, int]) -> dict[int, Reply]:
+    """Two writers, each on its own connection, PUT a document with the
+    same If-Match at the same moment; their replies by capacity."""
+    barrier = threading.Barrier(2)
+    replies: dict[int, Reply] = {}
+
+    def write(capacity: int):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        conn.connect()          # both connected before either sends
+        barrier.wait()
+        conn.request("PUT", "/v1/rules/orders", json.dumps({**RULE, "capacity": capacity}),
+                     {"If-Match": tag})
+        resp = conn.getresponse()
+        replies[capacity] = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()},
+                                  resp.read())
+        conn.close()
+    writers = [threading.Thread(target=write, args=(c,)) for c in capacities]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(30)
+    return replies
+
+
 def test_of_two_writers_with_the_same_etag_exactly_one_wins(node):
     node("PUT", "/v1/rules/orders", RULE)
     for round_ in range(10):
         tag = node("GET", "/v1/rules/orders").headers["etag"]
-        barrier = threading.Barrier(2)
-        replies: dict[int, Reply] = {}
-
-        def write(capacity: int):
-            conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=20)
-            conn.connect()          # both connected before either sends
-            barrier.wait()
-            conn.request("PUT", "/v1/rules/orders", json.dumps({**RULE, "capacity": capacity}),
-                         {"If-Match": tag})
-            resp = conn.getresponse()
-            replies[capacity] = Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()},
-                                      resp.read())
-            conn.close()
-        writers = [threading.Thread(target=write, args=(10 + 2 * round_ + i,)) for i in (0, 1)]
-        for w in writers:
-            w.start()
-        for w in writers:
-            w.join(30)
+        replies = race(node.port, tag, (10 + 2 * round_, 11 + 2 * round_))
         assert sorted(r.status for r in replies.values()) == [200, 412]
         (winner, won), = [(c, r) for c, r in replies.items() if r.status == 200]
         lost = next(r for r in replies.values() if r.status == 412)
         assert lost.headers["etag"] == won.headers["etag"]
         assert json.loads(node.resp("CL.RULE", "GET", "orders"))["capacity"] == winner
         assert node("GET", "/v1/rules/orders").headers["etag"] == won.headers["etag"]
+
+
+def test_pipelined_rule_requests_are_answered_in_order(node):
+    body = json.dumps(RULE).encode()
+    replies = pipelined(node.port, ("PUT", "/v1/rules/orders", body),
+                        ("GET", "/v1/rules/orders", b""), ("DELETE", "/v1/rules/orders", b""),
+                        ("GET", "/v1/rules/orders", b""), ("PUT", "/v1/rules/orders", body))
+    assert [r.status for r in replies] == [201, 200, 204, 404, 201]
+    assert replies[1].body == CANONICAL.encode()
 
 
 # ---- the same rules as CL.RULE ---------------------------------------------------------------
