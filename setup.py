@@ -10,7 +10,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 DEBUG = os.environ.get("FASTLIMIT_DEBUG", "") not in ("", "0")
-MODULES = [m for m in ["_core", "_resp", "_rules", "_protocol", "_cluster"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
+MODULES = [m for m in ["_core", "_resp", "_rules", "_protocol", "_cluster", "_http"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
 
 if DEBUG:
     compile_args = ["-O0", "-g3", "-UNDEBUG"]

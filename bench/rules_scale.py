@@ -60,7 +60,8 @@ class Server:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fastlimit.server", "--bind", "127.0.0.1", "--port", "0",
-             "--rules-db", "", "--snapshot-file", "", "--rules-file", rules_file],
+             "--rules-db", "", "--snapshot-file", "", "--http-port", "0",
+             "--rules-file", rules_file],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -156,7 +156,7 @@ class Fastlimit(Server):
                 filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
         # Nothing on disk: rules in memory, no snapshot at exit.
         self._spawn([sys.executable, "-m", "fastlimit.server", "--port", "0",
-                     "--rules-db", "", "--snapshot-file", "", *extra], env)
+                     "--rules-db", "", "--snapshot-file", "", "--http-port", "0", *extra], env)
 
     def _ready(self) -> bool:
         m = READY.search(self.logpath.read_text(errors="replace"))

@@ -4,8 +4,8 @@
 #   --serve   .venv-serve: the release build and its runtime dependencies only
 #             (what `make serve` runs; no apt, no test packages)
 #   (none)    .venv: the release build with the test dependencies, plus
-#             Debian's redis-server, redis-tools and redis-sentinel (the tests
-#             and bench use them)
+#             Debian's redis-server, redis-tools, redis-sentinel, prometheus,
+#             chromium and wrk (the tests and bench use them)
 #   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,12 @@ install_debian_tools() {
     command -v redis-server >/dev/null || need_apt+=(redis-server)
     command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
     command -v redis-sentinel >/dev/null || need_apt+=(redis-sentinel)
+    # The HTTP front's tests scrape it with a real Prometheus (and lint it
+    # with promtool), load its status page in headless Chromium; the bench
+    # drives it with wrk.
+    command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
+    command -v chromium >/dev/null || need_apt+=(chromium)
+    command -v wrk >/dev/null || need_apt+=(wrk)
     if ((${#need_apt[@]})); then
         echo "== installing ${need_apt[*]} with apt-get"
         export DEBIAN_FRONTEND=noninteractive

@@ -104,7 +104,7 @@ class Node:
             path = self.dir / "fastlimit.toml"
             lines = ["# written by scripts/ha.py; Sentinel's CONFIG REWRITE updates it",
                      "[server]", 'bind = ["127.0.0.1"]', f"port = {self.port}",
-                     'snapshot-file = ""', 'rules-db = ""']
+                     'snapshot-file = ""', 'rules-db = ""', "http-port = 0"]
             if self.password:
                 lines += [f'requirepass = "{self.password}"', f'masterauth = "{self.password}"']
             if self.replicaof:

@@ -64,6 +64,8 @@ class ServerProcess:
         durability = [] if "--rules-db" in self.args else ["--rules-db", ""]
         if "--snapshot-file" not in self.args:
             durability += ["--snapshot-file", ""]
+        if "--http-port" not in self.args:
+            durability += ["--http-port", "0"]     # side by side, they would share 8380
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "fastlimit.server", "--port", "0", *durability, *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

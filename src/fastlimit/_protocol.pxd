@@ -9,7 +9,7 @@ from libc.stdint cimport int64_t, uint16_t
 from fastlimit._core cimport BucketStore, Clock
 from fastlimit._rules cimport RuleEngine
 from fastlimit._resp cimport Parser, ParseLimits, Arg
-from fastlimit._core cimport CheckResult
+from fastlimit._core cimport CheckResult, BucketParams
 from fastlimit._cluster cimport CLUSTER_SLOTS
 
 
@@ -97,6 +97,17 @@ cdef class ServerCore:
     cdef uint16_t slot_shard[CLUSTER_SLOTS]
     cdef list moved_to                # per shard: "ip:port", or None when no primary is known
 
+    cdef str route_key(self, const char* key, size_t n)
+
+
+# The decisions every front makes the same way: None, or the error reply's
+# text ("ERR ...", "OOM ...").
+cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
+                      int64_t now_ms, CheckResult* r)
+cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
+                     CheckResult* r, int* nrules)
+
 
 # Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
 # s[0:m].  No recursion; see _protocol.pyx for the bound.
@@ -163,7 +174,6 @@ cdef class Connection:
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)
     cdef void refuse_when_subscribed(self, Command cmd)
-    cdef bint refuse_write(self, int64_t cost)
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)

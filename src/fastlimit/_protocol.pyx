@@ -294,6 +294,22 @@ cdef class ServerCore:
         self.moved_to = list(moved_to)
         self.cluster_routing = True
 
+    cdef str route_key(self, const char* key, size_t n):
+        """In cluster mode, None when this node serves the key's slot as
+        primary, else the error a client is redirected with: MOVED,
+        CLUSTERDOWN, or TRYAGAIN while the slot is paused (a front that
+        cannot hold a request, as RESP does, asks the client to retry)."""
+        cdef int slot
+        if not self.cluster_routing:
+            return None
+        slot = key_slot(key, n)
+        if self.slot_served[slot] == SLOT_SERVED:
+            return None
+        if self.slot_served[slot] == SLOT_PAUSED:
+            return "TRYAGAIN the slot is moving to another shard"
+        target = self.moved_to[self.slot_shard[slot]]
+        return "CLUSTERDOWN Hash slot not served" if target is None else f"MOVED {slot} {target}"
+
     def pause_slots(self, mask):
         """Commands on the served slots set in mask (CLUSTER_SLOTS bytes)
         wait from now until resume_slots(); returns how many were paused."""
@@ -785,14 +801,6 @@ cdef class Connection:
         if self.multi_queue is not None:
             self.multi_dirty = True
 
-    cdef bint refuse_write(self, int64_t cost):
-        """A replica answers a check only as a peek (COST 0), which reads
-        the bucket as the primary left it."""
-        if self.core.readonly and cost != 0:
-            self.reply_error(READONLY_ERROR)
-            return True
-        return False
-
     cdef void run(self, Command cmd, list args):
         """Runs a checked command; args are given when it was queued,
         otherwise parser.argv holds them."""
@@ -869,25 +877,14 @@ cdef class Connection:
         cdef Arg* a = self.parser.argv
         cdef BucketParams bp
         cdef CheckResult r
-        cdef const char* err
         cdef int rc, bad = 0
         rc = read_check_args(a, self.parser.argc, &bp, &bad)
         if rc != OPT_OK:
             self.reply_error(options_error(rc, &a[bad], "COST or PERIOD"))
             return
-        err = bucket_params_error(&bp)
-        if err != NULL:
-            self.reply_error("ERR " + err.decode())
-            return
-        if self.refuse_write(bp.cost):
-            return
-        rc = bucket_check(&self.core.store.table, a[1].ptr, a[1].len, &bp,
-                          self.now_ms, not self.core.readonly, &r)
-        if rc == FL_EKEYLEN:
-            self.reply_error("ERR key is longer than 65535 bytes")
-            return
-        if rc != FL_OK:
-            self.reply_error("OOM out of memory: the bucket could not be stored")
+        error = check_bucket(self.core, a[1].ptr, a[1].len, &bp, self.now_ms, &r)
+        if error is not None:
+            self.reply_error(error)
             return
         self.write_check(&r)
 
@@ -904,7 +901,7 @@ cdef class Connection:
     cdef void cl_limit(self):
         """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
         cdef Arg* a = self.parser.argv
-        cdef int n, rc, bad = 0
+        cdef int n = 0, rc, bad = 0
         cdef LimitArgs la
         cdef CheckResult r
         cdef RuleEngine rules = self.core.rules
@@ -912,20 +909,10 @@ cdef class Connection:
         if rc != OPT_OK:
             self.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
             return
-        if self.refuse_write(la.cost):
-            return
-        try:
-            n = rules.select_rules(a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen)
-            rc = rules.evaluate(a[1].ptr, a[1].len, a[2].ptr, a[2].len, n, la.cost,
-                                self.now_ms, &r)
-        except ValueError as e:
-            self.reply_error(f"ERR {e}")
-            return
-        if rc == FL_EKEYLEN:
-            self.reply_error("ERR client key and resource are longer than 65535 bytes")
-            return
-        if rc != FL_OK:
-            self.reply_error("OOM out of memory: the bucket could not be stored")
+        error = check_limit(self.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
+                            la.cost, self.now_ms, &r, &n)
+        if error is not None:
+            self.reply_error(error)
             return
         if not la.detail:
             self.write_check(&r)
@@ -1140,6 +1127,46 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
+
+
+# ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----
+
+cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
+                      int64_t now_ms, CheckResult* r):
+    """CL.CHECK's decision into r: None, or the error reply's text."""
+    cdef const char* err = bucket_params_error(bp)
+    cdef int rc
+    if err != NULL:
+        return "ERR " + err.decode()
+    if core.readonly and bp.cost != 0:
+        return READONLY_ERROR    # a replica answers peeks only
+    rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
+    if rc == FL_EKEYLEN:
+        return "ERR key is longer than 65535 bytes"
+    if rc != FL_OK:
+        return "OOM out of memory: the bucket could not be stored"
+    return None
+
+
+cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
+                     CheckResult* r, int* nrules):
+    """CL.LIMIT's decision over the matching rules (*nrules of them, for
+    DETAIL) into r: None, or the error reply's text."""
+    cdef RuleEngine rules = core.rules
+    cdef int rc
+    if core.readonly and cost != 0:
+        return READONLY_ERROR
+    try:
+        nrules[0] = rules.select_rules(client, clen, resource, rlen, tier, tlen)
+        rc = rules.evaluate(client, clen, resource, rlen, nrules[0], cost, now_ms, r)
+    except ValueError as e:
+        return f"ERR {e}"
+    if rc == FL_EKEYLEN:
+        return "ERR client key and resource are longer than 65535 bytes"
+    if rc != FL_OK:
+        return "OOM out of memory: the bucket could not be stored"
+    return None
 LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)
 
 

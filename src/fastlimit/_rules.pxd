@@ -88,6 +88,9 @@ cdef class RuleEngine:
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
     cdef size_t change_limit      # replication: change-log bytes per table, 0 = off
     cdef uint32_t order[MAX_RULES_PER_CHECK]
+    # The number of the rule whose numbers the last evaluate() gave (0: none
+    # applied), which the HTTP front names and describes in its headers.
+    cdef readonly uint32_t binding_rule
     cdef CheckResult results[MAX_RULES_PER_CHECK]
 
     cdef int check_rule(self, uint32_t num, const char* client, size_t clen,

@@ -823,9 +823,11 @@ cdef class RuleEngine:
             # No enforcing rule applies: allowed, and nothing limits it.
             out.allowed, out.limit, out.remaining = 1, -1, -1
             out.retry_after_ms = out.reset_after_ms = 0
+            self.binding_rule = 0
         else:
             out[0] = self.results[binding]
             out.allowed = passed
+            self.binding_rule = self.order[binding]
         return FL_OK
 
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,

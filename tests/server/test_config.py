@@ -202,7 +202,7 @@ def test_the_command_line_takes_integers_by_the_same_rules(tmp_path):
                         ("--port", "\u0665")):
         done = subprocess.run(
             [PYTHON, "-m", "fastlimit.server", "--rules-db", "", "--snapshot-file", "",
-             flag, value], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+             "--http-port", "0", flag, value], capture_output=True, text=True, timeout=30, cwd=tmp_path)
         assert done.returncode == 2, done
         assert f"{flag[2:]}: argument couldn't be parsed into an integer" in done.stderr
 

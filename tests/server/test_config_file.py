@@ -66,7 +66,7 @@ def run_with_config(tmp_path, text: str | bytes | None,
     if text is not None:
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return subprocess.run(
-        [PYTHON, "-m", "fastlimit.server", "--port", "0", "--rules-db", "",
+        [PYTHON, "-m", "fastlimit.server", "--port", "0", "--http-port", "0", "--rules-db", "",
          "--snapshot-file", "", "--config", str(path), *args],
         capture_output=True, text=True, timeout=60)
 

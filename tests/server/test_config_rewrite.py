@@ -72,8 +72,8 @@ def test_rewrite_keeps_the_operators_layout_and_writes_what_changed(make_server,
     c.config_set("maxclients", "200")
     c.config_set("replica-priority", "7")
     assert c.execute_command("CONFIG", "REWRITE") == b"OK"
-    # The command line's settings (the test harness's --port 0, --rules-db
-    # and --snapshot-file) are running settings too, as in Redis.
+    # The command line's settings (the test harness's --port 0, --rules-db,
+    # --snapshot-file and --http-port 0) are running settings too, as in Redis.
     assert read(path) == """\
 # fastlimit on box 3: edited by hand, rewritten by CONFIG REWRITE
 [server]
@@ -86,6 +86,7 @@ port = 0
 snapshot-file = ""
 rules-db = ""
 replica-priority = 7
+http-port = 0
 
 [rules]
 # kept for later
@@ -171,7 +172,10 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--repl-timeout", "30", "--repl-flush-ms", "5", "--repl-buffer-limit", "1mb",
             "--rules-cache-size", "0", "--cluster-enabled", "yes",
             "--cluster-config-file", "map.toml", "--cluster-announce-ip", "10.0.0.8",
-            "--cluster-announce-port", "7003", "--cluster-sentinel-password", "sp"]
+            "--cluster-announce-port", "7003", "--cluster-sentinel-password", "sp",
+            "--http-port", "8000", "--http-metrics-auth", "no", "--http-max-header-bytes", "8kb",
+            "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
+            "--http-batch-max", "10", "--metrics-rule-labels", "5"]
     settings = cfg.from_args(argv)
     defaults = cfg.Settings()
     unchanged = [name for name in cfg.get_all(settings)

@@ -22,6 +22,7 @@ from fastlimit.server import config as cfg
 from fastlimit.server.cluster import Cluster
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
+from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
 from fastlimit.server.reshard import Reshard
@@ -56,10 +57,12 @@ class Server:
         self.cluster = Cluster(self, log)
         self.cluster.load(settings)
         self.reshard = Reshard(self, log)
+        self.http = HttpFront(self, log)
         # in the order they start; they stop in the reverse order
         self.subsystems: list[Subsystem] = [
             self.expiry, RulesSubsystem(self.rules, self.rule_engine, log),
-            self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard]
+            self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
+            self.http]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()

@@ -25,6 +25,7 @@ import tomlkit.exceptions
 from fastlimit._resp import parse_integer
 
 DEFAULT_PORT = 6380
+DEFAULT_HTTP_PORT = 8380
 
 
 class ConfigError(ValueError):
@@ -213,6 +214,13 @@ class Settings:
     cluster_announce_ip: str | None = None
     cluster_announce_port: int = 0
     cluster_sentinel_password: str | None = None
+    http_port: int = DEFAULT_HTTP_PORT
+    http_metrics_auth: bool = True
+    http_max_header_bytes: int = 16 * 1024
+    http_max_body_bytes: int = 1024 * 1024
+    http_header_timeout: float = 10.0
+    http_batch_max: int = 1000
+    metrics_rule_labels: int = 1000
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -276,6 +284,13 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
     "cluster-sentinel-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "http-port": (lambda v: parse_int(v, 0, 65535), str),
+    "http-metrics-auth": (parse_bool, lambda v: "yes" if v else "no"),
+    "http-max-header-bytes": (lambda v: parse_memory(v, 1024, 1024**2), str),
+    "http-max-body-bytes": (lambda v: parse_memory(v, 1024, 512 * 1024**2), str),
+    "http-header-timeout": (lambda v: parse_number(v, 0, 3600, above_low=True), str),
+    "http-batch-max": (lambda v: parse_int(v, 1, 100_000), str),
+    "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
 }
 
 
@@ -316,7 +331,9 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "replica-announce-port", "replica-announced", "repl-user",
                     "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
                     "repl-buffer-limit", "rules-cache-size", "cluster-announce-ip",
-                    "cluster-announce-port"}
+                    "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
+                    "http-max-body-bytes", "http-header-timeout", "http-batch-max",
+                    "metrics-rule-labels"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -766,6 +783,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this node's port there (default 0: the port it listens on)")
     p.add_argument("--cluster-sentinel-password", metavar="PW",
                    help="password of the map's sentinels, when they require one")
+    p.add_argument("--http-port", metavar="N",
+                   help=f"HTTP port for the JSON check and rule APIs, /metrics, health "
+                        f"and the status page, on the bind addresses (default "
+                        f"{DEFAULT_HTTP_PORT}; 0: no HTTP)")
+    p.add_argument("--http-metrics-auth", metavar="yes|no",
+                   help="with requirepass, /metrics needs it too (default yes)")
+    p.add_argument("--http-max-header-bytes", metavar="SIZE",
+                   help="request line and headers past this get 431 (default 16kb)")
+    p.add_argument("--http-max-body-bytes", metavar="SIZE",
+                   help="request bodies past this get 413 (default 1mb)")
+    p.add_argument("--http-header-timeout", metavar="N",
+                   help="seconds a request's headers may take to arrive before 408 (default 10)")
+    p.add_argument("--http-batch-max", metavar="N",
+                   help="checks in one POST /v1/check/batch (default 1000)")
+    p.add_argument("--metrics-rule-labels", metavar="N",
+                   help="rules with a rule label of their own in /metrics; the rest "
+                        "are summed as __other__ (default 1000; 0: no per-rule series)")
     return p
 
 

@@ -129,7 +129,9 @@ SECTIONS = {"server": _server, "clients": _clients, "memory": _memory, "stats": 
             "commandstats": _commandstats, "errorstats": _errorstats}
 
 
-def render_info(core, requested: list[str]) -> str:
+def info_dict(core, requested: list[str]) -> dict[str, dict]:
+    """INFO's sections as {section: {field: value}}, for the named ones
+    (INFO's rules: none or "default", "all", "everything", or names)."""
     if not requested or requested == ["default"]:
         names = DEFAULT_SECTIONS
     elif any(r in ("all", "everything") for r in requested):
@@ -137,10 +139,17 @@ def render_info(core, requested: list[str]) -> str:
     else:
         names = [n for n in ALL_SECTIONS if n in requested]
     added = core.app.subsystem_info(frozenset(names), frozenset(requested))
-    parts = []
+    out = {}
     for name in names:
         fields = SECTIONS[name](core, core.app) if name in SECTIONS else {}
         fields.update(added.get(name, {}))
+        out[name] = fields
+    return out
+
+
+def render_info(core, requested: list[str]) -> str:
+    parts = []
+    for name, fields in info_dict(core, requested).items():
         title = "CPU" if name == "cpu" else name.capitalize()
         lines = [f"# {title}"] + [f"{k}:{v}" for k, v in fields.items()]
         parts.append("\r\n".join(lines) + "\r\n")

@@ -1,0 +1,674 @@
+"""The HTTP/1.1 front's connection; see _http.pxd."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint32_t
+from libc.stdio cimport snprintf
+
+from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
+from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit
+from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
+                              writer_reserve)
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
+
+# A response's body is made here first, so its length leads it.  The server
+# is single-threaded and a response is made to completion before the next.
+cdef Writer BODY
+if writer_init(&BODY, 4096) != 0:
+    raise MemoryError()
+
+# The largest cost a check may ask for: CL.LIMIT's and CL.CHECK's bound.
+cdef int64_t MAX_COST = 10 ** 15
+
+REASONS = {200: "OK", 201: "Created", 204: "No Content", 304: "Not Modified",
+           400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 408: "Request Timeout", 412: "Precondition Failed",
+           413: "Content Too Large", 415: "Unsupported Media Type", 421: "Misdirected Request",
+           422: "Unprocessable Content", 429: "Too Many Requests",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           501: "Not Implemented", 503: "Service Unavailable"}
+
+# The RESP error code of a decision's error, as an HTTP status.
+ERROR_STATUS = {"ERR": 400, "READONLY": 503, "OOM": 503, "MOVED": 421, "CLUSTERDOWN": 503,
+                "TRYAGAIN": 503}
+
+# The endpoints that run here, without a Python handler.
+cdef enum Endpoint:
+    EP_NONE = 0
+    EP_CHECK = 1          # POST /v1/check: CL.LIMIT
+    EP_LIMITS_CHECK = 2   # POST /v1/limits/check: CL.APPLY
+    EP_CHECK_BUCKET = 3   # POST /v1/check/bucket: CL.CHECK
+    EP_CHECK_BATCH = 4    # POST /v1/check/batch: many of the first two
+
+FAST_ENDPOINTS = {b"/v1/check": EP_CHECK, b"/v1/limits/check": EP_LIMITS_CHECK,
+                  b"/v1/check/bucket": EP_CHECK_BUCKET, b"/v1/check/batch": EP_CHECK_BATCH}
+FAST_ENDPOINT_NAMES = {EP_CHECK: "check", EP_LIMITS_CHECK: "limits_check",
+                       EP_CHECK_BUCKET: "check_bucket", EP_CHECK_BATCH: "check_batch"}
+# Reachable without credentials: a probe carries none.
+OPEN_PATHS = frozenset([b"/livez", b"/healthz", b"/readyz"])
+
+
+class BadField(Exception):
+    """A request document's field that cannot be used: 400 naming it."""
+
+    def __init__(self, field, detail, status=400):
+        super().__init__(detail)
+        self.field = field
+        self.detail = detail
+        self.status = status
+
+
+class Refused(Exception):
+    """A request the engine refused: the RESP error text it would give."""
+
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error
+
+
+cdef class HttpShared:
+    def __init__(self, ServerCore core, front):
+        """front: the event-loop layer's side (server/http/listener.py),
+        which routes the other requests and encodes their responses."""
+        self.core = core
+        self.front = front
+        self.max_header_bytes = 16384
+        self.max_headers = 100
+        self.max_body_bytes = 1024 * 1024
+        self.header_timeout_ns = 10 * 1000000000
+        self.batch_max = 1000
+        self.metrics_auth = True
+        self.date = b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
+        self.response_type = front.response_type
+        self.connections = set()
+        self.rule_info = {}
+        self.rules_version = -1
+        self.endpoint_stats = {name: Command(name, 0) for name in FAST_ENDPOINT_NAMES.values()}
+        self.fast_stats = [None] * 5
+        for ep, name in FAST_ENDPOINT_NAMES.items():
+            self.fast_stats[ep] = self.endpoint_stats[name]
+        self.total_requests = self.total_connections = self.rejected_connections = 0
+        self.bad_requests = 0
+
+    def set_date(self, str http_date):
+        self.date = f"Date: {http_date}\r\n".encode("ascii")
+
+    def sweep(self):
+        """Answers 408 to connections whose request headers are late, and
+        closes idle ones that waited as long for their next request (each
+        holds a slot of maxclients: slowloris)."""
+        cdef int64_t now = fl_mono_ns()
+        cdef HttpConnection conn
+        for conn in list(self.connections):
+            conn.check_deadline(now)
+
+    cdef tuple describe_rule(self, uint32_t num):
+        """(id as JSON, RateLimit-Policy item or None, ms until the next
+        unit of quota) of rule num, cached until the rules change."""
+        registry = self.core.app.rules
+        if registry.version != self.rules_version:
+            self.rule_info.clear()
+            self.rules_version = registry.version
+        info = self.rule_info.get(num)
+        if info is None:
+            info = self.front.describe_rule(num)
+            self.rule_info[num] = info
+        return info
+
+
+cdef inline int64_t ceil_seconds(int64_t ms) noexcept:
+    return (ms + 999) // 1000 if ms > 0 else 0
+
+
+cdef inline void write_bytes(Writer* w, bytes b) noexcept:
+    write_raw(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+
+cdef inline void write_int(Writer* w, int64_t v) noexcept:
+    cdef char num[24]
+    cdef int n = snprintf(num, sizeof(num), "%lld", <long long>v)
+    write_raw(w, num, n)
+
+
+def credentials_match(bytes header, bytes password):
+    """Authorization: "Bearer <password>", or Basic with any user name
+    (the password is requirepass, the default user's)."""
+    scheme, _, value = header.strip().partition(b" ")
+    value = value.strip()
+    scheme = scheme.lower()
+    if scheme == b"bearer":
+        return hmac.compare_digest(value, password)
+    if scheme == b"basic":
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return hmac.compare_digest(decoded.partition(b":")[2], password)
+    return False
+
+
+cdef str text_field(dict doc, str name, bint required):
+    value = doc.get(name)
+    if value is None:
+        if required:
+            raise BadField(name, f"{name} is required")
+        return None
+    if type(value) is not str:
+        raise BadField(name, f"{name} must be a string")
+    return value
+
+
+cdef int64_t integer_field(dict doc, str name, int64_t default, int64_t low,
+                           int64_t high) except? -1:
+    value = doc.get(name)
+    if value is None:
+        return default
+    # bool is an int in Python, not in JSON
+    if type(value) is not int or not low <= value <= high:
+        raise BadField(name, f"{name} must be an integer from {low} to {high}")
+    return value
+
+
+cdef bytes utf8(str s):
+    return s.encode("utf-8", "surrogatepass")
+
+
+cdef class HttpConnection:
+    def __cinit__(self):
+        if writer_init(&self.out, 4096) != 0:
+            raise MemoryError()
+
+    def __init__(self, HttpShared shared):
+        self.shared = shared
+        self.core = shared.core
+        self.parser = HttpRequestParser(self)
+        self.pending = None
+        self.reset_request()
+
+    def __dealloc__(self):
+        writer_free(&self.out)
+
+    # ---- asyncio.Protocol ----------------------------------------------------------
+
+    def connection_made(self, transport):
+        cdef HttpShared shared = self.shared
+        self.transport = transport
+        shared.total_connections += 1
+        if len(shared.connections) >= self.core.maxclients:
+            shared.rejected_connections += 1
+            self.fail(503, "too many connections", "the server has maxclients HTTP "
+                      "connections open")
+            self.flush()
+            return
+        shared.connections.add(self)
+        self.ready_since = fl_mono_ns()
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.shared.connections.discard(self)
+        if self.pending:
+            for item in self.pending:
+                if not isinstance(item, bytes):
+                    item.cancel()
+        self.pending = None
+        self.transport = None
+
+    def close(self):
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def eof_received(self):
+        return False     # the transport closes itself
+
+    def pause_writing(self):
+        # A client that does not read its responses stops being read: what it
+        # holds is bounded by the transport's high-water mark plus one read.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self):
+        if self.transport is not None and not self.closing and self.pending is None:
+            self.transport.resume_reading()
+
+    def data_received(self, bytes data):
+        if self.closing:
+            return
+        self.started = True
+        try:
+            self.parser.feed_data(data)
+        except HttpParserUpgrade:
+            # The request was answered as if Upgrade were not there (RFC 9110
+            # lets a server ignore it); what follows would be another protocol.
+            self.closing = True
+        except HttpParserError as e:
+            if self.refusal:
+                self.fail(self.refusal, self.refusal_title, self.refusal_detail)
+            else:
+                self.shared.bad_requests += 1
+                self.fail(400, "malformed request", str(e) or "the request cannot be parsed")
+        self.flush()
+
+    # ---- httptools' callbacks ------------------------------------------------------
+
+    def on_message_begin(self):
+        self.started = True
+
+    def on_url(self, bytes url):
+        self.header_bytes += PyBytes_GET_SIZE(url)
+        if self.header_bytes > self.shared.max_header_bytes:
+            self.refuse(431, "request header fields too large",
+                        f"the request line and headers exceed {self.shared.max_header_bytes} "
+                        f"bytes")
+        self.url = url if self.url is None else self.url + url
+
+    def on_header(self, bytes name, bytes value):
+        cdef HttpShared shared = self.shared
+        self.header_bytes += PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + 4
+        self.nheaders += 1
+        if self.header_bytes > shared.max_header_bytes or self.nheaders > shared.max_headers:
+            self.refuse(431, "request header fields too large",
+                        f"at most {shared.max_headers} headers and {shared.max_header_bytes} "
+                        f"bytes of request line and headers")
+        name = name.lower()
+        if name == b"authorization":
+            self.authorization = value
+        self.headers.append((name, value))
+
+    def on_headers_complete(self):
+        self.ready_since = 0        # the header timeout is met
+
+    def on_body(self, bytes body):
+        self.body_len += PyBytes_GET_SIZE(body)
+        if self.body_len > self.shared.max_body_bytes:
+            self.refuse(413, "content too large",
+                        f"the body exceeds {self.shared.max_body_bytes} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self):
+        cdef bint keep = self.parser.should_keep_alive()
+        self.shared.total_requests += 1
+        self.dispatch(self.parser.get_method(), keep)
+        self.reset_request()
+        if keep:
+            self.ready_since = fl_mono_ns()
+        else:
+            self.closing = True
+
+    cdef void refuse(self, int status, str title, str detail):
+        """Stops the parser on a bound: data_received answers status."""
+        self.refusal = status
+        self.refusal_title = title
+        self.refusal_detail = detail
+        raise OverflowError(detail)
+
+    cdef void reset_request(self):
+        self.url = None
+        self.headers = []
+        self.authorization = None
+        self.body = []
+        self.body_len = 0
+        self.header_bytes = 0
+        self.nheaders = 0
+        self.started = False
+
+    # ---- time limits ---------------------------------------------------------------
+
+    cdef void check_deadline(self, int64_t now_ns):
+        if self.ready_since == 0 or self.closing or self.closed \
+                or now_ns - self.ready_since < self.shared.header_timeout_ns:
+            return
+        if self.started:
+            self.fail(408, "request timeout", "the request's headers did not arrive in time")
+            self.flush()
+        elif self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
+    # ---- dispatch --------------------------------------------------------------------
+
+    cdef void dispatch(self, bytes method, bint keep):
+        cdef bytes url = self.url or b"/"
+        cdef bytes path, query
+        cdef size_t mark = self.out.len
+        path, _, query = url.partition(b"?")
+        try:
+            if not self.authorized(path):
+                self.send_python(self.shared.front.unauthorized(), keep, method)
+            elif method == b"POST" and path in FAST_ENDPOINTS:
+                self.run_endpoint(FAST_ENDPOINTS[path], query, keep)
+            else:
+                self.send_python(self.shared.front.route(method, path, query, self.headers,
+                                                         b"".join(self.body)), keep, method)
+        except Exception:
+            # A bug, not the client's fault: it gets a 500, the log the trace.
+            self.out.len = mark
+            self.core.log.exception("HTTP %s %r failed", method.decode("latin-1"), url[:200])
+            self.send_python(self.shared.front.problem(500, "internal server error",
+                                                       "the server failed; see its log"),
+                             keep, method)
+
+    cdef void run_endpoint(self, int endpoint, bytes query, bint keep):
+        """One of the check endpoints, timed as a command is."""
+        cdef Command stats = self.shared.fast_stats[endpoint]
+        cdef size_t mark = self.out.len
+        cdef bint enforce = b"enforce=1" in query or b"enforce=true" in query
+        cdef int64_t t0 = fl_mono_ns()
+        try:
+            if endpoint == EP_CHECK_BATCH:
+                self.batch(keep)
+            else:
+                self.one_check(endpoint, enforce, keep)
+        except BadField as e:
+            stats.failed_calls += 1
+            self.out.len = mark
+            self.send_python(self.shared.front.bad_field(e), keep, b"POST")
+        except Refused as e:
+            stats.failed_calls += 1
+            self.out.len = mark
+            self.send_python(self.shared.front.refused(e.error), keep, b"POST")
+        stats.calls += 1
+        stats.nsec += fl_mono_ns() - t0
+
+    cdef bint authorized(self, bytes path):
+        cdef HttpShared shared = self.shared
+        password = self.core.requirepass
+        if password is None or path in OPEN_PATHS or \
+                (path == b"/metrics" and not shared.metrics_auth):
+            return True
+        header = self.authorization
+        if header is None:
+            return False
+        if password is self.authorized_for and header == self.authorized_header:
+            return True
+        if not credentials_match(header, password):
+            return False
+        self.authorized_for = password
+        self.authorized_header = header
+        return True
+
+    cdef dict json_body(self):
+        try:
+            doc = json.loads(b"".join(self.body))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadField(None, f"the body is not JSON: {e}") from None
+        if type(doc) is not dict:
+            raise BadField(None, "the body must be a JSON object")
+        return doc
+
+    # ---- the check endpoints ---------------------------------------------------------
+
+    cdef void one_check(self, int endpoint, bint enforce, bint keep):
+        cdef CheckResult r
+        cdef uint32_t binding
+        doc = self.json_body()
+        binding = self.decide(endpoint, doc, &r)
+        self.write_decision_response(&r, binding, enforce, keep)
+
+    cdef uint32_t decide(self, int endpoint, dict doc, CheckResult* r):
+        """One check's decision into r; returns the binding rule's number
+        (0: none, or a bucket)."""
+        if endpoint == EP_CHECK:
+            return self.limit(doc, r)
+        if endpoint == EP_LIMITS_CHECK:
+            return self.apply(doc, r)
+        self.bucket(doc, r)
+        return 0
+
+    cdef uint32_t limit(self, dict doc, CheckResult* r):
+        """CL.LIMIT <client_key> <resource> [TIER t] [COST n]."""
+        cdef int n = 0
+        cdef bytes client = utf8(text_field(doc, "client_key", True))
+        cdef bytes resource = utf8(text_field(doc, "resource", True))
+        tier_text = text_field(doc, "tier", False)
+        cdef bytes tier = utf8(tier_text) if tier_text is not None else None
+        cdef int64_t cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        self.route(client)
+        error = check_limit(self.core, PyBytes_AS_STRING(client), PyBytes_GET_SIZE(client),
+                            PyBytes_AS_STRING(resource), PyBytes_GET_SIZE(resource),
+                            PyBytes_AS_STRING(tier) if tier is not None else NULL,
+                            PyBytes_GET_SIZE(tier) if tier is not None else 0,
+                            cost, self.core.clock.now_ms(), r, &n)
+        if error is not None:
+            raise Refused(error)
+        return self.core.rules.binding_rule
+
+    cdef uint32_t apply(self, dict doc, CheckResult* r):
+        """CL.APPLY <id>[,<id>...] <key> [RESOURCE r] [COST n]."""
+        ids = doc.get("rule_id")
+        if type(ids) is str:
+            ids = [ids]
+        if type(ids) is not list or not ids or any(type(i) is not str for i in ids):
+            raise BadField("rule_id", "rule_id must be a rule id or a non-empty list of them")
+        cdef bytes key = utf8(text_field(doc, "key", True))
+        resource = text_field(doc, "resource", False)
+        cdef int64_t cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        registry = self.core.app.rules
+        nums = []
+        for rule_id in ids:
+            num = registry.num_for(rule_id)
+            if num is None:
+                raise BadField("rule_id", f"no such rule '{rule_id}'", 404)
+            nums.append(num)
+        self.route(key)
+        if self.core.readonly and cost != 0:
+            raise Refused("READONLY You can't write against a read only replica.")
+        try:
+            five = self.core.rules.apply(nums, key, cost, utf8(resource) if resource else b"")
+        except ValueError as e:
+            raise Refused(f"ERR {e}") from None
+        except MemoryError:
+            raise Refused("OOM out of memory: the bucket could not be stored") from None
+        r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = five
+        return self.core.rules.binding_rule
+
+    cdef void bucket(self, dict doc, CheckResult* r):
+        """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]."""
+        cdef BucketParams bp
+        cdef bytes key = utf8(text_field(doc, "key", True))
+        bp.capacity = integer_field(doc, "capacity", 0, 1, MAX_COST)
+        bp.refill = integer_field(doc, "refill_per_sec", 0, 1, MAX_COST)
+        bp.period_ms = integer_field(doc, "period_ms", 1000, 1, MAX_COST)
+        bp.cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        if "capacity" not in doc:
+            raise BadField("capacity", "capacity is required")
+        if "refill_per_sec" not in doc:
+            raise BadField("refill_per_sec", "refill_per_sec is required")
+        self.route(key)
+        error = check_bucket(self.core, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &bp,
+                             self.core.clock.now_ms(), r)
+        if error is not None:
+            raise Refused(error)
+
+    cdef void route(self, bytes key):
+        error = self.core.route_key(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+        if error is not None:
+            raise Refused(error)
+
+    cdef void batch(self, bint keep):
+        """{"checks": [...]}: each a /v1/check or (with rule_id) a
+        /v1/limits/check document, answered in order, each with its own
+        decision or error; one bad check fails only itself."""
+        cdef CheckResult r
+        cdef uint32_t binding
+        cdef Writer* w = &BODY
+        doc = self.json_body()
+        checks = doc.get("checks")
+        if type(checks) is not list:
+            raise BadField("checks", "checks must be a list of check documents")
+        if len(checks) > self.shared.batch_max:
+            raise BadField("checks", f"at most {self.shared.batch_max} checks in one batch",
+                           413)
+        writer_reset(w)
+        write_raw(w, b'{"results":[', 12)
+        for i, check in enumerate(checks):
+            if i:
+                write_raw(w, b",", 1)
+            try:
+                if type(check) is not dict:
+                    raise BadField(None, "a check must be a JSON object")
+                binding = self.decide(EP_LIMITS_CHECK if "rule_id" in check else EP_CHECK,
+                                      check, &r)
+                self.write_decision(&r, binding)
+            except BadField as e:
+                write_bytes(w, self.shared.front.batch_error(e.status, e.detail, e.field))
+            except Refused as e:
+                write_bytes(w, self.shared.front.batch_error(
+                    ERROR_STATUS.get(e.error.partition(" ")[0], 500), e.error, None))
+        write_raw(w, b"]}", 2)
+        self.begin_response(200, b"application/json", keep)
+        self.finish_response()
+
+    # ---- responses ---------------------------------------------------------------------
+
+    cdef void write_decision_response(self, const CheckResult* r, uint32_t binding,
+                                      bint enforce, bint keep):
+        cdef bint denied = not r.allowed
+        cdef tuple info = self.shared.describe_rule(binding) if binding else None
+        writer_reset(&BODY)
+        self.write_decision(r, binding, info)
+        self.begin_response(429 if denied and enforce else 200, b"application/json", keep)
+        if info is not None:
+            self.write_ratelimit_headers(r, info, denied and enforce)
+        self.finish_response()
+
+    cdef void write_ratelimit_headers(self, const CheckResult* r, tuple info, bint retry_after):
+        cdef Writer* w = &self.out
+        cdef bytes name = info[0]
+        cdef bytes policy = info[1]
+        cdef int64_t token_ms = info[2]
+        cdef int64_t t
+        if policy is not None:
+            write_raw(w, b"RateLimit-Policy: ", 18)
+            write_bytes(w, policy)
+            write_raw(w, b"\r\n", 2)
+        write_raw(w, b"RateLimit: ", 11)
+        write_bytes(w, name)
+        write_raw(w, b";r=", 3)
+        write_int(w, r.remaining if r.remaining > 0 else 0)
+        if not r.allowed:
+            t = r.retry_after_ms
+        elif r.remaining >= r.limit:
+            t = 0
+        else:
+            t = r.reset_after_ms if r.reset_after_ms < token_ms else token_ms
+        if t >= 0:
+            write_raw(w, b";t=", 3)
+            write_int(w, ceil_seconds(t))
+        write_raw(w, b"\r\n", 2)
+        if retry_after and r.retry_after_ms >= 0:
+            write_raw(w, b"Retry-After: ", 13)
+            write_int(w, ceil_seconds(r.retry_after_ms) or 1)
+            write_raw(w, b"\r\n", 2)
+
+    cdef void write_decision(self, const CheckResult* r, uint32_t binding, tuple info=None):
+        cdef Writer* w = &BODY
+        if binding and info is None:
+            info = self.shared.describe_rule(binding)
+        if r.allowed:
+            write_raw(w, b'{"allowed":true,"limit":', 24)
+        else:
+            write_raw(w, b'{"allowed":false,"limit":', 25)
+        write_int(w, r.limit)
+        write_raw(w, b',"remaining":', 13)
+        write_int(w, r.remaining)
+        write_raw(w, b',"retry_after_ms":', 18)
+        write_int(w, r.retry_after_ms)
+        write_raw(w, b',"reset_after_ms":', 18)
+        write_int(w, r.reset_after_ms)
+        if info is None:
+            write_raw(w, b',"rule":null}', 13)
+            return
+        write_raw(w, b',"rule":', 8)
+        write_bytes(w, info[3])
+        write_raw(w, b"}", 1)
+
+    cdef void begin_response(self, int status, bytes content_type, bint keep):
+        """The status line and the fixed headers; the caller may add more,
+        then finish_response sends the length and the body."""
+        cdef Writer* w = &self.out
+        write_bytes(w, STATUS_LINES.get(status) or status_line(status))
+        write_bytes(w, self.shared.date)
+        write_raw(w, b"Content-Type: ", 14)
+        write_bytes(w, content_type)
+        write_raw(w, b"\r\n", 2)
+        if not keep:
+            write_raw(w, b"Connection: close\r\n", 19)
+
+    cdef void finish_response(self):
+        """Content-Length, the blank line, and the body made in BODY."""
+        cdef Writer* w = &self.out
+        write_raw(w, b"Content-Length: ", 16)
+        write_int(w, BODY.len)
+        write_raw(w, b"\r\n\r\n", 4)
+        write_raw(w, BODY.buf, BODY.len)
+
+    cdef void send_python(self, response, bint keep, bytes method):
+        """A Python handler's Response, or an awaitable of one: sent in
+        request order (what follows it waits)."""
+        if type(response) is self.shared.response_type:
+            self.emit(self.shared.front.encode(response, keep, method == b"HEAD"))
+            return
+        task = asyncio.ensure_future(self.shared.front.finish(response, keep, method == b"HEAD"))
+        if self.pending is None:
+            self.pending = []
+            if self.transport is not None:
+                self.transport.pause_reading()
+        self.pending.append(task)
+        task.add_done_callback(self.task_done)
+
+    cdef void emit(self, bytes data):
+        if self.pending is not None:
+            self.pending.append(data)
+        else:
+            write_bytes(&self.out, data)
+
+    def task_done(self, task):
+        if self.closed:
+            return
+        self.flush()
+
+    cdef void fail(self, int status, str title, str detail):
+        """Answers a request that cannot be read on, and closes."""
+        self.closing = True
+        self.emit(self.shared.front.encode(
+            self.shared.front.problem(status, title, detail), False, False))
+
+    cdef void flush(self):
+        """Sends what is ready, in request order."""
+        cdef bytes data
+        if self.transport is None:
+            writer_reset(&self.out)
+            return
+        if self.out.len:
+            data = PyBytes_FromStringAndSize(self.out.buf, self.out.len)
+            writer_reset(&self.out)
+            self.transport.write(data)
+        if self.pending is not None:
+            while self.pending:
+                item = self.pending[0]
+                if isinstance(item, bytes):
+                    self.transport.write(item)
+                elif item.done():
+                    self.transport.write(item.result() if not item.cancelled() else b"")
+                else:
+                    return
+                self.pending.pop(0)
+            self.pending = None
+            if not self.closing:
+                self.transport.resume_reading()
+        if self.closing:
+            self.transport.close()
+
+
+def status_line(int status):
+    return f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\n".encode("ascii")
+
+
+STATUS_LINES = {status: status_line(status) for status in REASONS}
