@@ -70,6 +70,12 @@ class RuleError(ValueError):
         self.field = field
 
 
+class DocumentError(RuleError):
+    """A rule document that is not JSON text at all (too long, not UTF-8,
+    not JSON), as against a JSON value that is not a valid rule: HTTP
+    answers one with 400, the other with 422."""
+
+
 @dataclass(frozen=True)
 class Match:
     """Which requests a rule applies to; None matches anything.  resource
@@ -149,7 +155,7 @@ def parse_rule(rule_id: str, doc: dict | str | bytes) -> Rule:
     raises RuleError naming the field and why."""
     check_rule_id(rule_id)
     if isinstance(doc, (bytes, bytearray, str)):
-        doc = load_document(rule_id, doc)
+        doc = _load_json(rule_id, doc)
     if not isinstance(doc, dict):
         raise _invalid(rule_id, None, "must be an object")
     return _RuleParser(rule_id, doc).parse()
@@ -180,25 +186,26 @@ def load_json(text: str):
     return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constant)
 
 
-def load_document(rule_id: str, text: str | bytes):
-    """A rule document's JSON text as Python values, not yet validated
-    as a rule (parse_rule does both; the HTTP API tells a malformed body
-    from an invalid rule); raises RuleError."""
+def _load_json(rule_id: str, text: str | bytes):
     # len() first, so a huge str is refused without encoding it.
     if len(text) > MAX_DOCUMENT_BYTES or (
             isinstance(text, str) and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES):
-        raise _invalid(rule_id, None, f"document longer than {MAX_DOCUMENT_BYTES} bytes")
+        raise _malformed(rule_id, f"document longer than {MAX_DOCUMENT_BYTES} bytes")
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError:
-            raise _invalid(rule_id, None, "not valid UTF-8") from None
+            raise _malformed(rule_id, "not valid UTF-8") from None
     try:
         return load_json(text)
     except ValueError as e:   # JSONDecodeError, duplicates, NaN, 4300+ digit ints
-        raise _invalid(rule_id, None, f"not valid JSON: {show(str(e), 200)}") from None
+        raise _malformed(rule_id, f"not valid JSON: {show(str(e), 200)}") from None
     except RecursionError:
-        raise _invalid(rule_id, None, f"not valid JSON: {NESTED_TOO_DEEPLY}") from None
+        raise _malformed(rule_id, f"not valid JSON: {NESTED_TOO_DEEPLY}") from None
+
+
+def _malformed(rule_id: str, reason: str) -> DocumentError:
+    return DocumentError(f"invalid rule '{rule_id}': {reason}")
 
 
 def is_utf8(text: str) -> bool:

@@ -23,8 +23,8 @@ cluster mode the precondition is checked and the change made inside
 Cluster.rule_change, after the newest rule set of the other primaries
 has been taken, so a stale edit is refused cluster-wide as it is here.
 
-Errors are problem documents (RFC 9457): a body that is not a JSON
-document is 400, a document CL.RULE SET would refuse is 422 with the
+Errors are problem documents (RFC 9457): an id no rule may have, or a
+body that is not JSON text, is 400, a document CL.RULE SET would refuse is 422 with the
 field it names (``field``) and CL.RULE's message (``detail``), and
 ``code`` carries the RESP error code where RESP has one.  The body is
 read as JSON whatever its Content-Type, so ``curl -d`` (which says
@@ -36,10 +36,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from urllib.parse import quote
 
 from fastlimit._protocol import READONLY_ERROR
 from fastlimit._resp import ReplyError
-from fastlimit.rules.model import RuleError, check_rule_id, load_document, show
+from fastlimit.rules.model import DocumentError, RuleError, check_rule_id, show
 from fastlimit.rules.registry import Entry
 from fastlimit.rules.store import StoreError
 from fastlimit.server.http.routes import Request, Response, problem
@@ -97,10 +98,15 @@ def _failed_precondition(status: int, etag: str | None) -> Response:
     if status == 304:
         return Response(304, headers=headers)
     detail = "there is no such rule" if etag is None else f"the current ETag is {etag}"
-    return problem(412, "Precondition failed", detail, headers=headers)
+    return problem(412, "precondition failed", detail, headers=headers)
 
 
 # ---- replies ---------------------------------------------------------------------
+
+def location(rule_id: str) -> str:
+    """The rule's canonical URL path; an id's "/" is percent-encoded, as
+    a request must send it (a literal one would end the {id} segment)."""
+    return CANONICAL_PREFIX + quote(rule_id, safe=":")
 
 def _rule_response(status: int, entry: Entry, headers=()) -> Response:
     return Response(status, _document(entry),
@@ -108,23 +114,23 @@ def _rule_response(status: int, entry: Entry, headers=()) -> Response:
 
 
 def _not_found(rule_id: str) -> Response:
-    return problem(404, "No such rule", f"no rule '{show(rule_id)}'")
+    return problem(404, "no such rule", f"no rule '{show(rule_id)}'")
 
 
 def _rule_error(e: RuleError, status: int, title: str) -> Response:
     if isinstance(e, StoreError):     # the database, not the request
-        return problem(500, "Rule change not stored", str(e), code="ERR")
+        return problem(500, "rule change not stored", str(e), code="ERR")
     return problem(status, title, str(e), code="ERR", field=e.field)
 
 
 # Titles of the RESP errors a rule change can meet, by code.
-_TITLES = {"READONLY": "Read-only replica", "CLUSTERDOWN": "Rule change refused"}
+_TITLES = {"READONLY": "read-only replica", "CLUSTERDOWN": "rule change refused"}
 
 
 def _resp_error(e: ReplyError, status: int) -> Response:
     code, _, detail = str(e).partition(" ")
     # ERR: in force here, but not yet on every primary (Cluster.rule_change).
-    title = _TITLES.get(code, "Rule change incomplete")
+    title = _TITLES.get(code, "rule change incomplete")
     return problem(status, title, detail or code, code=code)
 
 
@@ -161,11 +167,7 @@ def put_rule(req: Request):
     try:
         check_rule_id(rule_id)
     except RuleError as e:
-        return _rule_error(e, 400, "Invalid rule id")
-    try:
-        doc = load_document(rule_id, req.body)
-    except RuleError as e:
-        return _rule_error(e, 400, "Malformed rule document")
+        return _rule_error(e, 400, "invalid rule id")
 
     def change() -> Response:
         registry = req.server.rules
@@ -175,13 +177,15 @@ def put_rule(req: Request):
         if failed is not None:
             return _failed_precondition(failed, etag)
         try:
-            registry.set(rule_id, doc)
+            registry.set(rule_id, req.body)     # as CL.RULE SET does
+        except DocumentError as e:
+            return _rule_error(e, 400, "malformed rule document")
         except RuleError as e:
-            return _rule_error(e, 422, "Invalid rule")
+            return _rule_error(e, 422, "invalid rule")
         entry = registry.entry(rule_id)
         if old is not None:
             return _rule_response(200, entry)
-        return _rule_response(201, entry, [("Location", CANONICAL_PREFIX + rule_id)])
+        return _rule_response(201, entry, [("Location", location(rule_id))])
     return _rule_change(req, change)
 
 
@@ -212,7 +216,7 @@ def delete_rule(req: Request):
         try:
             deleted = registry.delete(rule_id)
         except RuleError as e:
-            return _rule_error(e, 422, "Rule not deleted")
+            return _rule_error(e, 500, "rule not deleted")
         return Response(204) if deleted else _not_found(rule_id)
     return _rule_change(req, change)
 
