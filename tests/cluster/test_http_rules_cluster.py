@@ -73,3 +73,4 @@ def test_in_cluster_mode_a_change_with_a_primary_away_is_a_503_and_changes_nothi
     assert listing.json()["rules"] == []
     for node in (a, b, c):
         assert node.resp("CL.RULE", "GET", "orders") is None
+

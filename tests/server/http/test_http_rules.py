@@ -157,7 +157,9 @@ def test_delete_is_204_then_404(node):
     for method in ("DELETE", "GET"):
         missing = node(method, "/v1/rules/orders")
         assert missing.status == 404
-        assert missing.problem()["detail"] == "no rule 'orders'"
+        assert missing.problem() == {"type": "urn:fastlimit:problem:no-such-rule",
+                                     "title": "no such rule", "status": 404,
+                                     "detail": "no rule 'orders'"}
     assert node.resp("CL.RULE", "GET", "orders") is None
 
 
@@ -234,7 +236,9 @@ def test_if_match_refuses_a_stale_put_or_delete_with_412(node):
         stale = node(method, "/v1/rules/orders", body, {"If-Match": old})
         assert stale.status == 412
         assert stale.headers["etag"] == new
-        assert stale.problem()["detail"] == f"the current ETag is {new}"
+        assert stale.problem() == {"type": "urn:fastlimit:problem:precondition-failed",
+                                   "title": "precondition failed", "status": 412,
+                                   "detail": f"the current ETag is {new}"}
         # A weak tag never matches If-Match (strong comparison), nor does garble.
         for value in (f"W/{new}", "garbage", new.strip('"')):
             assert node(method, "/v1/rules/orders", body, {"If-Match": value}).status == 412
@@ -412,11 +416,12 @@ def test_an_invalid_rule_is_a_422_problem_naming_the_field_as_cl_rule_set_does(n
     reply = node("PUT", "/v1/rules/orders", json.dumps(doc))
     assert reply.status == 422
     problem = reply.problem()
-    expected = {"status": 422, "title": "invalid rule", "code": "ERR",
+    expected = {"type": "urn:fastlimit:problem:invalid-rule", "status": 422,
+                "title": "invalid rule", "code": "ERR",
                 "detail": resp_error(node, "CL.RULE", "SET", "orders", json.dumps(doc))}
     if field is not None:
         expected["field"] = field
-    assert {k: problem[k] for k in problem if k != "type"} == expected
+    assert problem == expected
     assert node("GET", "/v1/rules/orders").status == 404
 
 
@@ -450,8 +455,11 @@ def test_a_body_that_is_not_a_json_document_is_a_400_problem(node, body, detail)
 def test_an_id_no_rule_may_have_is_refused_by_put_and_not_found_by_get(node, path, shown):
     reply = node("PUT", path, RULE)
     assert reply.status == 400
-    assert reply.problem()["detail"] == (f"invalid rule id '{shown}': must be 1 to 128 "
-                                         "characters of A-Z a-z 0-9 _ . : / -")
+    assert reply.problem() == {
+        "type": "urn:fastlimit:problem:invalid-rule-id", "title": "invalid rule id",
+        "status": 400, "code": "ERR",
+        "detail": f"invalid rule id '{shown}': must be 1 to 128 characters of "
+                  "A-Z a-z 0-9 _ . : / -"}
     assert node("GET", path).status == 404
     assert node("DELETE", path).status == 404
     assert node.resp("CL.RULE", "LIST") == []
