@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 from servers import ServerProcess
+from test_http_readme import http_examples, run_examples
 from wire import free_port, wait_until
 
 RULE = {"match": {"resource": "GET /x"}, "capacity": 2, "refill_per_second": 1}
@@ -516,3 +517,10 @@ def test_a_replica_serves_its_primarys_rules_and_refuses_changes_with_503(start)
         assert (problem["code"], problem["detail"]) == (
             "READONLY", "You can't write against a read only replica.")
     assert replica("GET", "/v1/rules/orders").body == put.body
+
+
+def test_the_readmes_rules_examples_answer_as_shown(hs):
+    examples = http_examples("### Rules over HTTP")
+    assert len(examples) == 6
+    run_examples(hs, examples)
+

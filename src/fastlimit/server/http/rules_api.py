@@ -7,8 +7,8 @@ the same way), with HTTP's conditional requests for safe concurrent edits.
                             canonical document
     GET    /v1/rules/{id}   the canonical document (CL.RULE GET), or 404
     DELETE /v1/rules/{id}   204, or 404 if there is no such rule
-    GET    /v1/rules        {"etag", "rules": [{id, etag, source,
-                            updated_ms, rule}, ...]}, sorted by id
+    GET    /v1/rules        {"etag", "rules": [{id, etag, source, rule},
+                            ...]}, sorted by id
 
 Each also answers at the design's /rules/... paths.
 
@@ -16,7 +16,8 @@ ETags are strong and content hashes: a rule's is the hash of its
 canonical document (the exact body GET returns), so it changes with
 every change of the rule however close two changes come, and equal
 documents, also after a restart, have equal tags.  The rule set's is the
-hash of the listing.  ``If-Match`` on PUT and DELETE refuses a stale
+hash of the listing, which holds nothing but the rules (no times), so it
+too is the same after a restart with the same rules.  ``If-Match`` on PUT and DELETE refuses a stale
 edit with 412 (``*`` needs the rule to exist), ``If-None-Match: *`` makes
 a PUT create-only, and GET answers ``If-None-Match`` with 304.  In
 cluster mode the precondition is checked and the change made inside
@@ -227,7 +228,7 @@ def list_rules(req: Request) -> Response:
     for rule in registry.list():
         entry = registry.entry(rule.id)
         items.append({"id": rule.id, "etag": rule_etag(entry), "source": entry.source,
-                      "updated_ms": entry.updated_ms, "rule": rule.to_dict()})
+                      "rule": rule.to_dict()})
     listing = json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     # The body is a function of the listing alone, so its hash is a
     # strong validator of the body that holds it.
