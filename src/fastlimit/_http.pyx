@@ -2,12 +2,11 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t
-from libc.stdio cimport snprintf
 
 from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
 from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
-                              writer_reserve)
+                              write_decimal)
 
 import asyncio
 import base64
@@ -130,12 +129,6 @@ cdef inline void write_bytes(Writer* w, bytes b) noexcept:
     write_raw(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
 
 
-cdef inline void write_int(Writer* w, int64_t v) noexcept:
-    cdef char num[24]
-    cdef int n = snprintf(num, sizeof(num), "%lld", <long long>v)
-    write_raw(w, num, n)
-
-
 def credentials_match(bytes header, bytes password):
     """Authorization: "Bearer <password>", or Basic with any user name
     (the password is requirepass, the default user's)."""
@@ -173,6 +166,26 @@ cdef int64_t integer_field(dict doc, str name, int64_t default, int64_t low,
     if type(value) is not int or not low <= value <= high:
         raise BadField(name, f"{name} must be an integer from {low} to {high}")
     return value
+
+
+# The json module's C scanner: json.loads runs four Python functions
+# around it, which cost a check more than everything else it does.
+_SCAN = json.JSONDecoder().scan_once
+
+
+cdef object parse_json(bytes body):
+    """A JSON document, as json.loads reads it (UTF-8, surrounding
+    whitespace allowed), or BadField."""
+    try:
+        text = body.decode("utf-8").strip(" \t\n\r")
+        doc, end = _SCAN(text, 0)
+        if end != len(text):
+            raise json.JSONDecodeError("Extra data", text, end)
+    except StopIteration as e:
+        raise BadField(None, f"the body is not JSON: Expecting value: char {e.value}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadField(None, f"the body is not JSON: {e}") from None
+    return doc
 
 
 cdef bytes utf8(str s):
@@ -394,10 +407,7 @@ cdef class HttpConnection:
         return True
 
     cdef dict json_body(self):
-        try:
-            doc = json.loads(b"".join(self.body))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadField(None, f"the body is not JSON: {e}") from None
+        doc = parse_json(self.body[0] if len(self.body) == 1 else b"".join(self.body))
         if type(doc) is not dict:
             raise BadField(None, "the body must be a JSON object")
         return doc
@@ -551,7 +561,7 @@ cdef class HttpConnection:
         write_raw(w, b"RateLimit: ", 11)
         write_bytes(w, name)
         write_raw(w, b";r=", 3)
-        write_int(w, r.remaining if r.remaining > 0 else 0)
+        write_decimal(w, r.remaining if r.remaining > 0 else 0)
         if not r.allowed:
             t = r.retry_after_ms
         elif r.remaining >= r.limit:
@@ -560,11 +570,11 @@ cdef class HttpConnection:
             t = r.reset_after_ms if r.reset_after_ms < token_ms else token_ms
         if t >= 0:
             write_raw(w, b";t=", 3)
-            write_int(w, ceil_seconds(t))
+            write_decimal(w, ceil_seconds(t))
         write_raw(w, b"\r\n", 2)
         if retry_after and r.retry_after_ms >= 0:
             write_raw(w, b"Retry-After: ", 13)
-            write_int(w, ceil_seconds(r.retry_after_ms) or 1)
+            write_decimal(w, ceil_seconds(r.retry_after_ms) or 1)
             write_raw(w, b"\r\n", 2)
 
     cdef void write_decision(self, const CheckResult* r, uint32_t binding, tuple info=None):
@@ -575,13 +585,13 @@ cdef class HttpConnection:
             write_raw(w, b'{"allowed":true,"limit":', 24)
         else:
             write_raw(w, b'{"allowed":false,"limit":', 25)
-        write_int(w, r.limit)
+        write_decimal(w, r.limit)
         write_raw(w, b',"remaining":', 13)
-        write_int(w, r.remaining)
+        write_decimal(w, r.remaining)
         write_raw(w, b',"retry_after_ms":', 18)
-        write_int(w, r.retry_after_ms)
+        write_decimal(w, r.retry_after_ms)
         write_raw(w, b',"reset_after_ms":', 18)
-        write_int(w, r.reset_after_ms)
+        write_decimal(w, r.reset_after_ms)
         if info is None:
             write_raw(w, b',"rule":null}', 13)
             return
@@ -605,7 +615,7 @@ cdef class HttpConnection:
         """Content-Length, the blank line, and the body made in BODY."""
         cdef Writer* w = &self.out
         write_raw(w, b"Content-Length: ", 16)
-        write_int(w, BODY.len)
+        write_decimal(w, BODY.len)
         write_raw(w, b"\r\n\r\n", 4)
         write_raw(w, BODY.buf, BODY.len)
 

@@ -2,7 +2,7 @@
 # the caller's buffer, and a growable reply writer.  No asyncio, no
 # Python objects on the hot path; C functions report failure by value.
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 cdef enum:
     # Redis's PROTO_INLINE_MAX_SIZE: the longest inline command, and the
@@ -74,6 +74,35 @@ cdef inline int writer_reserve(Writer* w, size_t n) noexcept:
     if w.len + n <= w.cap:
         return 0
     return writer_grow(w, n)
+
+cdef inline char* put_decimal(char* out, int64_t v) noexcept:
+    """Writes v in decimal at out (room for 20 bytes); returns its end."""
+    cdef char tmp[24]
+    cdef int n = 0
+    cdef uint64_t u
+    if v < 0:
+        out[0] = c'-'
+        out += 1
+        u = <uint64_t>0 - <uint64_t>v
+    else:
+        u = <uint64_t>v
+    while True:
+        tmp[n] = <char>(c'0' + u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    while n > 0:
+        n -= 1
+        out[0] = tmp[n]
+        out += 1
+    return out
+
+cdef inline int write_decimal(Writer* w, int64_t v) noexcept:
+    if writer_reserve(w, 24) != 0:
+        return -1
+    w.len = put_decimal(w.buf + w.len, v) - w.buf
+    return 0
 
 cdef int write_raw(Writer* w, const char* s, size_t n) noexcept
 cdef int write_prefixed_int(Writer* w, char prefix, int64_t v) noexcept

@@ -462,31 +462,12 @@ cdef int write_raw(Writer* w, const char* s, size_t n) noexcept:
 
 cdef int write_prefixed_int(Writer* w, char prefix, int64_t v) noexcept:
     """Writes <prefix><decimal>\\r\\n, e.g. ":42\\r\\n" or "*5\\r\\n"."""
-    cdef char tmp[24]
-    cdef int n = 0
-    cdef uint64_t u
     cdef char* out
     if writer_reserve(w, 24) != 0:
         return -1
     out = w.buf + w.len
     out[0] = prefix
-    out += 1
-    if v < 0:
-        out[0] = c'-'
-        out += 1
-        u = <uint64_t>0 - <uint64_t>v
-    else:
-        u = <uint64_t>v
-    while True:
-        tmp[n] = <char>(c'0' + u % 10)
-        n += 1
-        u //= 10
-        if u == 0:
-            break
-    while n > 0:
-        n -= 1
-        out[0] = tmp[n]
-        out += 1
+    out = put_decimal(out + 1, v)
     out[0] = c'\r'
     out[1] = c'\n'
     w.len = out + 2 - w.buf
