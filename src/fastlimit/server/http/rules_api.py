@@ -62,6 +62,10 @@ def rule_etag(entry: Entry) -> str:
     return _tag(_document(entry))
 
 
+def _etag(entry: Entry | None) -> str | None:
+    return rule_etag(entry) if entry is not None else None
+
+
 def _document(entry: Entry) -> bytes:
     """The canonical document, the body of GET and PUT (CL.RULE GET's reply)."""
     return entry.rule.to_json().encode("utf-8")
@@ -94,7 +98,12 @@ def _precondition(req: Request, etag: str | None) -> int | None:
     return None
 
 
-def _failed_precondition(status: int, etag: str | None) -> Response:
+def _refusal(req: Request, etag: str | None) -> Response | None:
+    """The 304 or 412 the request's preconditions call for, if any,
+    given the current tag (None: no such rule)."""
+    status = _precondition(req, etag)
+    if status is None:
+        return None
     headers = [("ETag", etag)] if etag is not None else []
     if status == 304:
         return Response(304, headers=headers)
@@ -108,6 +117,7 @@ def location(rule_id: str) -> str:
     """The rule's canonical URL path; an id's "/" is percent-encoded, as
     a request must send it (a literal one would end the {id} segment)."""
     return CANONICAL_PREFIX + quote(rule_id, safe=":")
+
 
 def _rule_response(status: int, entry: Entry, headers=()) -> Response:
     return Response(status, _document(entry),
@@ -173,10 +183,9 @@ def put_rule(req: Request):
     def change() -> Response:
         registry = req.server.rules
         old = registry.entry(rule_id)
-        etag = rule_etag(old) if old is not None else None
-        failed = _precondition(req, etag)
-        if failed is not None:
-            return _failed_precondition(failed, etag)
+        refused = _refusal(req, _etag(old))
+        if refused is not None:
+            return refused
         try:
             registry.set(rule_id, req.body)     # as CL.RULE SET does
         except DocumentError as e:
@@ -193,10 +202,9 @@ def put_rule(req: Request):
 def get_rule(req: Request) -> Response:
     rule_id = req.params["id"]
     entry = req.server.rules.entry(rule_id)
-    etag = rule_etag(entry) if entry is not None else None
-    failed = _precondition(req, etag)
-    if failed is not None:
-        return _failed_precondition(failed, etag)
+    refused = _refusal(req, _etag(entry))
+    if refused is not None:
+        return refused
     if entry is None:
         return _not_found(rule_id)
     return _rule_response(200, entry)
@@ -209,11 +217,9 @@ def delete_rule(req: Request):
 
     def change() -> Response:
         registry = req.server.rules
-        old = registry.entry(rule_id)
-        etag = rule_etag(old) if old is not None else None
-        failed = _precondition(req, etag)
-        if failed is not None:
-            return _failed_precondition(failed, etag)
+        refused = _refusal(req, _etag(registry.entry(rule_id)))
+        if refused is not None:
+            return refused
         try:
             deleted = registry.delete(rule_id)
         except RuleError as e:
@@ -233,9 +239,9 @@ def list_rules(req: Request) -> Response:
     # The body is a function of the listing alone, so its hash is a
     # strong validator of the body that holds it.
     etag = _tag(listing)
-    failed = _precondition(req, etag)
-    if failed is not None:
-        return _failed_precondition(failed, etag)
+    refused = _refusal(req, etag)
+    if refused is not None:
+        return refused
     body = b'{"etag":' + json.dumps(etag).encode() + b',"rules":' + listing + b"}"
     return Response(200, body, headers=[("ETag", etag)])
 
