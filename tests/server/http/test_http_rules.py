@@ -226,6 +226,9 @@ def test_get_answers_a_matching_if_none_match_with_304(node):
         assert (reply.status, reply.body, reply.headers["etag"]) == (304, b"", tag), value
     fresh = node("GET", "/v1/rules/orders", headers={"If-None-Match": '"other"'})
     assert (fresh.status, fresh.body) == (200, CANONICAL.encode())
+    head = node("HEAD", "/v1/rules/orders")
+    assert (head.status, head.body, head.headers["etag"]) == (200, b"", tag)
+    assert node("HEAD", "/v1/rules/orders", headers={"If-None-Match": tag}).status == 304
     missing = node("GET", "/v1/rules/nope", headers={"If-None-Match": "*"})
     assert missing.status == 404
 
