@@ -14,9 +14,11 @@ first so that a rule the engine would refuse is never stored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from fastlimit._rules import MAX_RULES_PER_REQUEST  # noqa: F401  (rules refer to it here)
 
@@ -119,8 +121,23 @@ class Rule:
                 "key": self.scope}
 
     def to_json(self) -> str:
-        """The canonical document as compact JSON (CL.RULE GET's reply)."""
+        """The canonical document as compact JSON."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    # Made once per rule (a Rule never changes): listing 10,000 rules over
+    # HTTP would otherwise serialise and hash every one on each request.
+    @cached_property
+    def document(self) -> bytes:
+        """The canonical document as UTF-8 JSON: CL.RULE GET's reply and
+        the HTTP API's body."""
+        return self.to_json().encode("utf-8")
+
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of the document in hex: it changes whenever the
+        document does, and equal documents have equal digests (the HTTP
+        API's ETags)."""
+        return hashlib.sha256(self.document).hexdigest()
 
     def engine_spec(self) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define()."""

@@ -52,23 +52,18 @@ ENTITY_TAG = re.compile(r'\s*(W/)?("[^"]*")\s*(?:,|$)')
 
 # ---- entity tags --------------------------------------------------------------------
 
-def _tag(data: bytes) -> str:
+def _tag(digest: str) -> str:
     # 128 bits of SHA-256: a collision between two versions of one rule
     # is not a practical concern, and the tag stays short.
-    return '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
+    return '"' + digest[:32] + '"'
 
 
 def rule_etag(entry: Entry) -> str:
-    return _tag(_document(entry))
+    return _tag(entry.rule.digest)
 
 
 def _etag(entry: Entry | None) -> str | None:
     return rule_etag(entry) if entry is not None else None
-
-
-def _document(entry: Entry) -> bytes:
-    """The canonical document, the body of GET and PUT (CL.RULE GET's reply)."""
-    return entry.rule.to_json().encode("utf-8")
 
 
 def _tags_match(header: str, etag: str | None, *, weak: bool) -> bool:
@@ -120,7 +115,7 @@ def location(rule_id: str) -> str:
 
 
 def _rule_response(status: int, entry: Entry, headers=()) -> Response:
-    return Response(status, _document(entry),
+    return Response(status, entry.rule.document,
                     headers=[("ETag", rule_etag(entry)), *headers])
 
 
@@ -229,21 +224,25 @@ def delete_rule(req: Request):
 
 
 def list_rules(req: Request) -> Response:
-    registry = req.server.rules
-    items = []
-    for rule in registry.list():
-        entry = registry.entry(rule.id)
-        items.append({"id": rule.id, "etag": rule_etag(entry), "source": entry.source,
-                      "rule": rule.to_dict()})
-    listing = json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    listing = b"[" + b",".join(_listed(entry) for entry in req.server.rules.entries()) + b"]"
     # The body is a function of the listing alone, so its hash is a
     # strong validator of the body that holds it.
-    etag = _tag(listing)
+    etag = _tag(hashlib.sha256(listing).hexdigest())
     refused = _refusal(req, etag)
     if refused is not None:
         return refused
-    body = b'{"etag":' + json.dumps(etag).encode() + b',"rules":' + listing + b"}"
+    body = b'{"etag":' + _json(etag) + b',"rules":' + listing + b"}"
     return Response(200, body, headers=[("ETag", etag)])
+
+
+def _listed(entry: Entry) -> bytes:
+    # Joined from the rule's document as made once, not serialised again.
+    return (b'{"id":' + _json(entry.rule.id) + b',"etag":' + _json(rule_etag(entry))
+            + b',"source":' + _json(entry.source) + b',"rule":' + entry.rule.document + b"}")
+
+
+def _json(text: str) -> bytes:
+    return json.dumps(text, ensure_ascii=False).encode("utf-8")
 
 
 ROUTES = [
