@@ -69,6 +69,10 @@ UNTRACED = (
     "test_async_cluster_client_answers_as_one_standalone_server_pipelined_per_node",
     "tests/cluster/test_reshard.py",
     "tests/cluster/test_slots_data.py",
+    # CPU bounds on whole responses over many rules
+    "tests/server/http/test_http_metrics.py::test_a_scrape_with_1000_rules_is_cheap",
+    "tests/server/http/test_http_status_page.py::"
+    "test_stats_of_two_thousand_rules_list_a_thousand_within_a_generous_cpu_bound",
 )
 
 

@@ -4,7 +4,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStri
 from libc.stdint cimport int64_t, uint32_t
 
 from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
-from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit
+from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit, record_call
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
@@ -356,6 +356,11 @@ cdef class HttpConnection:
                 self.send_python(self.shared.front.unauthorized(), keep, method)
             elif method == b"POST" and path in FAST_ENDPOINTS:
                 self.run_endpoint(FAST_ENDPOINTS[path], query, keep)
+                if self.pending is not None:
+                    # after a response that waits: this one waits behind it
+                    self.pending.append(PyBytes_FromStringAndSize(self.out.buf + mark,
+                                                                  self.out.len - mark))
+                    self.out.len = mark
             else:
                 self.send_python(self.shared.front.route(method, path, query, self.headers,
                                                          b"".join(self.body)), keep, method)
@@ -386,8 +391,7 @@ cdef class HttpConnection:
             stats.failed_calls += 1
             self.out.len = mark
             self.send_python(self.shared.front.refused(e.error), keep, b"POST")
-        stats.calls += 1
-        stats.nsec += fl_mono_ns() - t0
+        record_call(stats, fl_mono_ns() - t0)
 
     cdef bint authorized(self, bytes path):
         cdef HttpShared shared = self.shared

@@ -28,6 +28,22 @@ cdef enum FastPath:
     FAST_RESET = 8
 
 
+# The latency histogram of every Command: Prometheus's classic buckets,
+# in ns (5us .. 1s), and a last one past them (le="+Inf"), whose bound is
+# a sentinel no time reaches.
+cdef extern from *:
+    """
+    static const int64_t FL_LATENCY_BOUNDS_NS[] = {
+        5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000,
+        5000000, 10000000, 25000000, 50000000, 100000000, 250000000, 1000000000,
+        INT64_MAX};
+    """
+    const int64_t FL_LATENCY_BOUNDS_NS[]
+
+cdef enum:
+    LATENCY_BUCKETS = 17              # the 16 bounds above and +Inf (the sentinel)
+
+
 cdef class Command:
     """One entry of the command table: everything dispatch, arity checks,
     COMMAND replies and per-command statistics need."""
@@ -51,8 +67,22 @@ cdef class Command:
     cdef public int64_t nsec
     cdef public int64_t failed_calls
     cdef public int64_t rejected_calls
+    cdef int64_t latency[LATENCY_BUCKETS]   # calls per bucket (not cumulative)
 
     cdef bint arity_ok(self, int argc) noexcept
+
+
+# One finished call of cmd that took ns: its count, its time and its
+# latency bucket.  The one place calls are counted, by every front (RESP
+# here, HTTP in _http), so commands_total and the histogram always agree.
+# Linear from the smallest bucket: a check falls in the first one.
+cdef inline void record_call(Command cmd, int64_t ns) noexcept:
+    cdef int i = 0
+    while ns > FL_LATENCY_BOUNDS_NS[i]:
+        i += 1
+    cmd.calls += 1
+    cmd.nsec += ns
+    cmd.latency[i] += 1
 
 
 cdef class ServerCore:
@@ -136,6 +166,7 @@ cdef class Connection:
     cdef bint waits_for_slot   # sliced is SLOT_WAIT: waiting_command waits for its slot
     cdef bytes waiting_command
     cdef Command sliced_cmd
+    cdef int64_t sliced_ns     # the time its slices took so far (one call, recorded at the end)
     cdef readonly int64_t id
     cdef public int proto
     cdef public bint authenticated

@@ -11,6 +11,7 @@ from fastlimit._core import BucketStore, Clock
 from fastlimit._rules import RuleEngine
 
 READONLY_ERROR: str
+LATENCY_BOUNDS: tuple[float, ...]
 
 def glob(pattern: bytes, string: bytes) -> bool: ...
 LOG_VERBOSE: int
@@ -63,6 +64,8 @@ class Command:
     @property
     def usec(self) -> int: ...
     def reset_stats(self) -> None: ...
+    def record(self, ns: int) -> None: ...
+    def latency_buckets(self) -> list[int]: ...
 
 class Awaited:
     """A reply that waits on other nodes: the coroutine's return value is

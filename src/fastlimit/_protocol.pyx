@@ -3,7 +3,7 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
@@ -234,6 +234,22 @@ cdef class Command:
 
     def reset_stats(self):
         self.calls = self.nsec = self.failed_calls = self.rejected_calls = 0
+        memset(self.latency, 0, sizeof(self.latency))
+
+    def record(self, int64_t ns):
+        """One finished call that took ns (for calls timed in Python)."""
+        record_call(self, ns)
+
+    def latency_buckets(self):
+        """Cumulative calls per latency bucket, as Prometheus counts them:
+        the i-th is the calls that took at most LATENCY_BOUNDS[i] seconds,
+        the last (le="+Inf") all of them."""
+        cdef int64_t total = 0
+        out = []
+        for i in range(LATENCY_BUCKETS):
+            total += self.latency[i]
+            out.append(total)
+        return out
 
     def __repr__(self):
         return f"<Command {self.name} arity={self.arity}>"
@@ -530,7 +546,9 @@ cdef class Connection:
             self.core.log.exception("command %s failed", cmd.name)
             self.reply_error(f"ERR internal error while running '{cmd.name}'")
         finally:
-            cmd.nsec += fl_mono_ns() - started
+            self.sliced_ns += fl_mono_ns() - started
+            if self.sliced is None:     # its reply is made: the call is over
+                record_call(cmd, self.sliced_ns)
             self.busy = False
         try:
             self.flush()
@@ -543,7 +561,7 @@ cdef class Connection:
         cdef size_t pos = 0, used = 0
         cdef int status
         cdef ParseLimits lim = self.core.limits
-        cdef int64_t t_prev, t_now
+        cdef int64_t t_prev, t_now, ran_before
         lim.unauthenticated = not self.authenticated
         self.now_ms = self.core.clock.now_ms()
         t_prev = fl_mono_ns()
@@ -556,14 +574,18 @@ cdef class Connection:
                 self.protocol_error()
                 break
             if status == PARSE_COMMAND:
+                ran_before = self.core.total_commands
                 self.execute()
                 if not self.authenticated:
                     lim.unauthenticated = True
                 elif lim.unauthenticated:
                     lim.unauthenticated = False
                 t_now = fl_mono_ns()
-                if self.last_cmd is not None:
-                    self.last_cmd.nsec += t_now - t_prev
+                if self.core.total_commands != ran_before:   # it ran (not refused or queued)
+                    if self.sliced is None:
+                        record_call(self.last_cmd, t_now - t_prev)
+                    else:
+                        self.sliced_ns = t_now - t_prev     # run_slices records it
                 t_prev = t_now
             pos += used
             if self.sliced is not None:
@@ -803,8 +825,7 @@ cdef class Connection:
 
     cdef void run(self, Command cmd, list args):
         """Runs a checked command; args are given when it was queued,
-        otherwise parser.argv holds them."""
-        cmd.calls += 1
+        otherwise parser.argv holds them.  Its caller records the call."""
         self.core.total_commands += 1
         if cmd.fast == FAST_CL_CHECK:
             self.cl_check()
@@ -963,6 +984,7 @@ cdef class Connection:
         cdef list args
         cdef bytes arg
         cdef int i
+        cdef int64_t started
         if queued is None:
             self.reply_error("ERR EXEC without MULTI")
             return
@@ -985,7 +1007,9 @@ cdef class Connection:
                 self.parser.argv[i].ptr = PyBytes_AS_STRING(arg)
                 self.parser.argv[i].len = PyBytes_GET_SIZE(arg)
             self.parser.argc = len(args)
+            started = fl_mono_ns()
             self.run(cmd, args)
+            record_call(cmd, fl_mono_ns() - started)   # each its own call; EXEC's holds them all
 
     # ---- output ----------------------------------------------------------------
 
@@ -1127,6 +1151,8 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
+# The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
+LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
 
 
 # ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----

@@ -22,7 +22,9 @@ def reg(fake_engine, store, registry_factory):
 def call(reg):
     command = rule_container()
     standalone = SimpleNamespace(enabled=False)
-    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg, cluster=standalone),
+    no_rls = SimpleNamespace(path=None)       # no rls-config: RELOAD is the rules file's
+    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg, cluster=standalone,
+                                                                    rls=no_rls),
                                                 readonly=False), last_subcommand=None)
 
     def run(*args):

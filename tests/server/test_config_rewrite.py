@@ -175,7 +175,8 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--cluster-announce-port", "7003", "--cluster-sentinel-password", "sp",
             "--http-port", "8000", "--http-metrics-auth", "no", "--http-max-header-bytes", "8kb",
             "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
-            "--http-batch-max", "10", "--metrics-rule-labels", "5"]
+            "--http-batch-max", "10", "--metrics-rule-labels", "5",
+            "--rls-config", "rls.yaml", "--rls-response-headers", "yes"]
     settings = cfg.from_args(argv)
     defaults = cfg.Settings()
     unchanged = [name for name in cfg.get_all(settings)

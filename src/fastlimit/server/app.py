@@ -26,6 +26,7 @@ from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
 from fastlimit.server.reshard import Reshard
+from fastlimit.server.rls import RlsSubsystem
 from fastlimit.server.rules import RulesSubsystem
 from fastlimit.server.snapshot import Snapshots
 from fastlimit.server.subsystem import Subsystem
@@ -59,10 +60,16 @@ class Server:
         self.reshard = Reshard(self, log)
         self.http = HttpFront(self, log)
         # in the order they start; they stop in the reverse order
+        rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
+        # The Envoy rate limit service's YAML: raises ConfigError (the
+        # server refuses to start) if it cannot be used.
+        self.rls = RlsSubsystem(self, log)
+        self.rls.load_at_start()
+        rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
         self.subsystems: list[Subsystem] = [
-            self.expiry, RulesSubsystem(self.rules, self.rule_engine, log),
+            self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
-            self.http]
+            self.http, self.rls]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
@@ -140,6 +147,7 @@ class Server:
             cmd.reset_stats()
             for sub in cmd.subcommands.values():
                 sub.reset_stats()
+        self.http.reset_stats()
 
     # ---- lifecycle ------------------------------------------------------------
 

@@ -221,6 +221,8 @@ class Settings:
     http_header_timeout: float = 10.0
     http_batch_max: int = 1000
     metrics_rule_labels: int = 1000
+    rls_config: str | None = None
+    rls_response_headers: bool = False
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -291,6 +293,8 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "http-header-timeout": (lambda v: parse_number(v, 0, 3600, above_low=True), str),
     "http-batch-max": (lambda v: parse_int(v, 1, 100_000), str),
     "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
+    "rls-config": (lambda v: str(v) or None, lambda v: v or ""),
+    "rls-response-headers": (parse_bool, lambda v: "yes" if v else "no"),
 }
 
 
@@ -333,7 +337,8 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "repl-buffer-limit", "rules-cache-size", "cluster-announce-ip",
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
-                    "metrics-rule-labels"}
+                    "metrics-rule-labels",
+                    "rls-response-headers"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -800,6 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-rule-labels", metavar="N",
                    help="rules with a rule label of their own in /metrics; the rest "
                         "are summed as __other__ (default 1000; 0: no per-rule series)")
+    p.add_argument("--rls-config", metavar="PATH",
+                   help="envoyproxy/ratelimit's YAML for the Envoy rate limit service: a "
+                        "file or a directory of *.yaml (default none: no domains)")
+    p.add_argument("--rls-response-headers", metavar="yes|no",
+                   help="the rate limit service adds the RateLimit-Policy, RateLimit and "
+                        "(when over) Retry-After headers to its answers (default no)")
     return p
 
 

@@ -12,7 +12,7 @@ from fastlimit import __version__
 from fastlimit.server.logs import REPEAT_LIMIT
 
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
-                    "replication", "cpu", "cluster", "keyspace", "fastlimit", "rules"]
+                    "replication", "cpu", "cluster", "keyspace", "fastlimit", "rules", "rls"]
 ALL_SECTIONS = DEFAULT_SECTIONS + ["commandstats", "errorstats"]
 
 

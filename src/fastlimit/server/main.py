@@ -17,11 +17,12 @@ def main(argv=None) -> None:
         sys.exit(2)
     setup_logging(settings.loglevel)
     from fastlimit.cluster.map import MapError
+    from fastlimit.rls.config import ConfigError as RlsConfigError
     from fastlimit.rules.model import RuleError
     from fastlimit.server.app import run
     try:
         run(settings)
-    except (OSError, RuleError, MapError) as e:
+    except (OSError, RuleError, MapError, RlsConfigError) as e:
         logging.getLogger("fastlimit").error("cannot start: %s", e)
         sys.exit(1)
 

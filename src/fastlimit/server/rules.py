@@ -21,6 +21,8 @@ class RulesSubsystem(Subsystem):
         self.denial_log_seconds = 10.0
         self.cache_limit = 0
         self._last_denials = (time.monotonic(), 0)
+        # Others that reload on SIGHUP too (the rate limit service's YAML).
+        self.on_sighup: list = []
 
     def apply_settings(self, settings) -> None:
         self.engine.set_match_cache_limit(settings.rules_cache_size)
@@ -28,8 +30,12 @@ class RulesSubsystem(Subsystem):
         self.denial_log_seconds = settings.denial_log_seconds
 
     async def start(self) -> None:
-        asyncio.get_running_loop().add_signal_handler(
-            signal.SIGHUP, self.registry.reload_from_signal)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.sighup)
+
+    def sighup(self) -> None:
+        self.registry.reload_from_signal()
+        for reload in self.on_sighup:
+            reload()
 
     def cron(self) -> None:
         """One line per denial-log-seconds when rules denied anything: loud

@@ -515,3 +515,15 @@ def test_mutated_requests_never_crash_or_hang_the_server(make_http_server):
     assert r.execute_command("CL.LIMIT", "after", "api")[0] == 1
     assert hs.request("GET", "/livez")[0] == 200
     assert "Traceback" not in hs.log()
+
+
+def test_config_resetstat_clears_the_http_counters(hs):
+    hs.request("GET", "/livez")
+    hs.post("/v1/check", {"client_key": "a", "resource": "r"})
+    r = hs.client()
+    assert r.info("stats")["http_total_requests"] == 2
+    r.config_resetstat()
+    stats = r.info("stats")
+    assert stats["http_total_requests"] == 0 and stats["http_total_connections_received"] == 0
+    metrics = hs.request("GET", "/metrics")[2].decode()
+    assert 'cmd="check"' not in metrics

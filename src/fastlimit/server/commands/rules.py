@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from fastlimit._protocol import READONLY_ERROR
 from fastlimit._resp import ReplyError, parse_integer
+from fastlimit.rls.config import ConfigError as RlsConfigError
 from fastlimit.rules.model import E15, RuleError
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
@@ -82,10 +83,14 @@ def cmd_rule_list(conn, args):
 
 
 def cmd_rule_reload(conn, args):
+    rls = conn.core.app.rls
     try:
-        _rules(conn).reload()
-    except RuleError as e:
-        raise _reply_error(e) from None
+        if rls.path:
+            rls.reload()       # the Envoy rate limit service's YAML (rls-config)
+        if _rules(conn).rules_file or not rls.path:
+            _rules(conn).reload()
+    except (RuleError, RlsConfigError) as e:
+        raise ReplyError(f"ERR {e}") from None
     return OK
 
 

@@ -30,7 +30,6 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None,
         if sub.is_write and conn.core.readonly:
             sub.rejected_calls += 1
             raise ReplyError(READONLY_ERROR)
-        sub.calls += 1
         conn.last_subcommand = sub.name
         started = time.perf_counter_ns()
         try:
@@ -39,7 +38,7 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None,
             sub.failed_calls += 1
             raise
         finally:
-            sub.nsec += time.perf_counter_ns() - started
+            sub.record(time.perf_counter_ns() - started)
 
     def help_lines(conn, args):
         return [SimpleString(f"{name.upper()} <subcommand> [<arg> ...]. Subcommands are:")] + [

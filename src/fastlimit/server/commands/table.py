@@ -23,6 +23,7 @@ from fastlimit.server.commands import (
     introspection,
     pubsub,
     replication,
+    rls,
     rules,
     server,
 )
@@ -187,6 +188,7 @@ def build_table() -> dict[bytes, Command]:
             default=introspection.cmd_command),
         *rule_check_commands(),
         rule_container(),
+        rls_container(),
         container("config", -2, (), [
             sub("config", "get", -3, config.cmd_config_get,
                 "Returns the effective values of settings.",
@@ -367,3 +369,17 @@ def rule_container() -> Command:
     return container("cl.rule", -2, (), rule_subcommands(),
                      {"summary": "A container for named rule commands.",
                       "group": "ratelimit", "since": "0.2.0"})
+
+
+def rls_container() -> Command:
+    """CL.RLS: the Envoy rate limit service's domains (server/commands/rls.py)."""
+    read = ("readonly", "loading", "stale")
+    return container("cl.rls", -2, (), [
+        sub("cl.rls", "list", -2, rls.cmd_rls_list,
+            "Lists the rate limit service's limits, of one domain or all.", read,
+            [("domain", "string", {"optional": True})]),
+        sub("cl.rls", "describe", -4, rls.cmd_rls_describe,
+            "Answers as ShouldRateLimit would for one descriptor, without counting it.",
+            read, [("domain", "string"), ("entry", "string")]),
+    ], {"summary": "A container for the Envoy rate limit service's commands.",
+        "group": "ratelimit", "since": "0.6.0"})

@@ -82,6 +82,14 @@ class HttpFront(Subsystem):
                           "http_total_requests": shared.total_requests,
                           "http_bad_requests": shared.bad_requests}}
 
+    def reset_stats(self) -> None:
+        """CONFIG RESETSTAT: the per-endpoint and the front's counters."""
+        shared = self.shared
+        for stats in shared.endpoint_stats.values():
+            stats.reset_stats()
+        shared.total_requests = shared.total_connections = shared.rejected_connections = 0
+        shared.bad_requests = 0
+
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
@@ -195,8 +203,7 @@ class HttpFront(Subsystem):
 
 
 def count(stats, response: Response, started: int) -> None:
-    stats.calls += 1
-    stats.nsec += time.perf_counter_ns() - started
+    stats.record(time.perf_counter_ns() - started)
     if response.status >= 400:
         stats.failed_calls += 1
 

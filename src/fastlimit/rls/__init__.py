@@ -1,0 +1,1 @@
+"""envoyproxy/ratelimit compatibility: configuration, matching and the decision."""

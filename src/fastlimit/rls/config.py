@@ -1,0 +1,336 @@
+"""envoyproxy/ratelimit's YAML configuration, loaded unchanged and checked
+as the reference checks it (src/config/config_impl.go): the same accepted
+keys, the same errors in the same words ("<file>: <problem>"), the same
+tree.  A file, or a directory of *.yaml files with one domain each
+(dotfiles and Kubernetes' ``..data`` entries skipped).
+
+Beyond the reference, in the same YAML (keys the reference would refuse):
+
+    algorithm: fixed_window|token_bucket|gcra|sliding_window   per limit
+    unit_multiplier: N          the window is N units (default 1)
+    rate_limits: [{...}, ...]   several limits on one descriptor (beside or
+                                instead of rate_limit)
+    counting: reference|atomic  per domain, at the top of the file
+
+The loaded tree (Node) is what matcher.py walks: children by the
+reference's composite key (``key`` or ``key_value``), wildcard children
+in load order, each node's limits compiled once.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+import yaml  # type: ignore[import-untyped]  # no stubs in the test set-up
+
+# RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
+# utils.UnitToDivider has them (a month is 30 days, a year 365).
+UNITS = {"SECOND": (1, 1), "MINUTE": (2, 60), "HOUR": (3, 3600), "DAY": (4, 86400),
+         "MONTH": (5, 2592000), "YEAR": (6, 31536000), "WEEK": (7, 604800)}
+UNIT_NAMES = {enum: name for name, (enum, _) in UNITS.items()}
+UNIT_SECONDS = {enum: seconds for enum, seconds in UNITS.values()}
+
+ALGORITHMS = ("fixed_window", "token_bucket", "gcra", "sliding_window")
+COUNTINGS = ("reference", "atomic")
+
+# The reference's validKeys, and ours on top.
+REFERENCE_KEYS = frozenset((
+    "domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
+    "unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
+    "value_to_metric", "share_threshold", "metadata"))
+EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting"))
+VALID_KEYS = REFERENCE_KEYS | EXTRA_KEYS
+
+MAX_UINT32 = 2**32 - 1
+# The engine's longest period (fl_native.h MAX_PERIOD_MS, 49.7 days): a
+# token bucket's, GCRA's or sliding window's window must fit it.  The
+# reference's fixed windows count in any window up to ten years (see
+# service.py: how a year is counted).
+MAX_WINDOW_S = (2**32 - 1) // 1000
+MAX_FIXED_WINDOW_S = 10 * 365 * 86400
+
+
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML as go-yaml v2 reads it into the reference's maps: a plain
+    2001-12-14 is a string there, not a date."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used, worded as the reference words
+    it: "<file>: <problem>"."""
+
+
+@dataclass(frozen=True, eq=False)
+class Limit:
+    """One limit of a descriptor node, as the response reports it
+    (requests_per_unit, unit, name) and as the service counts it."""
+    requests_per_unit: int
+    unit: int                   # the Unit enum; 0 when unlimited
+    name: bytes
+    unlimited: bool
+    shadow_mode: bool
+    quota_mode: bool
+    replaces: frozenset         # names (bytes) of limits this one replaces
+    algorithm: str
+    window_s: int               # unit seconds x unit_multiplier
+    full_key: str               # "domain.key_value.key" as the reference's stats name it
+    index: int                  # which limit of the node, so each has its own counter
+
+    @property
+    def current_limit(self) -> tuple[int, int, bytes]:
+        return (self.requests_per_unit, self.unit, self.name)
+
+
+@dataclass(eq=False)
+class Node:
+    """One level of a domain's descriptor tree."""
+    children: dict = field(default_factory=dict)      # composite key (bytes) -> Node
+    wildcards: list = field(default_factory=list)     # (parts, Node) in load order
+    limits: tuple = ()                                # Limit, ... as configured
+    share_pattern: bytes | None = None                # share_threshold: the value pattern
+    key: bytes = b""                                  # this node's composite key
+    # what a request landing here needs, worked out once per load:
+    counted: tuple = ()                               # the limits that count (not unlimited)
+    unlimited: bool = False                           # every limit is unlimited
+    replaces: frozenset = frozenset()                 # names its limits replace
+
+
+@dataclass(eq=False)
+class Domain:
+    name: bytes
+    root: Node
+    counting: str
+    source: str
+    descriptors: int          # nodes in the tree
+    limits: int               # limits in the tree
+
+
+@dataclass(eq=False)
+class RlsConfig:
+    domains: dict             # name (bytes) -> Domain
+    files: tuple              # the files read
+    text_bytes: int = 0       # their size: the tree's memory grows with it
+
+    @property
+    def descriptor_count(self) -> int:
+        return sum(d.descriptors for d in self.domains.values())
+
+    @property
+    def limit_count(self) -> int:
+        return sum(d.limits for d in self.domains.values())
+
+
+EMPTY = RlsConfig({}, ())
+
+
+def config_files(path: str) -> list[str]:
+    """The files a path stands for: itself, or a directory's *.yaml files
+    in name order, without dotfiles (Kubernetes' ..data, ..2026_...)."""
+    if not os.path.isdir(path):
+        return [path]
+    names = sorted(n for n in os.listdir(path) if n.endswith(".yaml") and not n.startswith("."))
+    return [os.path.join(path, n) for n in names
+            if stat.S_ISREG(os.stat(os.path.join(path, n)).st_mode)]
+
+
+def load(path: str) -> RlsConfig:
+    """Loads a file or directory all or nothing; ConfigError naming the
+    file and the problem otherwise."""
+    try:
+        files = config_files(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
+    domains: dict[bytes, Domain] = {}
+    size = 0
+    for name in files:
+        try:
+            with open(name, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
+        size += len(text)
+        domain = load_text(name, text)
+        if domain.name in domains:
+            raise ConfigError(
+                f"{name}: duplicate domain '{domain.name.decode()}' in config file")
+        domains[domain.name] = domain
+    return RlsConfig(domains, tuple(files), size)
+
+
+def load_text(name: str, text: str) -> Domain:
+    """One file's domain (ConfigFileContentToYaml then loadConfig)."""
+    try:
+        return _load_text(name, text)
+    except RecursionError:
+        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
+
+
+def _load_text(name: str, text: str) -> Domain:
+    try:
+        doc = yaml.load(text, Loader=_YamlLoader)     # a safe loader
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{name}: error loading config file: {_yaml_problem(e)}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{name}: error loading config file: yaml: unmarshal errors: "
+                          f"cannot unmarshal {type(doc).__name__} into a map")
+    _validate_keys(name, doc)
+    return _Loader(name).domain(doc)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e)
+    return f"yaml: line {mark.line + 1}: {problem}" if mark is not None else f"yaml: {problem}"
+
+
+def _validate_keys(name: str, mapping: dict) -> None:
+    """validateYamlKeys: every key known, lists only of maps, leaves only
+    strings, integers, booleans or null; metadata is not looked into."""
+    for k, v in mapping.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"{name}: config error, key is not of type string: {k}")
+        if k not in VALID_KEYS:
+            raise ConfigError(f"{name}: config error, unknown key '{k}'")
+        if k == "metadata":
+            continue
+        if isinstance(v, list):
+            for e in v:
+                if not isinstance(e, dict):
+                    raise ConfigError(f"{name}: config error, yaml file contains list of type "
+                                      f"other than map: {e}")
+                _validate_keys(name, e)
+        elif isinstance(v, dict):
+            _validate_keys(name, v)
+        elif v is not None and not isinstance(v, (str, int)):   # bool is an int
+            raise ConfigError(f"{name}: error checking config")
+
+
+def _text(v) -> str:
+    """A YAML scalar read into a Go string field: its text."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+class _Loader:
+    def __init__(self, name: str):
+        self.name = name
+        self.descriptors = 0
+        self.limits = 0
+
+    def error(self, problem: str) -> ConfigError:
+        return ConfigError(f"{self.name}: {problem}")
+
+    def unmarshal(self, field_name: str, v, kind):
+        """The struct decode's type checks (yaml.Unmarshal into YamlRoot)."""
+        if v is None:
+            return kind()
+        ok = {bool: isinstance(v, bool),
+              int: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_UINT32,
+              str: not isinstance(v, (list, dict)),
+              list: isinstance(v, list),
+              dict: isinstance(v, dict)}[kind]
+        if not ok:
+            want = {bool: "bool", int: "uint32", str: "string", list: "a list",
+                    dict: "a map"}[kind]
+            raise self.error(f"error loading config file: yaml: unmarshal errors: "
+                             f"cannot unmarshal {v!r} into {field_name} ({want})")
+        return _text(v) if kind is str else v
+
+    def domain(self, doc: dict) -> Domain:
+        domain = self.unmarshal("domain", doc.get("domain"), str)
+        descriptors = self.unmarshal("descriptors", doc.get("descriptors"), list)
+        counting = self.unmarshal("counting", doc.get("counting"), str) or "reference"
+        if domain == "":
+            raise self.error("config file cannot have empty domain")
+        if counting not in COUNTINGS:
+            raise self.error(f"invalid counting '{counting}' (reference or atomic)")
+        root = Node()
+        self.load_descriptors(root, domain + ".", descriptors)
+        return Domain(domain.encode("utf-8"), root, counting, self.name, self.descriptors,
+                      self.limits)
+
+    def load_descriptors(self, parent: Node, parent_key: str, descriptors: list) -> None:
+        """loadDescriptors, level by level."""
+        for d in descriptors:
+            key = self.unmarshal("key", d.get("key"), str)
+            value = self.unmarshal("value", d.get("value"), str)
+            if key == "":
+                raise self.error("descriptor has empty key")
+            final_key = key + "_" + value if value != "" else key
+            full_key = parent_key + final_key
+            composite = final_key.encode("utf-8")
+            if composite in parent.children:
+                raise self.error(f"duplicate descriptor composite key '{full_key}'")
+            flags = {f: self.unmarshal(f, d.get(f), bool) for f in (
+                "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric",
+                "share_threshold")}
+            policies = []
+            if d.get("rate_limit") is not None:
+                policies.append(self.unmarshal("rate_limit", d["rate_limit"], dict))
+            policies += self.unmarshal("rate_limits", d.get("rate_limits"), list)
+            limits = tuple(self.limit(p, i, full_key, flags) for i, p in enumerate(policies))
+            if flags["share_threshold"] and "*" not in final_key:
+                raise self.error("share_threshold can only be used with wildcard values "
+                                 f"(containing '*'), but found key '{final_key}'")
+            counted = tuple(lim for lim in limits if not lim.unlimited)
+            node = Node(limits=limits, key=composite, counted=counted,
+                        unlimited=bool(limits) and not counted,
+                        replaces=frozenset().union(*(lim.replaces for lim in limits)))
+            if flags["share_threshold"]:
+                node.share_pattern = final_key[len(key) + 1:].encode("utf-8") \
+                    if final_key.startswith(key + "_") else composite
+            if "*" in final_key:
+                parent.wildcards.append((tuple(composite.split(b"*")), node))
+            self.descriptors += 1
+            self.limits += len(limits)
+            self.load_descriptors(node, full_key + ".",
+                                  self.unmarshal("descriptors", d.get("descriptors"), list))
+            parent.children[composite] = node
+
+    def limit(self, p: dict, index: int, full_key: str, flags: dict) -> Limit:
+        rpu = self.unmarshal("requests_per_unit", p.get("requests_per_unit"), int)
+        unit_text = self.unmarshal("unit", p.get("unit"), str)
+        unlimited = self.unmarshal("unlimited", p.get("unlimited"), bool)
+        name = self.unmarshal("name", p.get("name"), str)
+        replaces = [self.unmarshal("name", self.unmarshal("replaces", r, dict).get("name"), str)
+                    for r in self.unmarshal("replaces", p.get("replaces"), list)]
+        algorithm = self.unmarshal("algorithm", p.get("algorithm"), str) or "fixed_window"
+        multiplier = self.unmarshal("unit_multiplier", p.get("unit_multiplier"), int) \
+            if p.get("unit_multiplier") is not None else 1
+        unit_enum, unit_s = UNITS.get(unit_text.upper(), (0, 0))
+        if unlimited:
+            if unit_enum:
+                raise self.error("should not specify rate limit unit when unlimited")
+        elif not unit_enum:
+            raise self.error(f"invalid rate limit unit '{unit_text}'")
+        for r in replaces:
+            if r == "":
+                raise self.error("should not have an empty replaces entry")
+            if r == name:
+                raise self.error("replaces should not contain name of same descriptor")
+        if algorithm not in ALGORITHMS:
+            raise self.error(f"invalid algorithm '{algorithm}' (one of {', '.join(ALGORITHMS)})")
+        if multiplier < 1:
+            raise self.error("unit_multiplier must be at least 1")
+        window_s = unit_s * multiplier
+        longest = MAX_FIXED_WINDOW_S if algorithm == "fixed_window" else MAX_WINDOW_S
+        if not unlimited and window_s > longest:
+            raise self.error(f"a window of {window_s} s is longer than the {longest} s "
+                             f"of the {algorithm} algorithm")
+        if algorithm != "fixed_window" and not unlimited and rpu == 0:
+            raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
+        return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],
+                     flags["quota_mode"], frozenset(r.encode("utf-8") for r in replaces),
+                     algorithm, window_s, full_key, index)

@@ -1,0 +1,337 @@
+"""ShouldRateLimit's decision, as envoyproxy/ratelimit makes it
+(src/service/ratelimit.go, src/limiter/base_limiter.go,
+src/redis/fixed_cache_impl.go), on fastlimit's engine.  No asyncio, no
+network: the gRPC front (and CL.RLS, and /json) call should_rate_limit.
+
+The counters are rules of the server's RuleEngine (so INFO memory, the
+sweep and BGSAVE see them as any rule's buckets):
+
+- the reference's fixed window is an exact counter: an engine
+  fixed_window rule per window length whose limit (10^15) is never
+  reached, so every hit is counted as Redis's INCRBY counts it, even when
+  over; the comparison with requests_per_unit is made here.  The engine
+  is asked at the window's last millisecond (windows are aligned to the
+  Unix epoch, as the engine's and the reference's are), which changes
+  nothing for a window the engine can hold and lets one longer than its
+  49.7 days (a year) be counted in a single engine window that ends after
+  it: the next window's last millisecond is in another engine window,
+  where the count starts over;
+- token_bucket, gcra and sliding_window limits are engine rules with the
+  limit's numbers, one per distinct set of numbers;
+
+a bucket's key is the domain, the descriptor's entries (a share_threshold
+entry's pattern instead of its value) and the limit's index on its node,
+length-prefixed so no two descriptors share one by accident.
+
+Counting is the reference's by default: every matched limit of every
+descriptor is counted, whatever the others say.  A domain with
+``counting: atomic`` is fastlimit's all or nothing: every limit of the
+request is read first, and only if the request passes is anything spent.
+"""
+
+from __future__ import annotations
+
+from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig
+from fastlimit.rls.matcher import find_limit
+
+OK, OVER_LIMIT = 1, 2
+MAX_UINT32 = 2**32 - 1
+# The reference counter's engine limit (the engine's largest): never reached.
+COUNTER_LIMIT = 10**15
+MAX_ENGINE_WINDOW_MS = 2**32 - 1      # fl_native.h MAX_PERIOD_MS
+NO_MATCH = (OK, None, 0, 0)
+UNLIMITED = (OK, None, MAX_UINT32, 0)
+
+
+class RlsError(Exception):
+    """A request the service refuses: sent as gRPC status UNKNOWN (2) with
+    this message, as the reference does."""
+
+
+def engine_spec(algorithm: str, rpu: int, window_s: int) -> dict:
+    window_ms = window_s * 1000
+    if algorithm == "fixed_window":
+        return {"algorithm": "fixed_window", "limit": COUNTER_LIMIT,
+                "window_ms": min(window_ms, MAX_ENGINE_WINDOW_MS)}
+    if algorithm == "token_bucket":
+        return {"algorithm": "token_bucket", "capacity": rpu, "refill": rpu,
+                "period_ms": window_ms}
+    if algorithm == "gcra":
+        return {"algorithm": "gcra", "burst": rpu - 1, "count": rpu, "period_ms": window_ms}
+    return {"algorithm": "sliding_window", "limit": rpu, "window_ms": window_ms}
+
+
+def bucket_key(domain: bytes, entries, shares) -> bytes:
+    """The descriptor's part of its buckets' keys (a limit's index follows):
+    length-prefixed, so no two descriptors share one by accident."""
+    parts = [b"%d:%s" % (len(domain), domain)]
+    for i, (k, v) in enumerate(entries):
+        if shares is not None and shares[i] is not None:
+            v = shares[i]
+        parts.append(b"%d:%s%d:%s" % (len(k), k, len(v), v))
+    return b"".join(parts)
+
+
+def override_limit(domain: bytes, entries, rpu: int, unit: int) -> Limit:
+    """The descriptor's `limit` from Envoy: no shadow mode, no name."""
+    if unit not in UNIT_SECONDS:
+        raise RlsError(f"invalid rate limit unit {unit} in the descriptor's limit")
+    key = ".".join((k + b"_" + v if v else k).decode("utf-8", "replace") for k, v in entries)
+    return Limit(rpu, unit, b"", False, False, False, frozenset(), "fixed_window",
+                 UNIT_SECONDS[unit], domain.decode("utf-8", "replace") + "." + key, 0)
+
+
+def sf_string(text: str) -> str:
+    from fastlimit.server.http.listener import sf_string as quote
+    return quote(text)
+
+
+class DomainStats:
+    __slots__ = ("calls", "over_limit", "shadow", "limits_over")
+
+    def __init__(self):
+        self.calls = self.over_limit = self.shadow = self.limits_over = 0
+
+
+class RateLimitService:
+    def __init__(self, engine, take_number, response_headers: bool = False):
+        self.engine = engine
+        self.clock = engine.clock
+        self.take_number = take_number
+        self.response_headers = response_headers
+        self.config: RlsConfig = EMPTY
+        self._num_by_spec: dict[tuple, int] = {}
+        self._num_of: dict[Limit, int] = {}
+        self.stats: dict[bytes, DomainStats] = {}
+        self.unknown_domain = 0
+
+    # ---- configuration ---------------------------------------------------------
+
+    def set_config(self, config: RlsConfig) -> None:
+        """Puts a loaded configuration in force, defining its limits' engine
+        rules first (all or nothing: ValueError if the engine refuses one,
+        and the old configuration stays).  Rules the old one used and the
+        new one does not are retired."""
+        num_by_spec = dict(self._num_by_spec)
+        num_of: dict[Limit, int] = {}
+        created: list[int] = []
+        try:
+            for domain in config.domains.values():
+                for limit in walk_limits(domain.root):
+                    if limit.unlimited:
+                        continue
+                    num_of[limit] = self._number(num_by_spec, created, limit.algorithm,
+                                                 limit.requests_per_unit, limit.window_s,
+                                                 domain.source, limit.full_key)
+        except ValueError:
+            for num in created:
+                self.engine.forget(num)
+            raise
+        used = set(num_of.values())
+        for spec, num in list(num_by_spec.items()):
+            if num not in used and spec[0] != "fixed_window":
+                self.engine.forget(num)
+                del num_by_spec[spec]
+        self.config, self._num_by_spec, self._num_of = config, num_by_spec, num_of
+        self.stats = {name: self.stats.get(name) or DomainStats() for name in config.domains}
+
+    def _number(self, num_by_spec, created, algorithm, rpu, window_s, source, where) -> int:
+        spec = engine_spec(algorithm, rpu, window_s)
+        # the reference counters of one window length are one rule: their
+        # keys keep them apart, and a changed requests_per_unit keeps counts
+        spec_key = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+        num = num_by_spec.get(spec_key)
+        if num is None:
+            num = self.take_number()
+            try:
+                self.engine.define(num, spec)
+            except ValueError as e:
+                raise ValueError(f"{source}: {where}: {e}") from None
+            created.append(num)
+            num_by_spec[spec_key] = num
+        return num
+
+    def override_number(self, limit: Limit) -> int:
+        created: list[int] = []
+        return self._number(self._num_by_spec, created, "fixed_window", 0, limit.window_s,
+                            "descriptor limit", limit.full_key)
+
+    # ---- the decision ----------------------------------------------------------
+
+    def should_rate_limit(self, domain: bytes, descriptors, hits_addend: int):
+        """(overall_code, statuses, response_headers_to_add) or RlsError."""
+        if not domain:
+            raise RlsError("rate limit domain must not be empty")
+        if not descriptors:
+            raise RlsError("rate limit descriptor list must not be empty")
+        dom = self.config.domains.get(domain)
+        if dom is None:
+            self.unknown_domain += 1
+            return OK, [NO_MATCH] * len(descriptors), []
+        matched = self.limits_to_check(dom, descriptors)
+        request_hits = max(1, hits_addend)
+        now_ms = self.clock.now()
+        atomic = dom.counting == "atomic"
+        results = []   # per descriptor: (status, limit or None)
+        spent = []     # per descriptor: the hits it would spend
+        commits: list[tuple[int, bytes, int, int]] = []
+        for (entries, _, d_hits), match in zip(descriptors, matched, strict=True):
+            hits = min(max(0, d_hits if d_hits is not None else request_hits),
+                       COUNTER_LIMIT + 1)
+            spent.append(hits)
+            if match is None or match is True:
+                results.append((UNLIMITED if match is True else NO_MATCH, None))
+                continue
+            limits, shares = match
+            key = bucket_key(domain, entries, shares)
+            steps = [self.step(key, limit, hits, now_ms, atomic, commits) for limit in limits]
+            results.append(binding(steps))
+        overall, quota_total, quota_over = OK, 0, 0
+        stats = self.stats[domain]
+        stats.calls += 1
+        statuses = []
+        for status, limit in results:
+            if limit is not None and status[0] == OVER_LIMIT:
+                stats.limits_over += 1
+                if limit.shadow_mode:
+                    stats.shadow += 1
+                    status = (OK,) + status[1:]
+            statuses.append(status)
+            if limit is not None and limit.quota_mode:
+                quota_total += 1
+                quota_over += status[0] == OVER_LIMIT
+            elif status[0] == OVER_LIMIT:
+                overall = OVER_LIMIT
+        if quota_total and quota_total == quota_over:
+            overall = OVER_LIMIT
+        if atomic and overall == OK:
+            for num, key, hits, at_ms in commits:
+                self.engine.apply([num], key, hits, now_ms=at_ms)
+        elif atomic:
+            # nothing was spent: what passed shows what is left unspent
+            statuses = [unspent(status, hits) for status, hits in zip(statuses, spent, strict=True)]
+        if overall == OVER_LIMIT:
+            stats.over_limit += 1
+        headers = self.headers(results, overall) if self.response_headers else []
+        return overall, statuses, headers
+
+    def limits_to_check(self, dom, descriptors) -> list:
+        """constructLimitsToCheck: per descriptor (limits, shares), None
+        (no limit) or True (unlimited); limits named by another matched
+        limit's `replaces` are dropped."""
+        matched: list = []
+        replacing: frozenset = frozenset()
+        for entries, override, _ in descriptors:
+            if override is not None:
+                matched.append(((override_limit(dom.name, entries, *override),), None))
+                continue
+            node, shares = find_limit(dom.root, entries)
+            if node is None:
+                matched.append(None)
+                continue
+            if node.replaces:
+                replacing |= node.replaces
+            matched.append(True if node.unlimited else (node.counted, shares))
+        if replacing:
+            for i, match in enumerate(matched):
+                if match is None or match is True:
+                    continue
+                kept = tuple(lim for lim in match[0] if not lim.name or lim.name not in replacing)
+                matched[i] = (kept, match[1]) if kept else None
+        return matched
+
+    def step(self, descriptor_key: bytes, limit: Limit, hits: int, now_ms: int,
+             atomic: bool, commits: list):
+        """One limit's count: ((code, current_limit, remaining, reset_s), limit)."""
+        num = self._num_of.get(limit)
+        if num is None:
+            num = self.override_number(limit)
+        key = descriptor_key + b"%d" % limit.index
+        cost = 0 if atomic else hits
+        at_ms = now_ms
+        if limit.algorithm == "fixed_window":
+            window_ms = limit.window_s * 1000
+            at_ms = now_ms - now_ms % window_ms + window_ms - 1
+        try:
+            allowed, _, remaining, retry_ms, reset_ms = self.engine.apply(
+                [num], key, cost, now_ms=at_ms)
+        except ValueError:
+            raise RlsError("descriptor too long: its key must be at most 65535 bytes") from None
+        now_s = now_ms // 1000
+        if limit.algorithm == "fixed_window":
+            after = COUNTER_LIMIT - remaining + (hits if cost == 0 or not allowed else 0)
+            over = after > limit.requests_per_unit
+            left = 0 if over else limit.requests_per_unit - after
+            reset_s = limit.window_s - now_s % limit.window_s
+        else:
+            over = not allowed if not atomic else remaining < hits
+            left = 0 if over else (remaining - hits if atomic else remaining)
+            wait = retry_ms if over and retry_ms > 0 else reset_ms
+            reset_s = max(1, -(-wait // 1000)) if wait >= 0 else limit.window_s
+        if atomic and not over and hits:
+            commits.append((num, key, hits, at_ms))
+        return (OVER_LIMIT if over else OK, limit.current_limit, left, reset_s), limit
+
+    # ---- response headers ------------------------------------------------------
+
+    def headers(self, results, overall) -> list:
+        """The IETF RateLimit-Policy and RateLimit fields of the most
+        restrictive status (an over-limit one first, then the fewest
+        remaining), as the HTTP front writes them, and Retry-After when
+        the request is refused."""
+        chosen = None
+        for status, limit in results:
+            if limit is None:
+                continue
+            if chosen is None or tighter(status, chosen[0]):
+                chosen = (status, limit)
+        if chosen is None:
+            return []
+        (code, _, remaining, reset_s), limit = chosen
+        name = sf_string((limit.name or limit.full_key.encode()).decode("utf-8", "replace"))
+        out = [(b"RateLimit-Policy",
+                f"{name};q={limit.requests_per_unit};w={limit.window_s}".encode()),
+               (b"RateLimit", f"{name};r={remaining};t={reset_s}".encode())]
+        if overall == OVER_LIMIT:
+            out.append((b"Retry-After", str(max(1, reset_s)).encode()))
+        return out
+
+    # ---- introspection ------------------------------------------------------------
+
+    def info(self) -> dict:
+        return {name.decode("utf-8", "replace"): s for name, s in self.stats.items()}
+
+
+def unspent(status, hits: int):
+    if status[0] != OK or status[1] is None:
+        return status
+    return (OK, status[1], min(status[2] + hits, status[1][0]), status[3])
+
+
+def tighter(a, b) -> bool:
+    """Whether status a describes the request better than b: refused
+    first (the longest wait), then the fewest remaining."""
+    if (a[0] == OVER_LIMIT) != (b[0] == OVER_LIMIT):
+        return a[0] == OVER_LIMIT
+    if a[0] == OVER_LIMIT:
+        return a[3] > b[3]
+    return a[2] < b[2]
+
+
+def binding(steps: list):
+    """A descriptor's status from its limits' steps (one, unless the node
+    has several limits)."""
+    best = steps[0]
+    for s in steps[1:]:
+        if tighter(s[0], best[0]):
+            best = s
+    return best
+
+
+def walk_limits(root: Node):
+    """Every limit of a tree (without recursion: its depth is the file's)."""
+    stack = [root]
+    while stack:
+        for child in stack.pop().children.values():
+            yield from child.limits
+            stack.append(child)

@@ -1,0 +1,275 @@
+"""The status page (GET /) and its snapshot (GET /v1/stats), on a real
+server: the JSON over plain HTTP, and the page in Debian's headless
+Chromium driven over DevTools (tests/cdp.py), which must load without a
+console error and show a burst of denials sent over RESP.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+
+import pytest
+from cdp import CHROMIUM, Chromium, console_problems
+from wire import wait_until
+
+WAIT = 10.0     # seconds: the page polls once a second
+
+
+def rule(resource: str, capacity: int, mode: str = "enforce") -> str:
+    # refill is irrelevant: the manual clock never moves in these tests
+    return json.dumps({"match": {"resource": resource}, "capacity": capacity,
+                       "refill_per_second": 1, "mode": mode})
+
+
+def stats(srv, query: str = "") -> dict:
+    status, headers, body = srv.request("GET", "/v1/stats" + query)
+    assert status == 200, body
+    assert headers["content-type"].startswith("application/json")
+    return json.loads(body)
+
+
+def checks(c, client: str, resource: str, n: int) -> list[int]:
+    """n CL.LIMIT calls in one pipeline; each one's allowed flag."""
+    pipe = c.pipeline(transaction=False)
+    for _ in range(n):
+        pipe.execute_command("CL.LIMIT", client, resource)
+    return [int(reply[0]) for reply in pipe.execute()]
+
+
+@pytest.fixture
+def start(make_http_server):
+    """A fastlimit on the manual clock with its HTTP front on."""
+    return lambda *args: make_http_server("--manual-clock", *args)
+
+
+# ---- /v1/stats --------------------------------------------------------------------------------
+
+def test_stats_count_each_rules_decisions_and_list_the_most_denied_first(start):
+    server = start()
+    c = server.client()
+    c.execute_command("CL.RULE", "SET", "burst", rule("api", 5))
+    c.execute_command("CL.RULE", "SET", "calm", rule("web", 100))
+    c.execute_command("CL.RULE", "SET", "watch", rule("api", 2, mode="shadow"))
+    assert checks(c, "alice", "api", 30) == [1] * 5 + [0] * 25
+    assert checks(c, "bob", "web", 7) == [1] * 7
+
+    s = stats(server)
+    rules = s["rules"]
+    # the shadow rule would have denied 28 of the 30 api checks, but the
+    # enforced one's 25 denials rank first; then shadow denials; then id
+    assert [(r["id"], r["mode"], r["allowed"], r["denied"], r["shadow_denied"])
+            for r in rules["top"]] == [("burst", "enforce", 5, 25, 0),
+                                       ("watch", "shadow", 2, 0, 28),
+                                       ("calm", "enforce", 7, 0, 0)]
+    assert rules["totals"] == {"allowed": 14, "denied": 25, "shadow_denied": 28}
+    assert (rules["count"], rules["listed"], rules["cap"], rules["truncated"]) == (3, 3, 1000,
+                                                                                   False)
+    assert s["buckets"] == int(c.info("fastlimit")["buckets"])
+    assert s["clients"]["connected"] >= 1
+    assert s["clock_ms"] == 0                 # the manual clock, never moved
+    assert s["total_commands"] >= 3 + 30 + 7
+    limit = next(row for row in s["latency"]["resp"] if row["name"] == "cl.limit")
+    assert limit["calls"] == 37 and limit["nsec"] > 0
+    assert limit["usec_per_call"] == round(limit["nsec"] / 37 / 1000, 2)
+    assert s["replication"]["role"] == "master"
+    assert s["replication"]["replicas"] == []
+    assert s["memory"]["rss_bytes"] > 0
+
+
+def test_stats_cap_the_rule_list_and_say_so_while_totals_cover_every_rule(start):
+    server = start()
+    c = server.client()
+    for i in range(5):
+        c.execute_command("CL.RULE", "SET", f"r{i}", rule(f"res{i}", 1))
+        checks(c, "k", f"res{i}", 1 + i)      # r<i> denies i checks
+
+    rules = stats(server, "?rules=2")["rules"]
+    assert [(r["id"], r["denied"]) for r in rules["top"]] == [("r4", 4), ("r3", 3)]
+    assert (rules["count"], rules["listed"], rules["cap"], rules["truncated"]) == (5, 2, 2, True)
+    assert rules["totals"] == {"allowed": 5, "denied": 10, "shadow_denied": 0}
+    assert stats(server, "?rules=0")["rules"]["top"] == []
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_stats_of_two_thousand_rules_list_a_thousand_within_a_generous_cpu_bound(start,
+                                                                                 tmp_path):
+    """A snapshot reads every rule's counters (some 2 us each) and lists
+    the 1,000 most denied; ten of them take far below the bound."""
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": {f"r{i}": json.loads(rule(f"res{i}", 1))
+                                          for i in range(2000)}}))
+    server = start("--rules-file", str(path))
+    c = server.client()
+    checks(c, "k", "res1500", 4)         # 3 denials
+    checks(c, "k", "res7", 3)            # 2
+    before = cpu_seconds(server.proc.pid)
+    for _ in range(10):
+        rules = stats(server)["rules"]
+    assert cpu_seconds(server.proc.pid) - before < 2.0
+    assert (rules["count"], rules["listed"], rules["truncated"]) == (2000, 1000, True)
+    assert [(r["id"], r["denied"]) for r in rules["top"][:3]] == [("r1500", 3), ("r7", 2),
+                                                                  ("r0", 0)]
+    assert rules["top"][-1]["id"] == sorted(f"r{i}" for i in range(2000)
+                                            if i not in (7, 1500))[997]
+    assert rules["totals"] == {"allowed": 2, "denied": 5, "shadow_denied": 0}
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "abc", "+5", " 5", ""])
+def test_stats_refuse_a_rule_cap_that_is_not_an_integer_from_0_to_1000(start, value):
+    server = start()
+    status, headers, body = server.request("GET", "/v1/stats?rules=" + value.replace(" ", "%20"))
+    assert status == 400, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert json.loads(body)["field"] == "rules"
+
+
+def test_stats_with_no_rules_are_zeros_and_empty_lists(start):
+    server = start()
+    rules = stats(server)["rules"]
+    assert rules == {"count": 0, "version": rules["version"],
+                     "totals": {"allowed": 0, "denied": 0, "shadow_denied": 0},
+                     "listed": 0, "cap": 1000, "truncated": False,
+                     "order": "denied desc, shadow_denied desc, id", "top": []}
+
+
+def test_stats_show_the_replication_link_from_both_ends(start):
+    primary = start()
+    replica = start("--replicaof", "127.0.0.1", str(primary.port))
+    wait_until(lambda: stats(replica)["replication"].get("master_link_status") == "up",
+               WAIT, "the replica's link")
+    r = stats(replica)["replication"]
+    assert (r["role"], r["master_host"], r["master_port"]) == ("slave", "127.0.0.1",
+                                                               primary.port)
+    wait_until(lambda: [f["state"] for f in stats(primary)["replication"]["replicas"]]
+               == ["online"], WAIT, "the replica listed online")
+    p = stats(primary)["replication"]
+    assert p["connected_slaves"] == 1
+    [listed] = p["replicas"]
+    assert set(listed) == {"ip", "port", "state", "offset", "lag"}
+    assert (listed["ip"], listed["state"]) == ("127.0.0.1", "online")
+    assert all(isinstance(listed[k], int) for k in ("port", "offset", "lag"))
+
+
+# ---- GET / -------------------------------------------------------------------------------------
+
+def test_status_page_is_one_self_contained_html_document(start):
+    server = start()
+    status, headers, body = server.request("GET", "/")
+    assert status == 200
+    assert headers["content-type"] == "text/html; charset=utf-8"
+    # the browser itself refuses anything from elsewhere
+    assert "default-src 'none'" in headers["content-security-policy"]
+    assert "connect-src 'self'" in headers["content-security-policy"]
+    page = body.decode()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert not re.search(r"<script[^>]+src|<link[^>]+stylesheet|@import", page)
+
+
+# ---- the page in a browser ----------------------------------------------------------------------
+
+needs_chromium = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                    reason=f"{CHROMIUM} is not installed")
+
+# what the test reads from the DOM, in one evaluation
+READ_PAGE = """(() => {
+  const q = (s) => document.querySelector(s);
+  const rows = [...document.querySelectorAll('#top-denied tbody tr[data-rule]')];
+  return {
+    state: q('#conn-status').dataset.state,
+    points: Number(q('#chart').dataset.points),
+    chart_denied: Number(q('#chart').dataset.denied),
+    chart_allowed: Number(q('#chart').dataset.allowed),
+    denied_total: q('#denied-total').textContent,
+    rows: rows.map((tr) => [tr.dataset.rule, Number(tr.dataset.denied)]),
+    rule_series: JSON.parse(q('#rule-chart').dataset.series).map((s) => [s.id, s.denied]),
+    buckets: q('#buckets').textContent,
+    role: q('#repl-role').textContent,
+    empty_table: !!q('#top-denied tbody td.empty'),
+  };
+})()"""
+
+
+def open_page(chromium: Chromium, url: str):
+    page = chromium.page()
+    for domain in ("Runtime", "Log", "Page"):
+        page.call(f"{domain}.enable")
+    page.call("Page.navigate", {"url": url})
+    page.wait_for("document.readyState === 'complete'", WAIT)
+    return page
+
+
+@needs_chromium
+def test_status_page_with_no_rules_loads_in_chromium_without_a_console_error(start):
+    server = start()
+    with Chromium() as chromium:
+        page = open_page(chromium, f"http://127.0.0.1:{server.http_port}/")
+        page.wait_for(f"({READ_PAGE}).points >= 2", WAIT)
+        seen = page.evaluate(READ_PAGE)
+        assert console_problems(page.events) == []
+        page.close()
+    assert (seen["state"], seen["rows"], seen["empty_table"]) == ("live", [], True)
+    assert (seen["chart_denied"], seen["rule_series"], seen["role"]) == (0, [], "primary")
+
+
+@needs_chromium
+def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(start, tmp_path):
+    server = start()
+    c = server.client()
+    c.execute_command("CL.RULE", "SET", "burst", rule("api", 5))
+    c.execute_command("CL.RULE", "SET", "calm", rule("web", 100))
+    checks(c, "bob", "web", 3)
+    with Chromium() as chromium:
+        page = open_page(chromium, f"http://127.0.0.1:{server.http_port}/")
+        # two snapshots make the first point; none of them saw a denial
+        page.wait_for(f"({READ_PAGE}).points >= 1", WAIT)
+        before = page.evaluate(READ_PAGE)
+        assert (before["state"], before["chart_denied"], before["denied_total"]) == ("live", 0,
+                                                                                     "0")
+
+        assert checks(c, "alice", "api", 30) == [1] * 5 + [0] * 25
+        page.wait_for(f"""(() => {{ const p = {READ_PAGE};
+            return p.rows.length && p.rows[0][0] === 'burst' && p.rows[0][1] === 25
+                   && p.chart_denied === 25; }})()""", WAIT)
+        seen = page.evaluate(READ_PAGE)
+        shot = page.screenshot(str(tmp_path / "status-page.png"))
+        # a rule picked in the table gets a chart of its own decisions
+        page.evaluate("document.querySelector('#top-denied tr[data-rule=\"burst\"]').click()")
+        picked = page.evaluate("""(() => { const c = document.querySelector('#rule-chart');
+            return [c.dataset.selected, JSON.parse(c.dataset.series)]; })()""")
+        problems = console_problems(page.events)
+        page.close()
+    print(f"status page screenshot: {shot}")
+    assert problems == []
+    assert seen["rows"] == [["burst", 25], ["calm", 0]]
+    assert seen["rule_series"] == [["burst", 25]]
+    assert (seen["denied_total"], seen["chart_allowed"]) == ("25", 5)
+    assert seen["buckets"] == str(int(c.info("fastlimit")["buckets"]))
+    assert picked == ["burst", [{"id": "burst", "allowed": 5, "denied": 25, "shadow_denied": 0}]]
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_chromium
+def test_status_page_behind_requirepass_polls_with_the_credentials_it_was_opened_with(start):
+    server = start("--requirepass", "s3cret")
+    assert server.request("GET", "/v1/stats")[0] == 401
+    token = base64.b64encode(b"ops:s3cret").decode()
+    assert server.request("GET", "/v1/stats", headers={"Authorization": f"Basic {token}"})[0] == 200
+    with Chromium() as chromium:
+        # the browser answers the 401's Basic challenge with the URL's
+        # user and password, and sends them again with the page's fetches
+        page = open_page(chromium, f"http://ops:s3cret@127.0.0.1:{server.http_port}/")
+        page.wait_for(f"({READ_PAGE}).points >= 2", WAIT)
+        assert page.evaluate(READ_PAGE)["state"] == "live"
+        assert console_problems(page.events) == []
+        page.close()
