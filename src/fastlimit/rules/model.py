@@ -14,9 +14,11 @@ first so that a rule the engine would refuse is never stored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from fastlimit._rules import MAX_RULES_PER_REQUEST  # noqa: F401  (rules refer to it here)
 
@@ -61,7 +63,19 @@ NESTED_TOO_DEEPLY = "nested too deeply"
 
 class RuleError(ValueError):
     """A rule, rule id or rules file that cannot be used; the message is
-    one line, ready to follow "ERR " in a reply."""
+    one line, ready to follow "ERR " in a reply.  ``field`` is the
+    document field it names (``capacity``, ``match.tier``), if any, for
+    replies that carry it apart (the HTTP API's problem documents)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class DocumentError(RuleError):
+    """A rule document that is not JSON text at all (too long, not UTF-8,
+    not JSON), as against a JSON value that is not a valid rule: HTTP
+    answers one with 400, the other with 422."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +121,23 @@ class Rule:
                 "key": self.scope}
 
     def to_json(self) -> str:
-        """The canonical document as compact JSON (CL.RULE GET's reply)."""
+        """The canonical document as compact JSON."""
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    # Made once per rule (a Rule never changes): listing 10,000 rules over
+    # HTTP would otherwise serialise and hash every one on each request.
+    @cached_property
+    def document(self) -> bytes:
+        """The canonical document as UTF-8 JSON: CL.RULE GET's reply and
+        the HTTP API's body."""
+        return self.to_json().encode("utf-8")
+
+    @cached_property
+    def digest(self) -> str:
+        """SHA-256 of the document in hex: it changes whenever the
+        document does, and equal documents have equal digests (the HTTP
+        API's ETags)."""
+        return hashlib.sha256(self.document).hexdigest()
 
     def engine_spec(self) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define()."""
@@ -151,7 +180,7 @@ def parse_rule(rule_id: str, doc: dict | str | bytes) -> Rule:
 
 def _invalid(rule_id: str, field: str | None, reason: str) -> RuleError:
     where = f"{field}: " if field else ""
-    return RuleError(f"invalid rule '{rule_id}': {where}{reason}")
+    return RuleError(f"invalid rule '{rule_id}': {where}{reason}", field)
 
 
 def no_duplicate_keys(pairs):
@@ -178,18 +207,22 @@ def _load_json(rule_id: str, text: str | bytes):
     # len() first, so a huge str is refused without encoding it.
     if len(text) > MAX_DOCUMENT_BYTES or (
             isinstance(text, str) and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES):
-        raise _invalid(rule_id, None, f"document longer than {MAX_DOCUMENT_BYTES} bytes")
+        raise _malformed(rule_id, f"document longer than {MAX_DOCUMENT_BYTES} bytes")
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError:
-            raise _invalid(rule_id, None, "not valid UTF-8") from None
+            raise _malformed(rule_id, "not valid UTF-8") from None
     try:
         return load_json(text)
     except ValueError as e:   # JSONDecodeError, duplicates, NaN, 4300+ digit ints
-        raise _invalid(rule_id, None, f"not valid JSON: {show(str(e), 200)}") from None
+        raise _malformed(rule_id, f"not valid JSON: {show(str(e), 200)}") from None
     except RecursionError:
-        raise _invalid(rule_id, None, f"not valid JSON: {NESTED_TOO_DEEPLY}") from None
+        raise _malformed(rule_id, f"not valid JSON: {NESTED_TOO_DEEPLY}") from None
+
+
+def _malformed(rule_id: str, reason: str) -> DocumentError:
+    return DocumentError(f"invalid rule '{rule_id}': {reason}")
 
 
 def is_utf8(text: str) -> bool:

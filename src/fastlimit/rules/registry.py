@@ -206,7 +206,11 @@ class RuleRegistry:
         return True
 
     def list(self) -> list[Rule]:
-        return [self._entries[rule_id].rule for rule_id in sorted(self._entries)]
+        return [entry.rule for entry in self.entries()]
+
+    def entries(self) -> builtins.list[Entry]:
+        """The entries in force, by rule id."""
+        return [self._entries[rule_id] for rule_id in sorted(self._entries)]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -68,7 +68,7 @@ def cmd_rule_set(conn, args):
 
 def cmd_rule_get(conn, args):
     rule = _rules(conn).get(_rule_id(args[2]))
-    return rule.to_json().encode("utf-8") if rule is not None else None
+    return rule.document if rule is not None else None
 
 
 def cmd_rule_del(conn, args):
