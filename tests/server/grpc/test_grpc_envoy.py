@@ -139,3 +139,45 @@ def test_envoy_enforces_fastlimits_answers_and_survives_its_restart(envoys):
         assert statuses(envoy, "/demo", "dave", 4) == [200, 200, 200, 429]
     finally:
         srv.stop()
+
+
+RIG_YAML = """\
+domain: rig
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: generic_key
+    value: per_path
+    descriptors:
+      - key: path
+        rate_limit:
+          unit: MINUTE
+          requests_per_unit: 1000
+"""
+
+
+def test_envoy_enforces_the_reference_yaml_as_envoyproxy_ratelimit_would(envoys, tmp_path):
+    """The rig's limits as envoyproxy/ratelimit's YAML, read by the rls
+    layer (no stand-in): the answers Envoy turns into 200s, a 429 and the
+    x-ratelimit headers."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "rig.yaml").write_text(RIG_YAML)
+    srv = GrpcServer("--manual-clock", "--rls-config", str(tmp_path / "config")).start()
+    try:
+        srv.client().execute_command("DEBUG", "CLOCK", "SET", "0")
+        envoy = envoys(srv.grpc_port)
+        status, headers = envoy.get("/demo", "alice")
+        assert status == 200
+        assert headers["x-ratelimit-limit"].startswith("3, 3;w=60")
+        assert (headers["x-ratelimit-remaining"], headers["x-ratelimit-reset"]) == ("2", "60")
+        assert statuses(envoy, "/demo", "alice", 3) == [200, 200, 429]
+        assert envoy.get("/demo", "bob")[0] == 200
+        assert statuses(envoy, "/heavy", "heavy", 2) == [200, 429]      # hits_addend 2
+        assert envoy.grpc_status("alice") == "8"
+        srv.client().execute_command("DEBUG", "CLOCK", "SET", "60000")   # the next minute
+        assert envoy.get("/demo", "alice")[0] == 200
+        assert srv.info()["grpc_failed_calls"] == 0
+    finally:
+        srv.stop()
