@@ -36,7 +36,7 @@ from pathlib import Path
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ha import HASet, Node, free_port, wait_until  # noqa: E402
+from ha import HASet, Node, free_ports, wait_until  # noqa: E402
 
 from fastlimit._cluster import SLOTS  # noqa: E402
 from fastlimit.cluster import map as clustermap  # noqa: E402
@@ -79,8 +79,8 @@ class LocalCluster:
             prefix="fastlimit-cluster-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         if base_port is None:
-            ports = [free_port() for _ in range(2 * shards)]
-            sentinel_ports = [free_port() for _ in range(SENTINELS)]
+            picked = free_ports(2 * shards + SENTINELS)
+            ports, sentinel_ports = picked[:2 * shards], picked[2 * shards:]
         else:
             ports = list(range(base_port, base_port + 2 * shards))
             sentinel_ports = list(range(base_port + 2 * shards,

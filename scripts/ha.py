@@ -36,9 +36,20 @@ START_TIMEOUT_S = 20.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct loopback ports nothing listens on: the sockets are held
+    until all are picked, or the kernel could hand out one twice."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def wait_until(predicate, timeout_s: float, what: str, every_s: float = 0.05):
@@ -237,11 +248,14 @@ class HASet:
         self.kind = kind
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"ha-{kind}-"))
         names = services or [SERVICE]
-        ports = ports or [free_port() for _ in range(len(names) * (replicas + 1))]
+        if not ports or not sentinel_ports:
+            split = len(names) * (replicas + 1)
+            picked = free_ports(split + sentinels)
+            ports = ports or picked[:split]
+            sentinel_ports = sentinel_ports or picked[split:]
         per = len(ports) // len(names)
         if per < 1 or per * len(names) != len(ports):
             raise ValueError(f"{len(ports)} ports do not split evenly over {len(names)} services")
-        sentinel_ports = sentinel_ports or [free_port() for _ in range(sentinels)]
         self.password = password
         self.services: dict[str, list[Node]] = {}
         for n, name in enumerate(names):

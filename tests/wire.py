@@ -11,9 +11,16 @@ tests/server/ can ``from wire import command, Wire``.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import sys
 import time
+
+# The port pickers are the HA rig's (scripts/ha.py), which the tests use too.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts"))
+from ha import free_port, free_ports  # noqa: E402,F401  (re-exported for the tests)
 
 TIMEOUT = 10.0       # default deadline, in seconds, for a read and for connecting
 
@@ -174,11 +181,6 @@ class Wire:
         self.sock.close()
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (at the time of asking)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float = TIMEOUT, what: str = "the condition",

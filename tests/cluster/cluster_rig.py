@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 from servers import ServerProcess
-from wire import free_port
+from wire import free_ports
 
 START_TIMEOUT = 20.0
 
@@ -29,7 +29,8 @@ class FastlimitCluster:
     root/map.toml.  Slots are split evenly in shard order."""
 
     def __init__(self, root: str, shards: int = 3, standbys: int = 1, *extra: str):
-        self.ports = [[free_port() for _ in range(1 + standbys)] for _ in range(shards)]
+        picked = iter(free_ports(shards * (1 + standbys)))
+        self.ports = [[next(picked) for _ in range(1 + standbys)] for _ in range(shards)]
         self.map_path = os.path.join(root, f"map-{self.ports[0][0]}.toml")
         with open(self.map_path, "w") as f:
             f.write(static_map_text(self.ports))
