@@ -210,7 +210,7 @@ def test_shutdown_says_not_serving_then_goaway(make_grpc_server):
 
 
 def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc_server):
-    srv = make_grpc_server("--maxclients", "1")
+    srv = make_grpc_server("--maxclients", "1", "--grpc-deadline-ms", "0")   # no deadline
     first = RawH2(srv.grpc_port)
     first.wait(lambda ev: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
     s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
