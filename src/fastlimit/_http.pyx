@@ -292,6 +292,11 @@ cdef class HttpConnection:
         name = name.lower()
         if name == b"authorization":
             self.authorization = value
+        elif name == b"content-length" and value.strip().isdigit() and \
+                int(value) > shared.max_body_bytes:
+            # refused now, not after reading up to the bound
+            self.refuse(413, "content too large",
+                        f"the body exceeds {shared.max_body_bytes} bytes")
         self.headers.append((name, value))
 
     def on_headers_complete(self):

@@ -6,6 +6,7 @@ the requests that connection does not answer itself to the handlers
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from email.utils import formatdate
@@ -177,7 +178,6 @@ class HttpFront(Subsystem):
                        headers=headers)
 
     def batch_error(self, status: int, detail: str, field) -> bytes:
-        import json
         doc = {"error": {"status": status, "detail": detail}}
         if field is not None:
             doc["error"]["field"] = field
@@ -186,7 +186,6 @@ class HttpFront(Subsystem):
     def describe_rule(self, num: int) -> tuple:
         """(the rule's id as a quoted string, its RateLimit-Policy item or
         None, ms until one more unit of quota, its id as JSON)."""
-        import json
         registry = self.server.rules
         rule_id = registry.rule_id(num)
         rule = registry.rule_for_num(num)
