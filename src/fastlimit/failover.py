@@ -19,9 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-import redis
-import redis.asyncio
-from redis.exceptions import ConnectionError, TimeoutError
+from fastlimit.lazy_redis import redis
 
 log = logging.getLogger("fastlimit.client")
 
@@ -118,7 +116,7 @@ class SwitchWatcher:
                     message = pubsub.get_message(timeout=POLL_S)
                     if message is not None:
                         self._switches.received(message["data"])
-            except (ConnectionError, TimeoutError, OSError) as e:
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
                 log.debug("sentinel %s: %s; retrying", sentinel, e)
             finally:
                 pubsub.close()
@@ -157,7 +155,7 @@ class AsyncSwitchWatcher:
                     message = await pubsub.get_message(timeout=POLL_S)
                     if message is not None:
                         self._switches.received(message["data"])
-            except (ConnectionError, TimeoutError, OSError) as e:
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
                 log.debug("sentinel %s: %s; retrying", sentinel, e)
             finally:
                 await pubsub.aclose()

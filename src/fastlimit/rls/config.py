@@ -23,8 +23,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-import yaml  # type: ignore[import-untyped]  # no stubs in the test set-up
-
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).
 UNITS = {"SECOND": (1, 1), "MINUTE": (2, 60), "HOUR": (3, 3600), "DAY": (4, 86400),
@@ -50,16 +48,6 @@ MAX_UINT32 = 2**32 - 1
 # service.py: how a year is counted).
 MAX_WINDOW_S = (2**32 - 1) // 1000
 MAX_FIXED_WINDOW_S = 10 * 365 * 86400
-
-
-class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """YAML as go-yaml v2 reads it into the reference's maps: a plain
-    2001-12-14 is a string there, not a date."""
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
 class ConfigError(Exception):
@@ -173,10 +161,12 @@ def load_text(name: str, text: str) -> Domain:
 
 
 def _load_text(name: str, text: str) -> Domain:
+    from fastlimit.rls import goyaml  # PyYAML only once a file is read
+
     try:
-        doc = yaml.load(text, Loader=_YamlLoader)     # a safe loader
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{name}: error loading config file: {_yaml_problem(e)}") from None
+        doc = goyaml.parse(text)
+    except goyaml.YAMLError as e:
+        raise ConfigError(f"{name}: error loading config file: {goyaml.problem(e)}") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -184,12 +174,6 @@ def _load_text(name: str, text: str) -> Domain:
                           f"cannot unmarshal {type(doc).__name__} into a map")
     _validate_keys(name, doc)
     return _Loader(name).domain(doc)
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e)
-    return f"yaml: line {mark.line + 1}: {problem}" if mark is not None else f"yaml: {problem}"
 
 
 def _validate_keys(name: str, mapping: dict) -> None:

@@ -27,12 +27,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-import redis
-
 from fastlimit._cluster import SLOTS
 from fastlimit._resp import ReplyError
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import Address, MapError, Roles, SlotMap
+from fastlimit.lazy_redis import redis
 from fastlimit.rules.model import RuleError
 from fastlimit.server import config as cfg
 from fastlimit.server.peers import Peers, names, unreached

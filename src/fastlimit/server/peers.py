@@ -14,13 +14,8 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import redis
-import redis.asyncio
-import redis.asyncio.retry
-import redis.retry
-from redis.backoff import NoBackoff
-
 from fastlimit.cluster.map import Address
+from fastlimit.lazy_redis import redis
 
 # A node slower than this is taken as not reachable.
 CALL_TIMEOUT_S = 1.0
@@ -40,7 +35,8 @@ class Peers:
             client = self._clients[addr] = redis.asyncio.Redis(
                 host=addr.host, port=addr.port, password=self.password(),
                 socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
-                single_connection_client=True, retry=redis.asyncio.retry.Retry(NoBackoff(), 0))
+                single_connection_client=True,
+                retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0))
         return client
 
     async def call(self, addr: Address, *args):
@@ -69,7 +65,7 @@ class Peers:
         with redis.Redis(host=addr.host, port=addr.port, password=self.password(),
                          socket_timeout=START_TIMEOUT_S,
                          socket_connect_timeout=START_TIMEOUT_S,
-                         retry=redis.retry.Retry(NoBackoff(), 0)) as client:
+                         retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0)) as client:
             return client.execute_command(*args)
 
     async def _forget(self, addr: Address) -> None:

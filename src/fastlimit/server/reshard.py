@@ -41,13 +41,12 @@ import struct
 import time
 import zlib
 
-import redis
-
 from fastlimit._cluster import SLOTS
 from fastlimit._core import SlotCursor
 from fastlimit._resp import ReplyError
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import MapError, SlotMap, SlotRange
+from fastlimit.lazy_redis import redis
 from fastlimit.server import snapshot
 from fastlimit.server.subsystem import Subsystem
 

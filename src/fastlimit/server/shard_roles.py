@@ -57,29 +57,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import redis.asyncio
-import redis.exceptions
-from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
 from fastlimit._resp import parse_integer
 from fastlimit.cluster.map import Address, MapError, Roles
 from fastlimit.failover import RETRY_S, SWITCH_CHANNEL, parse_switch
+from fastlimit.lazy_redis import redis
 
 # The events that may mean a shard's roles changed (cluster.md §3.4).
 CHANNELS = (SWITCH_CHANNEL, "+sdown", "-sdown", "+odown", "+slave", "+convert-to-slave",
             "+failover-end")
 # Replica flags that make a standby unavailable (Redis lists only healthy ones).
 _DOWN_FLAGS = frozenset({b"s_down", b"o_down", b"disconnected"})
-# A sentinel that cannot be reached, did not answer in time (the builtin
-# TimeoutError, which asyncio.timeout raises, is an OSError) or answered
-# something that is not RESP.
-_UNREACHABLE = (redis.exceptions.RedisError, OSError)
 # The longest error text kept for INFO.
 _ERROR_CHARS = 200
 
 OnChange = Callable[[dict[str, Roles]], None]
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """A sentinel that cannot be reached, did not answer in time (the
+    builtin TimeoutError, which asyncio.timeout raises, is an OSError) or
+    answered something that is not RESP.  A function: redis-py is loaded
+    when first used (lazy_redis)."""
+    return (redis.RedisError, OSError)
 
 
 class AnswerError(ValueError):
@@ -279,7 +278,8 @@ class ShardRoles:
         return redis.asyncio.Redis(
             host=addr.host, port=addr.port, password=password, protocol=2,
             socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s,
-            retry=Retry(NoBackoff(), 0), max_connections=len(self._masters) + 1)
+            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+            max_connections=len(self._masters) + 1)
 
     async def _ask(self, s: _Sentinel, master: str) -> Roles | None:
         """One sentinel's answer for master, None if it has none."""
@@ -290,7 +290,7 @@ class ShardRoles:
                     pipe.execute_command("SENTINEL", "MASTER", master)
                     pipe.execute_command("SENTINEL", "REPLICAS", master)
                     master_reply, replicas_reply = await pipe.execute(raise_on_error=False)
-        except _UNREACHABLE as e:
+        except _unreachable() as e:
             self._down(s, sent, e)
             return None
         self._up(s, sent)
@@ -349,7 +349,7 @@ class ShardRoles:
                 for wake in self._wake.values():     # events may have been missed
                     wake.set()
                 await self._listen(pubsub)
-            except _UNREACHABLE as e:
+            except _unreachable() as e:
                 # The queries (every poll_s) say whether s is reachable;
                 # the subscription only retries, quietly.
                 self._error(s, f"subscription: {_short(e)}")
@@ -359,7 +359,7 @@ class ShardRoles:
                 await pubsub.aclose()
             await asyncio.sleep(RETRY_S)
 
-    async def _listen(self, pubsub: PubSub) -> None:
+    async def _listen(self, pubsub: redis.asyncio.client.PubSub) -> None:
         """Reads events until the link fails; PINGs after poll_s of
         silence and gives up if nothing comes back within timeout_s."""
         pinged = False
