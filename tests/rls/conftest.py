@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from fastlimit._core import Clock
 from fastlimit._rules import RuleEngine
 from fastlimit.rls.config import RlsConfig, load_text
 from fastlimit.rls.service import RateLimitService
+from fastlimit.rules.registry import RuleRegistry
 
 # A Thursday, at the start of a UTC day: every window from a second to a
 # week starts here (weeks start on Thursday, aligned to the Unix epoch).
@@ -20,7 +19,8 @@ class Rig:
     def __init__(self, *texts: str, headers: bool = False):
         self.clock = Clock(manual=True, start_ms=T0_MS)
         self.engine = RuleEngine(clock=self.clock)
-        self.service = RateLimitService(self.engine, itertools.count(1).__next__, headers)
+        self.registry = RuleRegistry(self.engine)
+        self.service = RateLimitService(self.engine, self.registry, headers)
         self.load(*texts)
 
     def load(self, *texts: str) -> None:

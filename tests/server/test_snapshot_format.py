@@ -78,9 +78,9 @@ class Side:
         self.rules = rules
         for num, (_, spec) in rules.items():
             self.engine.define(num, spec)
-        self.registry = SimpleNamespace(rule_by_num={
-            num: SimpleNamespace(id=rule_id, algorithm=spec["algorithm"], scope=spec["scope"])
-            for num, (rule_id, spec) in rules.items()})
+        carried = {num: (rule_id, spec["algorithm"], spec["scope"])
+                   for num, (rule_id, spec) in rules.items()}
+        self.registry = SimpleNamespace(carried=lambda: carried)
 
     def numbers(self) -> dict[int, tuple[str, str, str]]:
         return snapshot.rule_numbers(self.registry)
@@ -359,7 +359,7 @@ clock = Clock(manual=True)
 engine = RuleEngine(clock=clock, shards=4)
 engine.define(1, {"algorithm": "concurrency", "limit": 1, "lease_ms": 5000,
                   "shadow": False, "scope": "client"})
-registry = NS(rule_by_num={1: NS(id="l", algorithm="concurrency", scope="client")})
+registry = NS(carried=lambda: {1: ("l", "concurrency", "client")})
 try:
     n = snapshot.restore(snapshot.read(sys.argv[1]), BucketStore(shards=4, clock=clock),
                          engine, registry)

@@ -19,6 +19,11 @@ sweep and BGSAVE see them as any rule's buckets):
 - token_bucket, gcra and sliding_window limits are engine rules with the
   limit's numbers, one per distinct set of numbers;
 
+their numbers are reserved in the rule registry under names made of the
+numbers that give the buckets their meaning (``@rls/token_bucket/100/60``),
+so snapshots and replication carry these counters by name as they carry
+rules' buckets by rule id: a restart or a failover keeps them;
+
 a bucket's key is the domain, the descriptor's entries (a share_threshold
 entry's pattern instead of its value) and the limit's index on its node,
 length-prefixed so no two descriptors share one by accident.
@@ -40,6 +45,9 @@ MAX_UINT32 = 2**32 - 1
 COUNTER_LIMIT = 10**15
 MAX_ENGINE_WINDOW_MS = 2**32 - 1      # fl_native.h MAX_PERIOD_MS
 NO_MATCH = (OK, None, 0, 0)
+RESERVED_SCOPE = "rls"
+# Redis's words, as the reference passes on its Redis's refusal.
+READONLY = "READONLY You can't write against a read only replica."
 UNLIMITED = (OK, None, MAX_UINT32, 0)
 
 
@@ -94,10 +102,16 @@ class DomainStats:
 
 
 class RateLimitService:
-    def __init__(self, engine, take_number, response_headers: bool = False):
+    def __init__(self, engine, registry, response_headers: bool = False,
+                 read_only=lambda: False):
+        """registry: where the counters' rule numbers are reserved
+        (rules.registry.RuleRegistry); read_only: whether this server is a
+        standby now, which counts nothing (its primary's counts replace
+        its own)."""
         self.engine = engine
         self.clock = engine.clock
-        self.take_number = take_number
+        self.registry = registry
+        self.read_only = read_only
         self.response_headers = response_headers
         self.config: RlsConfig = EMPTY
         self._num_by_spec: dict[tuple, int] = {}
@@ -124,13 +138,16 @@ class RateLimitService:
                                                  limit.requests_per_unit, limit.window_s,
                                                  domain.source, limit.full_key)
         except ValueError:
-            for num in created:
-                self.engine.forget(num)
+            for spec_key, num in num_by_spec.items():
+                if num in created:
+                    self.engine.forget(num)
+                    self.registry.release(reserved_name(spec_key))
             raise
         used = set(num_of.values())
         for spec, num in list(num_by_spec.items()):
             if num not in used and spec[0] != "fixed_window":
                 self.engine.forget(num)
+                self.registry.release(reserved_name(spec))
                 del num_by_spec[spec]
         self.config, self._num_by_spec, self._num_of = config, num_by_spec, num_of
         self.stats = {name: self.stats.get(name) or DomainStats() for name in config.domains}
@@ -142,10 +159,12 @@ class RateLimitService:
         spec_key = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
         num = num_by_spec.get(spec_key)
         if num is None:
-            num = self.take_number()
+            name = reserved_name(spec_key)
+            num = self.registry.reserve(name, algorithm, RESERVED_SCOPE)
             try:
                 self.engine.define(num, spec)
             except ValueError as e:
+                self.registry.release(name)
                 raise ValueError(f"{source}: {where}: {e}") from None
             created.append(num)
             num_by_spec[spec_key] = num
@@ -168,17 +187,17 @@ class RateLimitService:
         if dom is None:
             self.unknown_domain += 1
             return OK, [NO_MATCH] * len(descriptors), []
-        matched = self.limits_to_check(dom, descriptors)
         request_hits = max(1, hits_addend)
+        spent = [min(max(0, d_hits if d_hits is not None else request_hits), COUNTER_LIMIT + 1)
+                 for _, _, d_hits in descriptors]
+        if any(spent) and self.read_only():
+            raise RlsError(READONLY)
+        matched = self.limits_to_check(dom, descriptors)
         now_ms = self.clock.now()
         atomic = dom.counting == "atomic"
         results = []   # per descriptor: (status, limit or None)
-        spent = []     # per descriptor: the hits it would spend
         commits: list[tuple[int, bytes, int, int]] = []
-        for (entries, _, d_hits), match in zip(descriptors, matched, strict=True):
-            hits = min(max(0, d_hits if d_hits is not None else request_hits),
-                       COUNTER_LIMIT + 1)
-            spent.append(hits)
+        for (entries, _, _), match, hits in zip(descriptors, matched, spent, strict=True):
             if match is None or match is True:
                 results.append((UNLIMITED if match is True else NO_MATCH, None))
                 continue
@@ -300,6 +319,13 @@ class RateLimitService:
 
     def info(self) -> dict:
         return {name.decode("utf-8", "replace"): s for name, s in self.stats.items()}
+
+
+def reserved_name(spec_key: tuple) -> str:
+    """(algorithm, requests_per_unit or 0, window_s) as the registry
+    knows the counters' rule: the same numbers, the same name, in every
+    process with the same limits."""
+    return "@rls/" + "/".join(str(part) for part in spec_key)
 
 
 def unspent(status, hits: int):

@@ -26,6 +26,13 @@ different rules never collide, and a deleted rule's buckets are
 unreachable.  A rule keeps its number (and buckets) when its numbers,
 match or mode change, and gets a new one when its algorithm or key scope
 changes, because its old buckets would mean something else.
+
+Reserved numbers: parts of the server that keep counters as engine rules
+of their own (the Envoy rate limit service) reserve numbers by a name
+that no rule id can be (it starts with RESERVED_PREFIX).  Snapshots and
+replication carry buckets by rule id, or by that name, with the
+algorithm and key scope: so these counters outlive a restart and follow
+a failover as rules' buckets do.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from fastlimit.rules.store import RuleStore, StoredRule, StoreError, wall_ms
 
 SOURCE_COMMAND = "command"
 SOURCE_FILE = "file"
+SOURCE_RESERVED = "reserved"
+# No rule id starts with it (model.RULE_ID).
+RESERVED_PREFIX = "@"
 STAT_FIELDS = ("allowed", "denied", "shadow_denied")
 
 log = logging.getLogger("fastlimit.rules")
@@ -93,6 +103,8 @@ class RuleRegistry:
         # Counts of a rule's retired numbers, so its counters survive a
         # change of algorithm.
         self._stats_base: dict[str, Counter] = {}
+        # name -> (number, algorithm, scope): see "Reserved numbers".
+        self._reserved: dict[str, tuple[int, str, str]] = {}
         # Called after every published change (replication sends the rules).
         self.on_change = None
 
@@ -232,6 +244,43 @@ class RuleRegistry:
         """The engine number of a rule in force (for checks by rule id)."""
         entry = self._entries.get(rule_id)
         return entry.num if entry is not None else None
+
+    def reserve(self, name: str, algorithm: str, scope: str) -> int:
+        """The engine number reserved under a name (RESERVED_PREFIX and the
+        part's own name): the same one for as long as the name is
+        reserved with the same algorithm and scope, which snapshots and
+        replication then carry.  The caller defines it in the engine."""
+        assert name.startswith(RESERVED_PREFIX)
+        held = self._reserved.get(name)
+        if held is not None and held[1:] == (algorithm, scope):
+            return held[0]
+        num = self._take_number()
+        self._reserved[name] = (num, algorithm, scope)
+        self._id_by_num[num] = name
+        if self.on_change is not None:
+            self.on_change()
+        return num
+
+    def release(self, name: str) -> None:
+        """Ends a reservation; the caller forgets the number in the engine."""
+        if self._reserved.pop(name, None) is not None and self.on_change is not None:
+            self.on_change()
+
+    def carried(self) -> dict[int, tuple[str, str, str]]:
+        """Every number whose buckets snapshots and replication carry:
+        number -> (rule id or reserved name, algorithm, scope)."""
+        numbers = {e.num: (rule_id, e.rule.algorithm, e.rule.scope)
+                   for rule_id, e in self._entries.items()}
+        numbers.update((num, (name, algorithm, scope))
+                       for name, (num, algorithm, scope) in self._reserved.items())
+        return numbers
+
+    def reserved_rows(self) -> builtins.list[tuple[int, str, str, str, int]]:
+        """The reservations as replication's rules frame lists them
+        (number, name, algorithm, SOURCE_RESERVED, 0) beside the rules'
+        (number, id, JSON, source, updated_ms)."""
+        return [(num, name, algorithm, SOURCE_RESERVED, 0)
+                for name, (num, algorithm, _) in sorted(self._reserved.items())]
 
     def rule_id(self, num: int) -> str:
         """The id of the rule that has or had this number (CL.LIMIT DETAIL,

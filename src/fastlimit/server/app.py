@@ -47,6 +47,11 @@ class Server:
             self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
             settings.rules_file)
         self.rules.start()
+        # The Envoy rate limit service's YAML: raises ConfigError (the
+        # server refuses to start) if it cannot be used.  Before the
+        # snapshot, so the counters it reserves find their buckets there.
+        self.rls = RlsSubsystem(self, log)
+        self.rls.load_at_start()
         self.replication = Replication(self, log)
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
@@ -63,10 +68,6 @@ class Server:
         self.grpc = GrpcFront(self, log)
         # in the order they start; they stop in the reverse order
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
-        # The Envoy rate limit service's YAML: raises ConfigError (the
-        # server refuses to start) if it cannot be used.
-        self.rls = RlsSubsystem(self, log)
-        self.rls.load_at_start()
         rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
         self.subsystems: list[Subsystem] = [
             self.expiry, rules_subsystem,

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fastlimit.rules.registry import SOURCE_RESERVED
 from fastlimit.server import replstream as rs
 from fastlimit.server import snapshot
 from fastlimit.server.snapshot import SnapshotError
@@ -387,6 +388,9 @@ class Replication(Subsystem):
             self._within_limit(follower)
 
     def rules_changed(self) -> None:
+        if self.link is not None:
+            # a counter reserved here since the primary's last rules frame
+            self.link.renumber_again()
         if self.followers and self.link is None:
             self.flush()
             self.broadcast(rs.frame(rs.RULES, self._rules_payload()))
@@ -400,8 +404,9 @@ class Replication(Subsystem):
 
     def _rules_payload(self) -> bytes:
         registry = self.app.rules
-        return rs.rules_payload((registry.num_for(rule_id), rule_id, doc, source, updated)
-                                for rule_id, doc, source, updated in registry.export())
+        return rs.rules_payload([(registry.num_for(rule_id), rule_id, doc, source, updated)
+                                 for rule_id, doc, source, updated in registry.export()]
+                                + registry.reserved_rows())
 
     def _drop(self, follower: Follower, why: str) -> None:
         self.log.warning("dropping replica %s:%d: %s; it will resync in full",
@@ -591,6 +596,7 @@ class PrimaryLink(asyncio.Protocol):
         self.offset = 0
         self.master_replid = repl.replid    # until the primary's: our own, as Redis shows
         self.renumber: list[int | None] = []
+        self.numbered: list[tuple[int, str]] = []   # the primary's (number, rule id or name)
         self.last_io = time.monotonic()
         # when a link that was up went down (None: it never was), as Redis's
         # master_link_down_since_seconds counts
@@ -765,14 +771,18 @@ class PrimaryLink(asyncio.Protocol):
 
     # ---- applying frames ----------------------------------------------------------------
 
+    def renumber_again(self) -> None:
+        self.renumber = _renumber(self.numbered, self.app.rules)
+
     def _apply(self, kind: int, payload: memoryview) -> None:
         """Applies a frame and relays it, as it came, to this replica's
         own replicas (all but a full copy, which they do not share)."""
         app = self.app
         if kind == rs.RULES:
             rows = rs.parse_rules(payload)
-            app.rules.mirror([row[1:] for row in rows])
-            self.renumber = _renumber(rows, app.rules)
+            self.numbered = [(row[0], row[1]) for row in rows]
+            app.rules.mirror([row[1:] for row in rows if row[3] != SOURCE_RESERVED])
+            self.renumber_again()
             self.rules_payload = bytes(payload)
         elif kind == rs.SNAPSHOT:
             self.repl._drop_all("its own primary sent a new full copy")
@@ -898,12 +908,15 @@ def _reap(pid: int, kill: bool = False) -> int | None:
     return os.waitstatus_to_exitcode(status) if done else None
 
 
-def _renumber(rows, registry) -> list[int | None]:
-    """The primary's rule numbers mapped to this registry's (which
-    mirrors the primary's rules, so every id is here)."""
-    renumber: list[int | None] = [None] * (max((row[0] for row in rows), default=-1) + 1)
-    for num, rule_id, *_ in rows:
-        renumber[num] = registry.num_for(rule_id)
+def _renumber(numbered: list[tuple[int, str]], registry) -> list[int | None]:
+    """The primary's rule numbers mapped to this registry's, by rule id
+    (the registry mirrors the primary's rules, so every id is here) or by
+    reserved name (a counter this server reserved too: None until it
+    has, and the buckets of that number are left out until then)."""
+    here = {name: num for num, (name, _, _) in registry.carried().items()}
+    renumber: list[int | None] = [None] * (max((n for n, _ in numbered), default=-1) + 1)
+    for num, name in numbered:
+        renumber[num] = here.get(name)
     return renumber
 
 

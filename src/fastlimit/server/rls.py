@@ -32,9 +32,11 @@ class RlsSubsystem(Subsystem):
     def __init__(self, app, log):
         self.log = log
         self.path: str | None = app.settings.rls_config
-        # rule numbers come from the registry: they never collide with rules'
-        self.service = RateLimitService(app.rule_engine, app.rules._take_number,
-                                        app.settings.rls_response_headers)
+        # the counters' rule numbers are reserved in the registry: they never
+        # collide with rules', and snapshots and replication carry them
+        self.service = RateLimitService(app.rule_engine, app.rules,
+                                        app.settings.rls_response_headers,
+                                        read_only=lambda: app.core.readonly)
         self.status = "none"
         self.reloaded_at = 0
         self.last_error = ""

@@ -235,9 +235,9 @@ def _rule_row(row) -> tuple[str, str, str]:
 
 
 def rule_numbers(registry) -> dict[int, tuple[str, str, str]]:
-    """The rules' numbers as a snapshot records them."""
-    return {num: (rule.id, rule.algorithm, rule.scope)
-            for num, rule in registry.rule_by_num.items()}
+    """The numbers a snapshot records: every rule's and every reserved
+    one's (the Envoy rate limit service's counters)."""
+    return registry.carried()
 
 
 def restore(snapshot: Snapshot, store, engine, registry) -> int:
