@@ -6,7 +6,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset, strlen
 
 from fastlimit._core cimport fl_mono_ns
-from fastlimit._protocol cimport Command, ServerCore
+from fastlimit._protocol cimport Command, ServerCore, record_call
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
 
 # gRPC status codes (grpc/doc/statuscodes.md)
@@ -1009,8 +1009,7 @@ cdef class GrpcConnection:
                     shared.core.log.exception("gRPC %s failed", stats.name)
                     if not s.answered:
                         self.fail(s, GRPC_INTERNAL, "the server failed; see its log")
-        stats.calls += 1
-        stats.nsec += fl_mono_ns() - now
+        record_call(stats, fl_mono_ns() - now)
         if s.status:
             stats.failed_calls += 1
 

@@ -101,6 +101,38 @@ class DomainStats:
         self.calls = self.over_limit = self.shadow = self.limits_over = 0
 
 
+# The reference's NEAR_LIMIT_RATIO default.
+NEAR_LIMIT_RATIO = 0.8
+LIMIT_STAT_FIELDS = ("total_hits", "within_limit", "near_limit", "over_limit", "shadow_mode")
+
+
+class LimitStats:
+    """One configured limit's hits as the reference's stats count them
+    (base_limiter.go), kept across reloads by the limit's name: hits, not
+    calls, and no series per descriptor value."""
+    __slots__ = LIMIT_STAT_FIELDS
+
+    def __init__(self):
+        self.total_hits = self.within_limit = self.near_limit = 0
+        self.over_limit = self.shadow_mode = 0
+
+    def count(self, rpu: int, before: int, hits: int, over: bool) -> None:
+        """before: what the limit had used before these hits."""
+        near = int(rpu * NEAR_LIMIT_RATIO)
+        after = before + hits
+        self.total_hits += hits
+        if over:
+            if before >= rpu:
+                self.over_limit += hits
+            else:
+                self.over_limit += after - rpu
+                self.near_limit += rpu - max(near, before)
+        else:
+            self.within_limit += hits
+            if after > near:
+                self.near_limit += hits if before >= near else after - near
+
+
 class RateLimitService:
     def __init__(self, engine, registry, response_headers: bool = False,
                  read_only=lambda: False):
@@ -117,6 +149,9 @@ class RateLimitService:
         self._num_by_spec: dict[tuple, int] = {}
         self._num_of: dict[Limit, int] = {}
         self.stats: dict[bytes, DomainStats] = {}
+        # by (domain, limit name, index): what survives a reload
+        self.limit_stats: dict[tuple[bytes, str, int], LimitStats] = {}
+        self._stats_of: dict[Limit, LimitStats] = {}
         self.unknown_domain = 0
 
     # ---- configuration ---------------------------------------------------------
@@ -151,6 +186,14 @@ class RateLimitService:
                 del num_by_spec[spec]
         self.config, self._num_by_spec, self._num_of = config, num_by_spec, num_of
         self.stats = {name: self.stats.get(name) or DomainStats() for name in config.domains}
+        limit_stats, stats_of = {}, {}
+        for name, domain in config.domains.items():
+            for limit in walk_limits(domain.root):
+                if not limit.unlimited:
+                    at = (name, limit.full_key, limit.index)
+                    stats_of[limit] = limit_stats[at] = (self.limit_stats.get(at)
+                                                         or LimitStats())
+        self.limit_stats, self._stats_of = limit_stats, stats_of
 
     def _number(self, num_by_spec, created, algorithm, rpu, window_s, source, where) -> int:
         spec = engine_spec(algorithm, rpu, window_s)
@@ -209,11 +252,12 @@ class RateLimitService:
         stats = self.stats[domain]
         stats.calls += 1
         statuses = []
-        for status, limit in results:
+        for (status, limit), hits in zip(results, spent, strict=True):
             if limit is not None and status[0] == OVER_LIMIT:
                 stats.limits_over += 1
                 if limit.shadow_mode:
                     stats.shadow += 1
+                    self._stats_of[limit].shadow_mode += hits
                     status = (OK,) + status[1:]
             statuses.append(status)
             if limit is not None and limit.quota_mode:
@@ -282,13 +326,19 @@ class RateLimitService:
             over = after > limit.requests_per_unit
             left = 0 if over else limit.requests_per_unit - after
             reset_s = limit.window_s - now_s % limit.window_s
+            before = after - hits
         else:
             over = not allowed if not atomic else remaining < hits
             left = 0 if over else (remaining - hits if atomic else remaining)
             wait = retry_ms if over and retry_ms > 0 else reset_ms
             reset_s = max(1, -(-wait // 1000)) if wait >= 0 else limit.window_s
+            spent_here = hits if allowed and cost else 0
+            before = max(0, limit.requests_per_unit - remaining - spent_here)
         if atomic and not over and hits:
             commits.append((num, key, hits, at_ms))
+        stats = self._stats_of.get(limit)       # None for Envoy's descriptor limit
+        if stats is not None and hits:
+            stats.count(limit.requests_per_unit, before, hits, over)
         return (OVER_LIMIT if over else OK, limit.current_limit, left, reset_s), limit
 
     # ---- response headers ------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import time
 
 from fastlimit.rls.config import ConfigError, config_files, load
-from fastlimit.rls.service import RateLimitService
+from fastlimit.rls.service import LIMIT_STAT_FIELDS, RateLimitService
 from fastlimit.server.subsystem import Subsystem
 
 
@@ -28,8 +28,15 @@ def _stamp(path: str):
             tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in st))
 
 
+def _label(name: bytes) -> str:
+    """A name as an INFO field name may show it."""
+    return "".join(c if c.isalnum() or c in "-_." else "_"
+                   for c in name.decode("utf-8", "replace"))
+
+
 class RlsSubsystem(Subsystem):
     def __init__(self, app, log):
+        self.app = app
         self.log = log
         self.path: str | None = app.settings.rls_config
         # the counters' rule numbers are reserved in the registry: they never
@@ -103,8 +110,13 @@ class RlsSubsystem(Subsystem):
             "rls_unknown_domain_calls": self.service.unknown_domain,
         }
         for name, s in self.service.stats.items():
-            label = "".join(c if c.isalnum() or c in "-_." else "_"
-                            for c in name.decode("utf-8", "replace"))
-            fields[f"rls_domain_{label}"] = (f"calls={s.calls},over_limit={s.over_limit},"
-                                              f"limits_over={s.limits_over},shadow={s.shadow}")
+            fields[f"rls_domain_{_label(name)}"] = (
+                f"calls={s.calls},over_limit={s.over_limit},"
+                f"limits_over={s.limits_over},shadow={s.shadow}")
+        # as /metrics, the first metrics-rule-labels limits (INFO has no "other")
+        cap = max(0, self.app.settings.metrics_rule_labels)
+        for (_, key, index), st in sorted(self.service.limit_stats.items())[:cap]:
+            name = key if not index else f"{key}#{index}"
+            fields[f"rls_limit_{_label(name.encode())}"] = ",".join(
+                f"{f}={getattr(st, f)}" for f in LIMIT_STAT_FIELDS)
         return {"rls": fields, "memory": {"rls_config_text_bytes": config.text_bytes}}

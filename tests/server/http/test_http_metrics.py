@@ -13,12 +13,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import subprocess
 import time
 import urllib.parse
 
 import pytest
+from metrics_text import named, samples, value
 from servers import ServerProcess, stop_process
 from wire import Wire, free_port, wait_until
 
@@ -34,8 +34,6 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/ope
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 PROMETHEUS_WAIT = 20.0
-SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?')
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -59,30 +57,6 @@ def scrape(port: int, accept: str | None = None) -> str:
     status, content_type, body = get(port, accept=accept)
     assert status == 200, body
     return body.decode("utf-8")
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """{(sample name, frozenset of (label, value)): value}; every sample
-    line must be well formed and unique."""
-    out: dict[tuple[str, frozenset], float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = SAMPLE.fullmatch(line)
-        assert m, line
-        labels = frozenset(LABEL.findall(m.group(2) or ""))
-        key = (m.group(1), labels)
-        assert key not in out, f"duplicate series {line}"
-        out[key] = float(m.group(3))
-    return out
-
-
-def value(series: dict, name: str, **labels: str) -> float:
-    return series[(name, frozenset(labels.items()))]
-
-
-def named(series: dict, name: str) -> dict[frozenset, float]:
-    return {labels: v for (n, labels), v in series.items() if n == name}
 
 
 def call(w: Wire, *args) -> bytes:

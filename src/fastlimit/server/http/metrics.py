@@ -8,10 +8,12 @@ asks for it (Prometheus 2.x and 3.x both do), which differs in the
 counter family names (``foo`` owning the sample ``foo_total``), the
 UNIT and info metadata, and the final ``# EOF``.
 
-Labels come from the command table, the fronts, error codes, replicas
-and rules, never from keys; the per-rule label is capped by
-``metrics-rule-labels`` (rules past the cap, in id order, are summed
-under ``rule="__other__"``; 0 sums all of them there).
+Labels come from the command table, the fronts (gRPC methods beside
+commands), error codes, replicas, rules and the rls-config's domains and
+limits, never from keys or descriptor values; the per-rule and per-limit
+labels are capped by ``metrics-rule-labels`` (rules past the cap, in id
+order, are summed under ``rule="__other__"``, limits under each domain's
+``limit="__other__"``; 0 sums all of them there).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterable
 
 from fastlimit import __version__
 from fastlimit._protocol import LATENCY_BOUNDS, Command
+from fastlimit.rls.service import LIMIT_STAT_FIELDS, NEAR_LIMIT_RATIO
 from fastlimit.server.http.routes import Request, Response
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -133,11 +136,12 @@ def _process(out: Exposition, server) -> None:
 
 
 def _fronts(server) -> list[tuple[str, Iterable[tuple[str, Command]]]]:
-    """(front, [(cmd label, Command)]) for RESP and HTTP: the same class,
-    so the same counters and histogram."""
+    """(front, [(cmd label, Command)]) for RESP, HTTP and gRPC (its
+    methods): the same class, so the same counters and histogram."""
     resp = ((c.name, c) for cmd in server.core.commands.values()
             for c in (cmd, *cmd.subcommands.values()))
-    return [("resp", resp), ("http", server.http.endpoint_stats.items())]
+    return [("resp", resp), ("http", server.http.endpoint_stats.items()),
+            ("grpc", server.grpc.endpoint_stats.items())]
 
 
 def _commands(out: Exposition, server) -> None:
@@ -165,17 +169,18 @@ def _commands(out: Exposition, server) -> None:
 
 
 def _clients(out: Exposition, server) -> None:
-    core, http = server.core, server.http.shared
+    core = server.core
+    fronts = (("resp", core), ("http", server.http.shared), ("grpc", server.grpc.shared))
     out.gauge("fastlimit_connected_clients", "Client connections open, by front.",
-              [('front="resp"', len(core.clients)), ('front="http"', len(http.connections))])
+              [('front="resp"', len(core.clients))]
+              + [(f'front="{name}"', len(f.connections)) for name, f in fronts[1:]])
     out.gauge("fastlimit_max_clients", "The maxclients setting.", [("", core.maxclients)])
     out.counter("fastlimit_connections_received_total", "Connections accepted, by front.",
-                [('front="resp"', core.total_connections),
-                 ('front="http"', http.total_connections)])
+                [(f'front="{name}"', f.total_connections) for name, f in fronts])
     out.counter("fastlimit_rejected_connections_total",
                 "Connections refused (maxclients, protected mode), by front.",
-                [('front="resp"', core.rejected_connections),
-                 ('front="http"', http.rejected_connections)])
+                [(f'front="{name}"', f.rejected_connections) for name, f in fronts])
+    http = server.http.shared
     out.counter("fastlimit_http_requests_total", "HTTP requests read.",
                 [("", http.total_requests)])
     out.counter("fastlimit_http_bad_requests_total",
@@ -288,6 +293,54 @@ def _replication(out: Exposition, server, repl: dict) -> None:
                 [("", repl.get("repl_records_applied", 0))])
 
 
+def _rls_limits(server) -> dict[str, list[Sample]]:
+    """Per LIMIT_STAT_FIELDS, the hits of each configured limit (the
+    first metrics-rule-labels limits, by domain and name, under their own
+    label; each domain's rest summed as limit="__other__")."""
+    cap = max(0, server.settings.metrics_rule_labels)
+    out: dict[str, list[Sample]] = {f: [] for f in LIMIT_STAT_FIELDS}
+    other: dict[bytes, list[int]] = {}
+    for i, ((domain, name, index), st) in enumerate(sorted(server.rls.service.limit_stats.items())):
+        if i >= cap:
+            sums = other.setdefault(domain, [0] * len(LIMIT_STAT_FIELDS))
+            for j, f in enumerate(LIMIT_STAT_FIELDS):
+                sums[j] += getattr(st, f)
+            continue
+        labels = (f'domain="{escape(domain.decode("utf-8", "replace"))}",'
+                  f'limit="{escape(name if not index else f"{name}#{index}")}"')
+        for f in LIMIT_STAT_FIELDS:
+            out[f].append((labels, getattr(st, f)))
+    for domain, sums in sorted(other.items()):
+        labels = f'domain="{escape(domain.decode("utf-8", "replace"))}",limit="{OTHER_RULES}"'
+        for f, n in zip(LIMIT_STAT_FIELDS, sums, strict=True):
+            out[f].append((labels, n))
+    return out
+
+
+def _rls(out: Exposition, server) -> None:
+    service = server.rls.service
+    domains = sorted(service.stats.items())
+    label = [f'domain="{escape(name.decode("utf-8", "replace"))}"' for name, _ in domains]
+    out.counter("fastlimit_rls_calls_total", "ShouldRateLimit calls, by domain.",
+                [(lb, s.calls) for lb, (_, s) in zip(label, domains, strict=True)])
+    out.counter("fastlimit_rls_over_limit_calls_total",
+                "ShouldRateLimit calls answered OVER_LIMIT, by domain.",
+                [(lb, s.over_limit) for lb, (_, s) in zip(label, domains, strict=True)])
+    out.counter("fastlimit_rls_unknown_domain_calls_total",
+                "ShouldRateLimit calls for a domain not configured.",
+                [("", service.unknown_domain)])
+    hits = _rls_limits(server)
+    for field, help_text in (
+            ("total_hits", "Hits counted, by domain and limit (the reference's total_hits)."),
+            ("within_limit", "Hits within the limit."),
+            ("near_limit", f"Hits past {NEAR_LIMIT_RATIO:g} of the limit, within it or not."),
+            ("over_limit", "Hits over the limit."),
+            ("shadow_mode", "Hits over a shadow_mode limit, answered OK.")):
+        name = "fastlimit_rls_hits_total" if field == "total_hits" else \
+            f"fastlimit_rls_{field}_hits_total"
+        out.counter(name, help_text, hits[field])
+
+
 def _snapshot(out: Exposition, persistence: dict) -> None:
     out.gauge("fastlimit_snapshot_last_save_timestamp_seconds",
               "When the last snapshot was saved (0: never).",
@@ -314,6 +367,7 @@ def render(server, openmetrics: bool) -> bytes:
     stats, memory = sections.get("stats", {}), sections.get("memory", {})
     _clients(out, server)
     _commands(out, server)
+    _rls(out, server)
     _buckets(out, server, stats)
     _rules(out, server, stats, memory)
     _replication(out, server, sections.get("replication", {}))
