@@ -85,6 +85,7 @@ cdef extern from "nghttp2/nghttp2.h" nogil:
         NGHTTP2_DATA = 0
         NGHTTP2_HEADERS = 1
         NGHTTP2_RST_STREAM = 3
+        NGHTTP2_SETTINGS = 4
         NGHTTP2_GOAWAY = 7
         NGHTTP2_FLAG_NONE = 0
         NGHTTP2_FLAG_END_STREAM = 1
@@ -247,6 +248,7 @@ cdef struct Conn:
     uint32_t ready_cap
     uint8_t out_of_memory
     uint8_t protocol_error    # it sent (or must send) a GOAWAY with an error
+    uint8_t greeted           # the client's preface (magic and SETTINGS) came
 
 
 cdef class GrpcShared:
@@ -269,6 +271,8 @@ cdef class GrpcShared:
     cdef public int64_t total_connections
     cdef public int64_t rejected_connections
     cdef public int64_t protocol_errors
+    cdef public int64_t greeting_timeouts
+    cdef public double greeting_timeout_s   # time to the client's preface (0: none)
 
 
 cdef class GrpcConnection:
@@ -276,6 +280,7 @@ cdef class GrpcConnection:
     cdef Conn c
     cdef object transport
     cdef object timer                 # wakes expire() at the earliest deadline
+    cdef object greeting_timer        # closes a client that never sends its preface
     cdef int64_t timer_at
     cdef Writer out
     cdef bint closed

@@ -19,6 +19,8 @@ class GrpcShared:
     total_connections: int
     rejected_connections: int
     protocol_errors: int
+    greeting_timeouts: int
+    greeting_timeout_s: float
     max_streams: int
     deadline_ns: int
     @property

@@ -664,6 +664,8 @@ cdef int on_data_chunk_recv(nghttp2_session* session, uint8_t flags, int32_t str
 cdef int on_frame_recv(nghttp2_session* session, const nghttp2_frame* frame,
                        void* ud) noexcept nogil:
     cdef Stream* s
+    if frame.hd.type == NGHTTP2_SETTINGS:
+        (<Conn*>ud).greeted = 1      # nghttp2 takes the magic before any frame
     if (frame.hd.type == NGHTTP2_DATA or frame.hd.type == NGHTTP2_HEADERS) and \
             frame.hd.flags & NGHTTP2_FLAG_END_STREAM:
         s = stream_of(session, frame.hd.stream_id)
@@ -871,7 +873,18 @@ cdef class GrpcConnection:
             self.close_transport()
             return
         shared.connections.add(self)
+        if shared.greeting_timeout_s > 0:
+            # an idle connection that did greet is Envoy's normal (one per
+            # worker, for hours); one that never did only holds a slot
+            self.greeting_timer = shared.loop.call_later(shared.greeting_timeout_s,
+                                                         self.greeting_expired)
         self.flush()
+
+    def greeting_expired(self):
+        self.greeting_timer = None
+        if not self.closed and not self.c.greeted:
+            self.shared.greeting_timeouts += 1
+            self.close_transport()
 
     def connection_lost(self, exc):
         self.closed = True
@@ -879,6 +892,9 @@ cdef class GrpcConnection:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.greeting_timer is not None:
+            self.greeting_timer.cancel()
+            self.greeting_timer = None
         self.transport = None
         self.release()
 
@@ -911,6 +927,9 @@ cdef class GrpcConnection:
                 else NGHTTP2_PROTOCOL_ERROR)
         else:
             self.process_ready()
+        if self.c.greeted and self.greeting_timer is not None:
+            self.greeting_timer.cancel()
+            self.greeting_timer = None
         self.flush()
 
     # ---- shutdown, by the front ------------------------------------------------------

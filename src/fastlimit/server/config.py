@@ -808,7 +808,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-max-body-bytes", metavar="SIZE",
                    help="request bodies past this get 413 (default 1mb)")
     p.add_argument("--http-header-timeout", metavar="N",
-                   help="seconds a request's headers may take to arrive before 408 (default 10)")
+                   help="seconds a request's headers may take to arrive before 408, and a "
+                        "gRPC client's HTTP/2 preface before it is closed (default 10)")
     p.add_argument("--http-batch-max", metavar="N",
                    help="checks in one POST /v1/check/batch (default 1000)")
     p.add_argument("--metrics-rule-labels", metavar="N",

@@ -222,3 +222,37 @@ def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc
     first.send(sid, grpc_frame(b""))
     assert first.ended(sid)[b"grpc-status"] == b"0"
     assert srv.info()["grpc_rejected_connections"] == 1
+
+
+@pytest.mark.parametrize("sent", [b"", PREFACE], ids=["nothing", "the magic alone"])
+def test_a_client_that_never_sends_its_preface_is_closed_after_the_header_timeout(
+        make_grpc_server, sent):
+    """Real time is the point: the bound is http-header-timeout."""
+    srv = make_grpc_server("--http-header-timeout", "0.3")
+    s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
+    s.sendall(sent)
+    read_frames(s, timeout=5)       # the server's SETTINGS, then it closes
+    s.close()
+    assert srv.info()["grpc_greeting_timeouts"] == 1
+    others_still_served_by(srv)
+
+
+def test_an_idle_connection_that_greeted_stays_open(make_grpc_server):
+    """Envoy keeps one quiet connection per worker for hours."""
+    srv = make_grpc_server("--http-header-timeout", "0.3", "--grpc-deadline-ms", "5000")
+    h = RawH2(srv.grpc_port)
+    h.sock.settimeout(1.0)
+    with pytest.raises(TimeoutError):
+        while h.sock.recv(65536):    # the server's SETTINGS and ACK, then silence
+            pass
+    sid = h.start(HEALTH_PATH)
+    h.conn.send_data(sid, grpc_frame(b""), end_stream=True)
+    h.flush()
+    h.sock.settimeout(10)
+    assert h.ended(sid)[b"grpc-status"] == b"0"
+    assert srv.info()["grpc_greeting_timeouts"] == 0
+
+
+def others_still_served_by(srv) -> None:
+    assert srv.health() == 1
+    assert srv.client().ping()

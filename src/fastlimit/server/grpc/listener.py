@@ -36,6 +36,8 @@ class GrpcFront(Subsystem):
         self.shared.set_password(s.requirepass.encode() if s.requirepass else None)
         self.shared.max_streams = s.grpc_max_concurrent_streams
         self.shared.deadline_ns = int(s.grpc_deadline_ms * 1_000_000)
+        # as an HTTP/1.1 client has it to send its request's headers
+        self.shared.greeting_timeout_s = s.http_header_timeout
 
     async def start(self) -> None:
         port = self.server.settings.grpc_port
@@ -59,6 +61,7 @@ class GrpcFront(Subsystem):
                           "grpc_total_connections_received": shared.total_connections,
                           "grpc_rejected_connections": shared.rejected_connections,
                           "grpc_protocol_errors": shared.protocol_errors,
+                          "grpc_greeting_timeouts": shared.greeting_timeouts,
                           "grpc_total_calls": sum(c.calls for c in stats),
                           "grpc_failed_calls": sum(c.failed_calls for c in stats)}}
 
