@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from rls_tables import T0_MS
 
 from fastlimit._core import Clock
 from fastlimit._rules import RuleEngine
 from fastlimit.rls.config import RlsConfig, load_text
 from fastlimit.rls.service import RateLimitService
 from fastlimit.rules.registry import RuleRegistry
-
-# A Thursday, at the start of a UTC day: every window from a second to a
-# week starts here (weeks start on Thursday, aligned to the Unix epoch).
-T0_MS = 1_767_830_400_000
 
 
 class Rig:

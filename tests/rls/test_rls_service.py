@@ -5,94 +5,21 @@ on a real engine with a manual clock."""
 from __future__ import annotations
 
 import pytest
+from rls_tables import (
+    BASIC,
+    BASIC_MATCHES,
+    D1,
+    D2,
+    DAY,
+    EDGE_PER_IP,
+    EXAMPLE7,
+    MESSAGING,
+    MINUTE,
+    SECOND,
+    lim,
+)
 
 from fastlimit.rls.service import MAX_UINT32, OK, OVER_LIMIT, RlsError
-
-SECOND, MINUTE, HOUR, DAY = 1, 2, 3, 4
-
-MESSAGING = """
-domain: messaging
-descriptors:
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit: {unit: day, requests_per_unit: 5}
-  - key: to_number
-    rate_limit: {unit: day, requests_per_unit: 100}
-"""
-
-EDGE_PER_IP = """
-domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit: {unit: second, requests_per_unit: 0}
-"""
-
-EXAMPLE7 = """
-domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit: {name: specific_limit, requests_per_unit: 5, unit: second}
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit: {replaces: [{name: specific_limit}], requests_per_unit: 10, unit: second}
-"""
-
-BASIC = """
-domain: test-domain
-descriptors:
-  - key: key2
-    rate_limit: {unit: minute, requests_per_unit: 20}
-    descriptors:
-      - key: subkey
-        rate_limit: {unit: minute, requests_per_unit: 30}
-  - key: key2
-    value: value2
-    rate_limit: {unit: minute, requests_per_unit: 30}
-  - key: key2
-    value: value3
-  - key: key5
-    value: value5
-    rate_limit: {unit: day, requests_per_unit: 15}
-    descriptors:
-      - key: subkey5
-        value: subvalue5
-        rate_limit: {unit: day, requests_per_unit: 25}
-  - key: key6
-    rate_limit: {unlimited: true}
-  - key: user
-    value: user-a
-    shadow_mode: true
-    rate_limit: {unit: second, requests_per_unit: 2}
-  - key: files
-    value: files/*
-    share_threshold: true
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: midWild
-    value: bar*b
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: multiWild
-    value: foo*bar*baz
-    rate_limit: {unit: minute, requests_per_unit: 1}
-"""
-
-D1 = [("message_type", "marketing"), ("to_number", "2061111111")]
-D2 = [("to_number", "2061111111")]
-
-
-def lim(rpu, unit, name=b""):
-    return (rpu, unit, name)
 
 
 def test_messaging_counts_every_descriptor_even_when_another_is_over(rig):
@@ -149,23 +76,7 @@ def test_example7_replaces_drops_and_does_not_count_the_named_limit(rig):
     assert r.call("example7", d1)[1][0][:3] == (OK, lim(5, SECOND, b"specific_limit"), 4)
 
 
-@pytest.mark.parametrize("entries, expected", [
-    ([("key2", "value3")], None),                                  # whitelisted, no fallback
-    ([("key2", "other")], lim(20, MINUTE)),                        # key only
-    ([("key2", "value2")], lim(30, MINUTE)),                       # exact value first
-    ([("key2", "value2"), ("subkey", "x")], None),                 # value2 has no children
-    ([("key2", "x"), ("subkey", "x")], lim(30, MINUTE)),           # limit at the last entry
-    ([("key5", "value5")], lim(15, DAY)),
-    ([("key5", "value5"), ("subkey5", "subvalue5")], lim(25, DAY)),
-    ([("key5", "value5"), ("subkey5", "other")], None),            # no backtracking
-    ([("key5", "value5"), ("subkey5", "subvalue5"), ("x", "y")], None),
-    ([("midWild", "barXb")], lim(1, MINUTE)),
-    ([("midWild", "barX")], None),
-    ([("multiWild", "fooAbarBbaz")], lim(1, MINUTE)),
-    ([("multiWild", "foobarbaz")], lim(1, MINUTE)),
-    ([("multiWild", "foobaz")], None),
-    ([("nothing", "here")], None),
-])
+@pytest.mark.parametrize("entries, expected", BASIC_MATCHES)
 def test_basic_config_matching(rig, entries, expected):
     st = rig(BASIC).call("test-domain", entries)[1][0]
     assert st[1] == expected
