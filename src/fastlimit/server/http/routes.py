@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 # The handler modules, in the order their routes are tried.
-ROUTE_MODULES = ["health", "status", "metrics", "rules_api"]
+ROUTE_MODULES = ["health", "status", "metrics", "rules_api", "rls_json"]
 
 PROBLEM_TYPE = "urn:fastlimit:problem:"
 
