@@ -50,7 +50,7 @@ FAST_ENDPOINTS = {b"/v1/check": EP_CHECK, b"/v1/limits/check": EP_LIMITS_CHECK,
 FAST_ENDPOINT_NAMES = {EP_CHECK: "check", EP_LIMITS_CHECK: "limits_check",
                        EP_CHECK_BUCKET: "check_bucket", EP_CHECK_BATCH: "check_batch"}
 # Reachable without credentials: a probe carries none.
-OPEN_PATHS = frozenset([b"/livez", b"/healthz", b"/readyz"])
+OPEN_PATHS = frozenset([b"/livez", b"/healthz", b"/readyz", b"/healthcheck"])
 
 
 class BadField(Exception):

@@ -182,6 +182,11 @@ class Server:
             self.snapshots.save_at_exit = save
             self._stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether shutdown has begun (health probes then fail)."""
+        return self._stopping is not None and self._stopping.is_set()
+
     async def serve_until_stopped(self) -> None:
         assert self._stopping is not None, "start() first"
         await self._stopping.wait()

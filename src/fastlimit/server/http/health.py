@@ -1,5 +1,6 @@
 """Health and INFO for probes and scripts: /livez (the process answers;
-/healthz is its alias), /readyz (ready for checks) and /v1/info."""
+/healthz is its alias), /readyz (ready for checks), /healthcheck
+(envoyproxy/ratelimit's probe) and /v1/info."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def readyz(req) -> Response:
     return Response(200 if ready else 503, body, "text/plain; charset=utf-8")
 
 
+def healthcheck(req) -> Response:
+    """envoyproxy/ratelimit's /healthcheck (src/server/health.go): "OK"
+    while serving, 500 with no body once shutdown has begun (SIGTERM),
+    while the gRPC front lets its calls finish, so a load balancer stops
+    sending before the port closes."""
+    if req.server.stopping:
+        return Response(500, b"", "text/plain; charset=utf-8")
+    return Response(200, b"OK", "text/plain; charset=utf-8")
+
+
 def info(req) -> Response:
     """INFO as JSON: ?section=a,b as INFO a b (default: everything)."""
     sections = [s for s in req.query.get("section", "").split(",") if s] or ["everything"]
@@ -48,4 +59,4 @@ def info(req) -> Response:
 
 
 ROUTES = [("GET", "/livez", livez), ("GET", "/healthz", livez), ("GET", "/readyz", readyz),
-          ("GET", "/v1/info", info)]
+          ("GET", "/healthcheck", healthcheck), ("GET", "/v1/info", info)]
