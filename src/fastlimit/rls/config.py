@@ -98,6 +98,7 @@ class Domain:
     source: str
     descriptors: int          # nodes in the tree
     limits: int               # limits in the tree
+    counting_from: str = ""   # the file that set counting ("": the default)
 
 
 @dataclass(eq=False)
@@ -128,9 +129,11 @@ def config_files(path: str) -> list[str]:
             if stat.S_ISREG(os.stat(os.path.join(path, n)).st_mode)]
 
 
-def load(path: str) -> RlsConfig:
+def load(path: str, merge_domains: bool = False) -> RlsConfig:
     """Loads a file or directory all or nothing; ConfigError naming the
-    file and the problem otherwise."""
+    file and the problem otherwise.  With merge_domains (the reference's
+    MERGE_DOMAIN_CONFIG) files of one domain make one tree; without it a
+    second file of a domain is an error."""
     try:
         files = config_files(path)
     except OSError as e:
@@ -144,23 +147,23 @@ def load(path: str) -> RlsConfig:
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
         size += len(text)
-        domain = load_text(name, text)
-        if domain.name in domains:
-            raise ConfigError(
-                f"{name}: duplicate domain '{domain.name.decode()}' in config file")
+        domain = load_text(name, text, domains, merge_domains)
         domains[domain.name] = domain
     return RlsConfig(domains, tuple(files), size)
 
 
-def load_text(name: str, text: str) -> Domain:
-    """One file's domain (ConfigFileContentToYaml then loadConfig)."""
+def load_text(name: str, text: str, loaded: dict | None = None, merge: bool = False) -> Domain:
+    """One file's domain (ConfigFileContentToYaml then loadConfig).
+    loaded holds the domains of the files before it: a domain already
+    there is an error, or with merge the file's descriptors are added to
+    its tree (which is returned)."""
     try:
-        return _load_text(name, text)
+        return _load_text(name, text, loaded or {}, merge)
     except RecursionError:
         raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
 
 
-def _load_text(name: str, text: str) -> Domain:
+def _load_text(name: str, text: str, loaded: dict, merge: bool) -> Domain:
     from fastlimit.rls import goyaml  # PyYAML only once a file is read
 
     try:
@@ -173,7 +176,7 @@ def _load_text(name: str, text: str) -> Domain:
         raise ConfigError(f"{name}: error loading config file: yaml: unmarshal errors: "
                           f"cannot unmarshal {type(doc).__name__} into a map")
     _validate_keys(name, doc)
-    return _Loader(name).domain(doc)
+    return _Loader(name).domain(doc, loaded, merge)
 
 
 def _validate_keys(name: str, mapping: dict) -> None:
@@ -232,18 +235,35 @@ class _Loader:
                              f"cannot unmarshal {v!r} into {field_name} ({want})")
         return _text(v) if kind is str else v
 
-    def domain(self, doc: dict) -> Domain:
+    def domain(self, doc: dict, loaded: dict, merge: bool) -> Domain:
+        """loadConfig: a new domain, or with merge the domain of an earlier
+        file with this file's descriptors added at its top level, where
+        a key both files have is a duplicate composite key."""
         domain = self.unmarshal("domain", doc.get("domain"), str)
         descriptors = self.unmarshal("descriptors", doc.get("descriptors"), list)
-        counting = self.unmarshal("counting", doc.get("counting"), str) or "reference"
+        counting = self.unmarshal("counting", doc.get("counting"), str)
         if domain == "":
             raise self.error("config file cannot have empty domain")
-        if counting not in COUNTINGS:
+        if counting not in COUNTINGS + ("",):
             raise self.error(f"invalid counting '{counting}' (reference or atomic)")
-        root = Node()
-        self.load_descriptors(root, domain + ".", descriptors)
-        return Domain(domain.encode("utf-8"), root, counting, self.name, self.descriptors,
-                      self.limits)
+        name = domain.encode("utf-8")
+        earlier = loaded.get(name)
+        if earlier is None:
+            root = Node()
+            self.load_descriptors(root, domain + ".", descriptors)
+            return Domain(name, root, counting or "reference", self.name, self.descriptors,
+                          self.limits, self.name if counting else "")
+        if not merge:
+            raise self.error(f"duplicate domain '{domain}' in config file")
+        if counting and earlier.counting_from and counting != earlier.counting:
+            raise self.error(f"counting '{counting}' of domain '{domain}' differs from the "
+                             f"'{earlier.counting}' of {earlier.counting_from}")
+        self.load_descriptors(earlier.root, domain + ".", descriptors)
+        if counting:
+            earlier.counting, earlier.counting_from = counting, self.name
+        earlier.descriptors += self.descriptors
+        earlier.limits += self.limits
+        return earlier
 
     def load_descriptors(self, parent: Node, parent_key: str, descriptors: list) -> None:
         """loadDescriptors, level by level."""

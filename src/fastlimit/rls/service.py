@@ -135,7 +135,7 @@ class LimitStats:
 
 class RateLimitService:
     def __init__(self, engine, registry, response_headers: bool = False,
-                 read_only=lambda: False):
+                 read_only=lambda: False, shadow_mode: bool = False):
         """registry: where the counters' rule numbers are reserved
         (rules.registry.RuleRegistry); read_only: whether this server is a
         standby now, which counts nothing (its primary's counts replace
@@ -145,6 +145,9 @@ class RateLimitService:
         self.registry = registry
         self.read_only = read_only
         self.response_headers = response_headers
+        # the reference's SHADOW_MODE: a refused request is answered OK
+        self.shadow_mode = shadow_mode
+        self.global_shadow_mode = 0     # requests it let through
         self.config: RlsConfig = EMPTY
         self._num_by_spec: dict[tuple, int] = {}
         self._num_of: dict[Limit, int] = {}
@@ -273,6 +276,11 @@ class RateLimitService:
         elif atomic:
             # nothing was spent: what passed shows what is left unspent
             statuses = [unspent(status, hits) for status, hits in zip(statuses, spent, strict=True)]
+        if overall == OVER_LIMIT and self.shadow_mode:
+            # after counting, as shouldRateLimitWorker does: the statuses
+            # still say which descriptors are over
+            overall = OK
+            self.global_shadow_mode += 1
         if overall == OVER_LIMIT:
             stats.over_limit += 1
         headers = self.headers(results, overall) if self.response_headers else []

@@ -225,6 +225,8 @@ class Settings:
     metrics_rule_labels: int = 1000
     rls_config: str | None = None
     rls_response_headers: bool = False
+    rls_shadow_mode: bool = False
+    rls_merge_domains: bool = False
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_max_concurrent_streams: int = 100
     grpc_deadline_ms: float = 15.0
@@ -300,6 +302,8 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
     "rls-config": (lambda v: str(v) or None, lambda v: v or ""),
     "rls-response-headers": (parse_bool, lambda v: "yes" if v else "no"),
+    "rls-shadow-mode": (parse_bool, lambda v: "yes" if v else "no"),
+    "rls-merge-domains": (parse_bool, lambda v: "yes" if v else "no"),
     "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
@@ -346,7 +350,7 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
-                    "rls-response-headers",
+                    "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
                     "grpc-max-concurrent-streams", "grpc-deadline-ms"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
@@ -821,6 +825,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rls-response-headers", metavar="yes|no",
                    help="the rate limit service adds the RateLimit-Policy, RateLimit and "
                         "(when over) Retry-After headers to its answers (default no)")
+    p.add_argument("--rls-shadow-mode", metavar="yes|no",
+                   help="the rate limit service answers OK to every request it would "
+                        "refuse, and counts it, as the reference's SHADOW_MODE (default no)")
+    p.add_argument("--rls-merge-domains", metavar="yes|no",
+                   help="files of rls-config with the same domain are merged, as the "
+                        "reference's MERGE_DOMAIN_CONFIG; otherwise a duplicate domain is an "
+                        "error (default no)")
     p.add_argument("--grpc-port", metavar="N",
                    help=f"gRPC port (cleartext HTTP/2) for Envoy's rate limit service "
                         f"(ShouldRateLimit) and the gRPC health check, on the bind addresses "

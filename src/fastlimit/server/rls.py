@@ -5,7 +5,9 @@ the path's and every file's inode, mtime and size, following symlinks, so
 a Kubernetes ConfigMap's ``..data`` swap is seen), on SIGHUP and on
 CL.RULE RELOAD.  A bad file keeps the configuration in force and says
 why, in the log and in INFO rls.  ``server.rls.service`` is the decision
-(fastlimit.rls.service) the gRPC front calls."""
+(fastlimit.rls.service) the gRPC front and /json call.  rls-shadow-mode
+and rls-merge-domains are the reference's SHADOW_MODE and
+MERGE_DOMAIN_CONFIG."""
 
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ class RlsSubsystem(Subsystem):
         # collide with rules', and snapshots and replication carry them
         self.service = RateLimitService(app.rule_engine, app.rules,
                                         app.settings.rls_response_headers,
-                                        read_only=lambda: app.core.readonly)
+                                        read_only=lambda: app.core.readonly,
+                                        shadow_mode=app.settings.rls_shadow_mode)
+        self.merge_domains = app.settings.rls_merge_domains
         self.status = "none"
         self.reloaded_at = 0
         self.last_error = ""
@@ -58,6 +62,22 @@ class RlsSubsystem(Subsystem):
 
     def apply_settings(self, settings) -> None:
         self.service.response_headers = settings.rls_response_headers
+        self.service.shadow_mode = settings.rls_shadow_mode
+        if settings.rls_merge_domains != self.merge_domains:
+            self.set_merge_domains(settings.rls_merge_domains)
+
+    def set_merge_domains(self, merge: bool) -> None:
+        """CONFIG SET rls-merge-domains: the files are read again with it,
+        and a configuration that cannot be read so refuses the change
+        (ValueError) and keeps the one in force."""
+        was, self.merge_domains = self.merge_domains, merge
+        if not self.path:
+            return
+        try:
+            self.reload()
+        except ConfigError as e:
+            self.merge_domains = was
+            raise ValueError(str(e)) from None
 
     def reload(self) -> None:
         """Loads rls-config all or nothing; ConfigError leaves the
@@ -67,7 +87,7 @@ class RlsSubsystem(Subsystem):
         self._stamp = _stamp(self.path)
         self.reloaded_at = int(time.time())
         try:
-            config = load(self.path)
+            config = load(self.path, self.merge_domains)
             self.service.set_config(config)
         except (ConfigError, ValueError) as e:
             self.status, self.last_error = "failed", str(e)
@@ -108,6 +128,7 @@ class RlsSubsystem(Subsystem):
             "rls_reload_failures": self.failures,
             "rls_last_error": " ".join(self.last_error.split()).replace(",", ";"),
             "rls_unknown_domain_calls": self.service.unknown_domain,
+            "rls_global_shadow_mode": self.service.global_shadow_mode,
         }
         for name, s in self.service.stats.items():
             fields[f"rls_domain_{_label(name)}"] = (
