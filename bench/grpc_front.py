@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
@@ -50,6 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+
+# grpcio in this process (the reply checks, grpc.aio's counts) would note
+# every h2load fork in the log; nothing here relies on its fork handlers.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "grpc.md"
