@@ -59,21 +59,13 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "grpc.md"
 AIO_SERVER = BENCH_DIR / "grpc_aio_rls.py"
+CALL_PATH = BENCH_DIR / "grpc_path.py"
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "server" / "grpc"))
 from failover import cpu_seconds  # noqa: E402
 from http_front import ms, rate, short  # noqa: E402
-from rls_messages import (  # noqa: E402
-    MINUTE,
-    OK,
-    OVER_LIMIT,
-    RLS_PATH,
-    SECOND,
-    decode_response,
-    descriptor,
-    grpc_frame,
-    request,
-)
+from rls_messages import OK, OVER_LIMIT, RLS_PATH, decode_response, grpc_frame  # noqa: E402
+from rls_workload import DOMAIN, NEVER, RLS_YAML, VARIANTS  # noqa: E402
 from run import (  # noqa: E402
     Fastlimit,
     Server,
@@ -88,44 +80,11 @@ from run import (  # noqa: E402
     target_line,
 )
 
-DAY = 4
-NEVER = 1_000_000_000          # requests_per_unit no run reaches
-DOMAIN = b"bench"
-# envoyproxy/ratelimit's YAML as its users write it.
-RLS_YAML = f"""\
-domain: bench
-descriptors:
-  # never reached: every call is OK
-  - key: api_key
-    rate_limit:
-      unit: second
-      requests_per_unit: {NEVER}
-  - key: generic_key
-    value: per_path
-    descriptors:
-      - key: path
-        rate_limit:
-          unit: minute
-          requests_per_unit: {NEVER}
-  # one a day: the first call spends it, every later one is over
-  - key: spent
-    rate_limit:
-      unit: day
-      requests_per_unit: 1
-"""
-API_KEY = descriptor([(b"api_key", b"k1")])
-VARIANTS = {
-    # (request message, each status's (code, current_limit), overall)
-    "ok": (request(DOMAIN, API_KEY, descriptor([(b"generic_key", b"per_path"),
-                                                (b"path", b"/demo")])),
-           [(OK, (NEVER, SECOND, b"")), (OK, (NEVER, MINUTE, b""))], OK),
-    "over": (request(DOMAIN, API_KEY, descriptor([(b"spent", b"yes")])),
-             [(OK, (NEVER, SECOND, b"")), (OVER_LIMIT, (1, DAY, b""))], OVER_LIMIT),
-}
 SHAPES = [(1, 32), (4, 16)]     # h2load -c, -m
 FASTLIMIT, GRPC_AIO = "fastlimit", "grpc.aio"
 WARM_N = 2000                   # requests of the unmeasured run that sizes the others
 MIN_N, MAX_N = 2000, 3_000_000
+DEADLINE_MS = 1000             # fastlimit's grpc-deadline-ms: see the report's note
 CPU_TARGET_US = 15.0
 RATIO_TARGET = 20.0
 
@@ -189,7 +148,8 @@ class FastlimitGrpc(Fastlimit, GrpcTarget):
     def __init__(self, workdir: Path, rls_config: Path):
         self.grpc_port = free_port()
         super().__init__(workdir, ["--grpc-port", str(self.grpc_port),
-                                   "--rls-config", str(rls_config)])
+                                   "--rls-config", str(rls_config),
+                                   "--grpc-deadline-ms", str(DEADLINE_MS)])
         self.resp: redis.Redis | None = None
 
     def counts(self) -> Counts:
@@ -245,12 +205,12 @@ class GrpcAio(Server, GrpcTarget):
 def check_reply(target: GrpcTarget, variant: str) -> dict:
     """One call of the variant, decoded; RuntimeError unless it carries the
     expected overall code and, per descriptor, code and current_limit."""
-    message, expected, overall = VARIANTS[variant]
-    reply = decode_response(target.call(message))
-    got = [(s["code"], s["limit"]) for s in reply["statuses"]]
-    if reply["overall"] != overall or got != expected:
+    v = VARIANTS[variant]
+    reply = decode_response(target.call(v.message))
+    got = tuple((s["code"], s["limit"]) for s in reply["statuses"])
+    if reply["overall"] != v.overall or got != v.statuses:
         raise RuntimeError(f"{target.label} answered {variant} with {reply}; expected "
-                           f"overall {overall}, statuses {expected}")
+                           f"overall {v.overall}, statuses {v.statuses}")
     return reply
 
 
@@ -262,7 +222,7 @@ def check_replies(targets: list[GrpcTarget]) -> dict:
     for variant in VARIANTS:
         for t in targets:
             if variant == "over":
-                t.call(VARIANTS[variant][0])       # spends the day's one
+                t.call(VARIANTS[variant].message)      # spends the day's one
             answers[(t.label, variant)] = check_reply(t, variant)
         shapes = {label: [(s["code"], s["limit"]) for s in r["statuses"]] + [r["overall"]]
                   for (label, v), r in answers.items() if v == variant}
@@ -287,6 +247,7 @@ class Run:
     p99: float
     succeeded: int
     failed: int             # h2load's failed + errored + timeout, and non-2xx
+    grpc_errors: int        # calls the server answered with a grpc-status other than 0
     cpu: float              # server µs per call
     h2load_cpu: float       # h2load µs per call
     problems: list[str] = field(default_factory=list)
@@ -344,9 +305,9 @@ class Bench:
         self.workdir = workdir
         self.targets = targets
         self.bodies = {}
-        for variant, (message, _, _) in VARIANTS.items():
+        for variant, v in VARIANTS.items():
             self.bodies[variant] = workdir / f"{variant}.bin"
-            self.bodies[variant].write_bytes(grpc_frame(message))
+            self.bodies[variant].write_bytes(grpc_frame(v.message))
         self.n: dict[tuple[str, str, tuple[int, int]], int] = {}
 
     def drive(self, side: Side, n: int) -> tuple[dict, Counts, float]:
@@ -375,13 +336,13 @@ class Bench:
         if res["succeeded"] != n or res["failed"]:
             problems.append(f"h2load: {res['succeeded']:,} of {n:,} succeeded, "
                             f"{res['failed']:,} failed")
-        over = n if VARIANTS[side.variant][2] == OVER_LIMIT else 0
+        over = n if VARIANTS[side.variant].overall == OVER_LIMIT else 0
         if counts.calls != n or counts.failed or counts.decided != n or counts.over != over:
             problems.append(f"server: {counts.calls:,} calls, {counts.failed:,} not grpc-status "
                             f"0, {counts.decided:,} decided, {counts.over:,} over limit; "
                             f"expected {n:,}, 0, {n:,}, {over:,}")
         return Run(rps=res["rps"], p50=res["p50"], p99=res["p99"],
-                   succeeded=res["succeeded"], failed=res["failed"],
+                   succeeded=res["succeeded"], failed=res["failed"], grpc_errors=counts.failed,
                    cpu=cpu / max(1, counts.calls) * 1e6, h2load_cpu=res["cpu"] / n * 1e6,
                    problems=problems)
 
@@ -433,26 +394,94 @@ def throughput(args, workdir: Path, meta: dict) -> list[Side]:
 
 
 # ---------------------------------------------------------------------------
+# where fastlimit's CPU goes: instructions per call (--callgrind)
+
+DATA_RECEIVED = re.compile(r"^\s*([\d,]+) .*_grpc\.c:__pyx_pw_\w*GrpcConnection_\d+data_received"
+                           r" ", re.M)
+PATH_MODES = ("decide", "canned")
+
+
+def callgrind_split(args, workdir: Path) -> dict:
+    """bench/grpc_path.py under callgrind with the service's decision and
+    with a canned answer, both at once: instructions per call of
+    GrpcConnection.data_received and all it calls."""
+    for tool in ("valgrind", "callgrind_annotate"):
+        if not shutil.which(tool):
+            return {"error": f"{tool} not installed (Debian's valgrind)"}
+    procs = {}
+    for mode in PATH_MODES:
+        out = workdir / f"callgrind-{mode}.out"
+        procs[mode] = (out, subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             str(CALL_PATH), mode, str(args.callgrind_n)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
+    ir = {}
+    for mode, (out, proc) in procs.items():
+        try:
+            _, err = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise RuntimeError(f"grpc_path.py {mode} under callgrind took over 900 s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"grpc_path.py {mode} exit {proc.returncode}: "
+                               f"{err.decode(errors='replace').strip()[-200:]}")
+        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no", str(out)],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+        m = DATA_RECEIVED.search(text)
+        if not m:
+            raise RuntimeError(f"no GrpcConnection.data_received in {out.name}")
+        ir[mode] = int(m.group(1).replace(",", "")) / args.callgrind_n
+        log(f"  callgrind {mode}: {ir[mode]:,.0f} instructions per call")
+    return {"ir": ir}
+
+
+def callgrind_lines(args, grind: dict) -> list[str]:
+    title = "## Where fastlimit's CPU per call goes (callgrind)"
+    if not grind.get("ir"):
+        return [title, "", f"- **not measured** ({grind.get('error', 'run with --callgrind')})",
+                ""]
+    decide, canned = grind["ir"]["decide"], grind["ir"]["canned"]
+    return [title, "",
+            f"bench/grpc_path.py: {args.callgrind_n:,} `ok` calls, 32 per read, through one "
+            "GrpcConnection with a stand-in transport; instructions of its `data_received` "
+            "and everything it calls, per call (no system calls, no event loop):", "",
+            "| path | instructions per call | share |", "|---|---:|---:|",
+            f"| the whole call, as served (the rls service decides) | {decide:,.0f} | 100% |",
+            f"| the transport alone (a canned answer): HTTP/2, the messages in C, one Python "
+            f"call | {canned:,.0f} | {canned / decide:.0%} |",
+            f"| the decision (fastlimit.rls.service, Python), the difference | "
+            f"{decide - canned:,.0f} | {(decide - canned) / decide:.0%} |", ""]
+
+
+# ---------------------------------------------------------------------------
 # report
 
 def shape_text(shape: tuple[int, int]) -> str:
     return f"-c {shape[0]} -m {shape[1]}"
 
 
-def build_report(args, sides: list[Side], meta: dict) -> str:
+def build_report(args, sides: list[Side], grind: dict, meta: dict) -> str:
     out = ["# fastlimit: the gRPC front (Envoy's ShouldRateLimit) vs grpc.aio", "",
            f"{meta['when']} · {meta['machine']} · rev {meta['rev']} · {meta['h2load']} · "
            f"{meta.get('grpcio', 'grpcio ?')} · {meta['elapsed']:.0f} s in total", ""]
+    out += throughput_lines(args, sides, meta)
+    out += callgrind_lines(args, grind)
+    return "\n".join(out) + "\n"
+
+
+def throughput_lines(args, sides: list[Side], meta: dict) -> list[str]:
+    out = ["## ShouldRateLimit under h2load", ""]
     if not sides:
-        return "\n".join(out + ["- **not measured** (" + meta.get("error", "?") + ")", ""]) + "\n"
+        return out + ["- **not measured** (" + meta.get("error", "?") + ")", ""]
     out += [f"h2load `-t 1` with a prebuilt gRPC body (`-d`, `te: trailers`, `content-type: "
             f"application/grpc`), a fixed count sized to last about {args.seconds:g} s, median "
             f"of {args.repeat} interleaved run(s) per row. Server CPU: the process's "
             "utime+stime (all threads) per call counted by the server; h2load's own CPU "
             "per call beside it.", "",
             "| variant | h2load | server | req/s | p50 ms | p99 ms | succeeded | failed "
-            "| server CPU µs/call | spread | h2load CPU µs/call |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| grpc-status ≠ 0 | server CPU µs/call | spread | server cores busy "
+            "| h2load CPU µs/call |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(s.target, s.variant, s.shape): s for s in sides}
     for s in sides:
         cpus = [r.cpu for r in s.runs]
@@ -460,7 +489,8 @@ def build_report(args, sides: list[Side], meta: dict) -> str:
         out.append(f"| {s.variant} | `{shape_text(s.shape)}` | {s.target} | "
                    f"{rate(s.median('rps'))} | {ms(s.median('p50'))} | {ms(s.median('p99'))} | "
                    f"{sum(r.succeeded for r in s.runs):,} | {sum(r.failed for r in s.runs):,} | "
-                   f"{cpu_text(s.median('cpu'))} | {spread} | {cpu_text(s.median('h2load_cpu'))} |")
+                   f"{sum(r.grpc_errors for r in s.runs):,} | {cpu_text(s.median('cpu'))} | "
+                   f"{spread} | {busy_text(s)} | {cpu_text(s.median('h2load_cpu'))} |")
     out += ["", "| variant | h2load | req/s fastlimit ÷ grpc.aio "
             "| server CPU/call grpc.aio ÷ fastlimit |", "|---|---|---:|---:|"]
     ratios = {}
@@ -483,10 +513,8 @@ def build_report(args, sides: list[Side], meta: dict) -> str:
             out.append(target_line(f"{what}: server CPU per call, grpc.aio ÷ fastlimit ≥ "
                                    f"{RATIO_TARGET:g}×", cpu_x, RATIO_TARGET))
             out.append(target_line(f"{what}: req/s, fastlimit ÷ grpc.aio ≥ {RATIO_TARGET:g}× "
-                                   "(bounded by h2load on this machine: see below)", rps_x,
-                                   RATIO_TARGET))
-    out += ["", *[f"- {n}" for n in notes(sides, meta)], ""]
-    return "\n".join(out) + "\n"
+                                   "(on the shared cores: see below)", rps_x, RATIO_TARGET))
+    return out + ["", *[f"- {n}" for n in notes(sides, meta)], ""]
 
 
 def notes(sides: list[Side], meta: dict) -> list[str]:
@@ -520,9 +548,16 @@ def notes(sides: list[Side], meta: dict) -> list[str]:
                "gap is the gRPC stack: grpcio's C core plus its Python per call, against "
                "fastlimit's libnghttp2 driven from Cython with the messages in C.")
     out.append("Nothing is pinned to a core: h2load (one thread), the server and the "
-               "machine's other work share the 2 CPUs, so req/s is bounded by h2load's own "
-               "CPU per call when the server needs less than it (compare the two CPU "
-               "columns); the server CPU per call is the figure that does not depend on it.")
+               "machine's other work share the 2 CPUs. Server cores busy (req/s × CPU per "
+               "call) is how much CPU each server got: fastlimit runs on one thread, so at "
+               "most one core, less when h2load and other work take theirs; grpc.aio's C-core "
+               "threads can use both. Where fastlimit's is under 1 the req/s ratio understates "
+               "the gap per core; the server CPU per call does not depend on the share each "
+               "got (it still moves by 10–30% with the machine's load: caches, clock).")
+    out.append(f"fastlimit runs with `--grpc-deadline-ms {DEADLINE_MS}` (default 15): on "
+               "this shared machine a stall of the server past 15 ms turns the calls waiting "
+               "in its socket into fast UNAVAILABLE answers, by design; the bench measures "
+               "calls that are decided (grpc.aio has no such deadline either).")
     return out
 
 
@@ -541,6 +576,13 @@ def fmt_x(x: float | None) -> str:
     return "–" if x is None else f"{x:.1f}×"
 
 
+def busy_text(s: Side) -> str:
+    """The server's CPU seconds per second in its runs (median): under 1, it
+    did not get a core of its own."""
+    busy = [r.rps * r.cpu / 1e6 for r in s.runs]
+    return f"{statistics.median(busy):.2f}" if busy else "–"
+
+
 def cpu_text(x: float | None) -> str:
     return "–" if x is None else f"{x:.1f}"
 
@@ -553,12 +595,17 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="1.5 s runs, 1 repeat: about 30 s")
     p.add_argument("--seconds", type=float, help="about how long each measured run lasts "
                    "(default 3)")
-    p.add_argument("--repeat", type=int, help="interleaved runs per row (default 2)")
+    p.add_argument("--repeat", type=int, help="interleaved runs per row (default 3)")
+    p.add_argument("--callgrind", action="store_true",
+                   help="also count instructions per call with and without the decision "
+                   "(bench/grpc_path.py under valgrind: about 2 more minutes)")
+    p.add_argument("--callgrind-n", type=int, default=20_000,
+                   help="calls per callgrind run (default 20,000)")
     p.add_argument("--output", type=Path, default=RESULTS,
                    help="also write the report here (default bench/results/grpc.md)")
     args = p.parse_args(argv)
     args.seconds = args.seconds or (1.5 if args.quick else 3.0)
-    args.repeat = max(1, args.repeat or (1 if args.quick else 2))
+    args.repeat = max(1, args.repeat or (1 if args.quick else 3))
     return args
 
 
@@ -583,6 +630,7 @@ def main(argv=None) -> int:
     meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(),
             "rev": git_rev(), "h2load": h2load_version()}
     sides: list[Side] = []
+    grind: dict = {}
     log(f"== ShouldRateLimit: h2load {', '.join(map(shape_text, SHAPES))}, "
         f"{args.seconds:g} s runs, {args.repeat} repeat(s)")
     with tempfile.TemporaryDirectory(prefix="fastlimit-bench-grpc-") as tmp:
@@ -591,8 +639,15 @@ def main(argv=None) -> int:
         except (RuntimeError, OSError, redis.RedisError) as e:
             meta["error"] = f"the run failed: {short(e)}"
             log(meta["error"])
+        if args.callgrind:
+            log(f"== callgrind: {args.callgrind_n:,} calls, the decision vs a canned answer")
+            try:
+                grind = callgrind_split(args, Path(tmp))
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                grind = {"error": short(e)}
+                log(grind["error"])
     meta["elapsed"] = time.monotonic() - started
-    publish(build_report(args, sides, meta), args.output)
+    publish(build_report(args, sides, grind, meta), args.output)
     return 0
 
 

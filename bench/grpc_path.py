@@ -34,11 +34,12 @@ from fastlimit._grpc import GrpcConnection
 from fastlimit.server import config as cfg
 from fastlimit.server.app import Server
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "server" / "grpc"))
 from check_path import Transport  # noqa: E402
-from grpc_aio_rls import decode_request  # noqa: E402
-from grpc_front import RLS_YAML, VARIANTS  # noqa: E402
 from rls_messages import RLS_PATH, grpc_frame  # noqa: E402
+from rls_workload import RLS_YAML, VARIANTS  # noqa: E402
 
 PER_READ = 32
 HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", RLS_PATH.encode()),
@@ -96,16 +97,15 @@ async def feed(conn: GrpcConnection, preface: bytes, reads: list[bytes]) -> None
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "decide"
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
-    message = VARIANTS["ok"][0]
+    variant = VARIANTS["ok"]
     with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
         (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
         server = Server(cfg.Settings(manual_clock=True, rules_db=None, snapshot_file=None,
                                      rls_config=tmp, grpc_deadline_ms=0).validate())
     server.grpc.apply_settings(server.settings)
     if mode == "canned":
-        server.rls.service = Canned(server.rls.service.should_rate_limit(
-            *decode_request(message)))
-    preface, reads = client_reads(message, n)
+        server.rls.service = Canned(server.rls.service.should_rate_limit(*variant.arguments))
+    preface, reads = client_reads(variant.message, n)
     conn = GrpcConnection(server.grpc.shared)
     conn.connection_made(Transport())
     asyncio.run(feed(conn, preface, reads))
