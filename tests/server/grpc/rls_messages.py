@@ -1,14 +1,17 @@
 """The RLS and health messages by hand, for the gRPC front's tests: a
 RateLimitRequest encoder and a RateLimitResponse decoder written from the
 field numbers of envoy/service/ratelimit/v3/rls.proto (independent of the
-server's C code, so each checks the other), plus gRPC's 5-byte framing."""
+server's C code, so each checks the other), plus gRPC's 5-byte framing.
+The benches (bench/grpc_*.py) use it too: nothing but error_of needs
+grpcio or pytest, so only error_of imports them."""
 
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
-import grpc
-import pytest
+if TYPE_CHECKING:
+    import grpc
 
 RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 HEALTH_PATH = "/grpc.health.v1.Health/Check"
@@ -129,6 +132,8 @@ def health_status(message: bytes) -> int:
 
 def error_of(call) -> tuple[grpc.StatusCode, str]:
     """(code, details) of a call that must fail with a gRPC error."""
+    import grpc
+    import pytest
     with pytest.raises(grpc.RpcError) as e:
         call()
     return e.value.code(), e.value.details()

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The gRPC front's call path alone, for counting instructions: N
+ShouldRateLimit calls (32 per read, as ``h2load -m 32`` sends them)
+through one GrpcConnection with a stand-in transport, on a server built in
+this process with bench/grpc_front.py's YAML and its ``ok`` request:
+
+    decide   the answer of the rls service (fastlimit.rls.service), as served
+    canned   one precomputed answer in place of the service's decision: the
+             transport alone (HTTP/2, the messages in C, one Python call)
+
+    valgrind --tool=callgrind --callgrind-out-file=cg.out \
+        .venv/bin/python bench/grpc_path.py decide 20000
+    callgrind_annotate --inclusive=yes cg.out | grep data_received
+
+GrpcConnection.data_received's inclusive count divided by N is the cost of
+one call from the socket buffer to the reply buffer (no system calls); the
+two modes' difference is the decision's.  The requests' headers are HPACK
+encoded once (python-hyper's h2) and then repeated from its dynamic table,
+as a long-lived Envoy or h2load connection sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.settings
+
+from fastlimit._grpc import GrpcConnection
+from fastlimit.server import config as cfg
+from fastlimit.server.app import Server
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "server" / "grpc"))
+from check_path import Transport  # noqa: E402
+from rls_messages import RLS_PATH, grpc_frame  # noqa: E402
+from rls_workload import RLS_YAML, VARIANTS  # noqa: E402
+
+PER_READ = 32
+HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", RLS_PATH.encode()),
+           (b":authority", b"127.0.0.1"), (b"content-type", b"application/grpc"),
+           (b"te", b"trailers")]
+
+
+def with_stream_id(frames: bytes, stream_id: int) -> bytes:
+    """The same frames, each on stream_id (its 9-byte frame header's last 4)."""
+    out = bytearray(frames)
+    i = 0
+    while i < len(out):
+        length = int.from_bytes(out[i:i + 3], "big")
+        out[i + 5:i + 9] = stream_id.to_bytes(4, "big")
+        i += 9 + length
+    return bytes(out)
+
+
+def client_reads(message: bytes, n: int) -> tuple[bytes, list[bytes]]:
+    """The connection's preface (with windows no reply fills) and n calls,
+    PER_READ per read."""
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                             header_encoding=None))
+    c.initiate_connection()
+    c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    c.increment_flow_control_window(2**31 - 1 - 65535)
+    preface = c.data_to_send()
+    calls = []
+    for _ in range(2):        # the second finds every header in the dynamic table
+        sid = c.get_next_available_stream_id()
+        c.send_headers(sid, HEADERS)
+        c.send_data(sid, grpc_frame(message), end_stream=True)
+        calls.append(c.data_to_send())
+    calls += [with_stream_id(calls[1], 1 + 2 * i) for i in range(2, n)]
+    return preface, [b"".join(calls[i:i + PER_READ]) for i in range(0, n, PER_READ)]
+
+
+class Canned:
+    """In place of the rls service: one answer, whatever the request."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def should_rate_limit(self, domain, descriptors, hits_addend):
+        return self.answer
+
+
+async def feed(conn: GrpcConnection, preface: bytes, reads: list[bytes]) -> None:
+    conn.data_received(preface)
+    for data in reads:
+        conn.data_received(data)
+        await asyncio.sleep(0)     # a loop turn, as between reads
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "decide"
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+    variant = VARIANTS["ok"]
+    with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
+        (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
+        server = Server(cfg.Settings(manual_clock=True, rules_db=None, snapshot_file=None,
+                                     rls_config=tmp, grpc_deadline_ms=0).validate())
+    server.grpc.apply_settings(server.settings)
+    if mode == "canned":
+        server.rls.service = Canned(server.rls.service.should_rate_limit(*variant.arguments))
+    preface, reads = client_reads(variant.message, n)
+    conn = GrpcConnection(server.grpc.shared)
+    conn.connection_made(Transport())
+    asyncio.run(feed(conn, preface, reads))
+    stats = server.grpc.shared.endpoint_stats["should_rate_limit"]
+    print(f"{stats.calls} ShouldRateLimit calls ({mode}), {stats.failed_calls} failed",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
