@@ -183,7 +183,7 @@ class Server:
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
 
-    async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.AbstractServer:
+    async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.Server:
         server = await loop.create_server(
             # Connection has asyncio.Protocol's callbacks but is a cdef
             # class, not a subclass of it.

@@ -83,15 +83,19 @@ def _common(ctx: ssl.SSLContext, s) -> None:
 
 def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
                password: str | None, what: str = "tls") -> None:
-    if not cert:
-        raise TlsError(f"No {what}-cert-file configured!")
-    if not key:
-        raise TlsError(f"No {what}-key-file configured!")
+    _require_pair(cert, key, what)
     try:
         ctx.load_cert_chain(cert, key, password=password or "")
     except (OSError, ssl.SSLError) as e:
         raise TlsError(f"Failed to load certificate: {cert} or private key: {key}: "
                        f"{_reason(e)}") from None
+
+
+def _require_pair(cert: str | None, key: str | None, what: str = "tls") -> None:
+    if not cert:
+        raise TlsError(f"No {what}-cert-file configured!")
+    if not key:
+        raise TlsError(f"No {what}-key-file configured!")
 
 
 def _reason(e: Exception) -> str:
@@ -104,6 +108,7 @@ def server_context(s, alpn: list[str] | None = None) -> ssl.SSLContext:
     """A listener's context: tls-cert-file/-key-file, tls-auth-clients
     (yes: a certificate the CA signed is required; optional: checked if
     sent; no: not asked for)."""
+    _require_pair(s.tls_cert_file, s.tls_key_file)
     if s.tls_auth_clients != "no" and not (s.tls_ca_cert_file or s.tls_ca_cert_dir):
         raise TlsError(NEEDS_CA)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
