@@ -6,6 +6,7 @@ The certificates are made at test time (certs.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import shutil
@@ -140,7 +141,8 @@ def test_unmodified_redis_benchmark_over_tls(ts, certs):
 
 
 def test_fastlimit_client_passes_ssl_to_redis_py(ts, certs):
-    client = fastlimit.Client(f"127.0.0.1:{ts.tls_port}", ssl=True, ssl_ca_certs=certs.ca,
+    client = fastlimit.Client(f"127.0.0.1:{ts.tls_port}", timeout_ms=10_000, ssl=True,
+                              ssl_ca_certs=certs.ca,
                               ssl_certfile=certs.client.cert, ssl_keyfile=certs.client.key)
     try:
         first = client.check("lib", 2, 1)
@@ -148,6 +150,27 @@ def test_fastlimit_client_passes_ssl_to_redis_py(ts, certs):
     finally:
         client.close()
     assert ts.client().execute_command("CL.CHECK", "lib", 2, 1)[2] == 0
+
+
+def test_fastlimit_async_client_passes_ssl_to_redis_py(ts, certs):
+    async def main():
+        client = fastlimit.AsyncClient(f"127.0.0.1:{ts.tls_port}", timeout_ms=10_000, ssl=True,
+                                       ssl_ca_certs=certs.ca, ssl_certfile=certs.client.cert,
+                                       ssl_keyfile=certs.client.key)
+        try:
+            return [await client.check("alib", 3, 1) for _ in range(2)]
+        finally:
+            await client.aclose()
+    first, second = asyncio.run(main())
+    assert (first.remaining, second.remaining) == (2, 1)
+
+
+def test_a_long_pipeline_over_tls_is_answered_in_full(ts, certs):
+    pipe = ts.tls_client(certs).pipeline(transaction=False)
+    for i in range(5000):
+        pipe.execute_command("CL.CHECK", f"pipe:{i % 100}", 1000, 1)
+    replies = pipe.execute()
+    assert len(replies) == 5000 and all(r[0] == 1 for r in replies)
 
 
 # ---- refused handshakes ---------------------------------------------------------------------
