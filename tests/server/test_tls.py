@@ -335,6 +335,22 @@ def test_start_refused_with_redis_reasons(args, reason):
     assert "Traceback" not in str(e.value)
 
 
+def test_an_encrypted_key_needs_tls_key_file_pass_and_never_prompts(make_tls, certs, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    with open(certs.server.key, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), None)
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(b"open sesame")))
+    base = ["--tls-cert-file", certs.server.cert, "--tls-key-file", str(locked),
+            "--tls-ca-cert-file", certs.ca]
+    server = make_tls(*base, "--tls-key-file-pass", "open sesame")
+    assert server.tls_client(certs).ping()
+    with pytest.raises(RuntimeError, match="Failed to load certificate"):
+        TlsServer(*base).start()
+
+
 def test_tls_protocols_bounds_the_versions(make_tls, certs):
     server = make_tls(*tls_args(certs, "--tls-protocols", "TLSv1.3"))
     ctx = client_context(certs, certs.client)

@@ -85,6 +85,7 @@ def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
                password: str | None, what: str = "tls") -> None:
     _require_pair(cert, key, what)
     try:
+        # "" rather than None: OpenSSL would ask for a passphrase on the terminal
         ctx.load_cert_chain(cert, key, password=password or "")
     except (OSError, ssl.SSLError) as e:
         raise TlsError(f"Failed to load certificate: {cert} or private key: {key}: "
