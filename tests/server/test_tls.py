@@ -14,6 +14,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 
 import grpc
 import pytest
@@ -246,6 +247,50 @@ def test_config_set_renews_the_certificate_for_new_clients_and_keeps_open_ones(t
     assert peer_cert(ts.tls_port, certs) == der(certs.renewed.cert)
     assert kept.execute_command("CL.CHECK", "renew", 5, 1)[2] == 3    # same connection
     assert kept.client_id() == kept.client_id()
+
+
+def test_renewal_under_load_drops_no_connection_and_no_request(ts, certs):
+    """One client keeps checking on its connection and another connects
+    anew for each check, while the certificate changes ten times."""
+    done, errors, counts = threading.Event(), [], {"kept": 0, "new": 0}
+
+    def kept():
+        c = ts.tls_client(certs)
+        while not done.is_set() and counts["kept"] < 50_000:
+            c.execute_command("CL.CHECK", "load", 10**9, 1)
+            counts["kept"] += 1
+
+    def fresh():
+        while not done.is_set() and counts["new"] < 500:
+            with ts.tls_client(certs) as c:
+                c.execute_command("CL.CHECK", "load", 10**9, 1)
+            counts["new"] += 1
+
+    def guarded(work):
+        try:
+            work()
+        except Exception as e:       # reported below, with what it was
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in (kept, fresh)]
+    for th in threads:
+        th.start()
+    try:
+        admin = ts.client()
+        for i in range(10):
+            pair = certs.renewed if i % 2 == 0 else certs.server
+            admin.config_set("tls-cert-file", pair.cert, "tls-key-file", pair.key)
+            seen = counts["kept"] + counts["new"]
+            wait_until(lambda seen=seen: counts["kept"] + counts["new"] > seen + 20, 20,
+                       "no progress")
+    finally:
+        done.set()
+        for th in threads:
+            th.join(30)
+    assert errors == []
+    assert ts.stats()["tls_handshake_failures"] == 0
+    left = ts.client().execute_command("CL.CHECK", "load", 10**9, 1, "COST", 0)[2]
+    assert 10**9 - left >= counts["kept"] + counts["new"]
 
 
 def test_config_set_of_the_same_file_rereads_it(ts, certs, tmp_path):
