@@ -83,7 +83,7 @@ def _common(ctx: ssl.SSLContext, s) -> None:
 
 def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
                password: str | None, what: str = "tls") -> None:
-    _require_pair(cert, key, what)
+    cert, key = _require_pair(cert, key, what)
     try:
         # "" rather than None: OpenSSL would ask for a passphrase on the terminal
         ctx.load_cert_chain(cert, key, password=password or "")
@@ -92,11 +92,12 @@ def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
                        f"{_reason(e)}") from None
 
 
-def _require_pair(cert: str | None, key: str | None, what: str = "tls") -> None:
+def _require_pair(cert: str | None, key: str | None, what: str = "tls") -> tuple[str, str]:
     if not cert:
         raise TlsError(f"No {what}-cert-file configured!")
     if not key:
         raise TlsError(f"No {what}-key-file configured!")
+    return cert, key
 
 
 def _reason(e: Exception) -> str:
