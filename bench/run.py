@@ -208,9 +208,11 @@ class Row:
 
 
 def run_benchmark(binary: str, port: int, clients: int, n: int, pipeline: int,
-                  command: list[str], random_keys: int | None, cluster: bool = False) -> Result:
+                  command: list[str], random_keys: int | None, cluster: bool = False,
+                  extra: list[str] = ()) -> Result:
     argv = [binary, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
-            "-n", str(n), "-P", str(pipeline), "--csv", *(["--cluster"] if cluster else [])]
+            "-n", str(n), "-P", str(pipeline), "--csv", *(["--cluster"] if cluster else []),
+            *extra]
     if random_keys:
         argv += ["-r", str(random_keys)]
     argv += command

@@ -31,6 +31,7 @@ from fastlimit.server.rls import RlsSubsystem
 from fastlimit.server.rules import RulesSubsystem
 from fastlimit.server.snapshot import Snapshots
 from fastlimit.server.subsystem import Subsystem
+from fastlimit.server.tls import Tls
 
 log = logging.getLogger("fastlimit")
 
@@ -66,13 +67,16 @@ class Server:
         self.reshard = Reshard(self, log)
         self.http = HttpFront(self, log)
         self.grpc = GrpcFront(self, log)
-        # in the order they start; they stop in the reverse order
+        self.tls = Tls(log)
+        # in the order they start; they stop in the reverse order.  tls is
+        # last: a CONFIG SET that another refuses never makes new contexts.
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
         rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
+        rules_subsystem.on_sighup.append(self.tls.reload_from_signal)
         self.subsystems: list[Subsystem] = [
             self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
-            self.http, self.rls, self.grpc]
+            self.http, self.rls, self.grpc, self.tls]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
@@ -109,6 +113,9 @@ class Server:
         trial = cfg.set_at_runtime(self.settings, pairs)
         try:
             self._apply_limits(trial)
+        except cfg.ConfigError as e:       # Redis's text already (tls)
+            self._apply_limits(self.settings)
+            raise cfg.ConfigError(e.reason, e.name or pairs[0][0].lower()) from None
         except (OverflowError, TypeError, ValueError) as e:
             self._apply_limits(self.settings)
             raise cfg.ConfigError(f"the server cannot use it ({e})", pairs[0][0].lower()) from None
@@ -145,6 +152,7 @@ class Server:
         core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
         core.error_counts.clear()
         self.auth_failures = 0
+        self.tls.handshake_failures = 0
         self.replication.reset_stats()
         for cmd in core.commands.values():
             cmd.reset_stats()
@@ -159,14 +167,13 @@ class Server:
         self.loop_name = type(loop).__module__.split(".")[0]
         self._stopping = asyncio.Event()
         for host in self.settings.bind:
-            server = await loop.create_server(
-                # Connection has asyncio.Protocol's callbacks but is a cdef
-                # class, not a subclass of it.
-                lambda: cast(asyncio.BaseProtocol, Connection(self.core)), host, self.port or 0,
-                reuse_address=True, backlog=511)
-            self._servers.append(server)
+            server = await self._listen(loop, host, self.port or 0)
             if not self.port:
                 self.port = server.sockets[0].getsockname()[1]
+        if self.settings.tls_port:   # the same protocol, behind the loop's TLS
+            for host in self.settings.bind:
+                await self._listen(loop, host, self.settings.tls_port, self.tls.server)
+            log.info("TLS on %s port %d", " ".join(self.settings.bind), self.settings.tls_port)
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
@@ -175,6 +182,15 @@ class Server:
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
+
+    async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.Server:
+        server = await loop.create_server(
+            # Connection has asyncio.Protocol's callbacks but is a cdef
+            # class, not a subclass of it.
+            lambda: cast(asyncio.BaseProtocol, Connection(self.core)), host, port,
+            reuse_address=True, backlog=511, **self.tls.listener_options(tls, self.settings))
+        self._servers.append(server)
+        return server
 
     def request_shutdown(self, save: bool = True) -> None:
         if self._stopping is not None and not self._stopping.is_set():

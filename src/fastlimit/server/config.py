@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import re
+import ssl
 import tempfile
 import tomllib
 from collections.abc import Callable
@@ -230,6 +231,25 @@ class Settings:
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_max_concurrent_streams: int = 100
     grpc_deadline_ms: float = 15.0
+    tls_port: int = 0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_key_file_pass: str | None = None
+    tls_client_cert_file: str | None = None
+    tls_client_key_file: str | None = None
+    tls_client_key_file_pass: str | None = None
+    tls_ca_cert_file: str | None = None
+    tls_ca_cert_dir: str | None = None
+    tls_auth_clients: str = "yes"
+    tls_protocols: str | None = None
+    tls_ciphers: str | None = None
+    tls_ciphersuites: str | None = None
+    tls_replication: bool = False
+    tls_http: bool = False
+    tls_grpc: bool = False
+    # Not a setting: moves on at each CONFIG SET of a tls-* setting, so
+    # the files are read again even when the names are the same (server/tls.py).
+    tls_generation: int = 0
 
     def validate(self) -> Settings:
         """Checks every value with the parser its setting has (so the
@@ -307,7 +327,49 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
+    "tls-port": (lambda v: parse_int(v, 0, 65535), str),
+    **{name: (lambda v: str(v) or None, lambda v: v or "") for name in (
+        "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
+        "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
+        "tls-ca-cert-dir", "tls-ciphers")},
+    "tls-auth-clients": (lambda v: parse_tls_auth_clients(v), str),
+    "tls-protocols": (lambda v: parse_tls_protocols(v), lambda v: v or ""),
+    "tls-ciphersuites": (lambda v: parse_tls_ciphersuites(v), lambda v: v or ""),
+    "tls-replication": (parse_bool, lambda v: "yes" if v else "no"),
+    "tls-http": (parse_bool, lambda v: "yes" if v else "no"),
+    "tls-grpc": (parse_bool, lambda v: "yes" if v else "no"),
 }
+
+TLS_PROTOCOLS = {"tlsv1": ssl.TLSVersion.TLSv1, "tlsv1.1": ssl.TLSVersion.TLSv1_1,
+                 "tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def parse_tls_auth_clients(value) -> str:
+    text = "yes" if value is True else "no" if value is False else str(value).lower()
+    if text not in ("no", "yes", "optional"):
+        raise ConfigError("argument(s) must be one of the following: no, yes, optional")
+    return text
+
+
+def parse_tls_protocols(value) -> str | None:
+    """Redis's list of TLSv1, TLSv1.1, TLSv1.2, TLSv1.3 (any case); "" for
+    its default, TLSv1.2 and TLSv1.3."""
+    text = " ".join(value) if isinstance(value, list) else str(value)
+    if any(name.lower() not in TLS_PROTOCOLS for name in text.split()):
+        raise ConfigError("Invalid tls-protocols specified. Use a combination of 'TLSv1', "
+                          "'TLSv1.1', 'TLSv1.2' and 'TLSv1.3'.")
+    return text or None
+
+
+def parse_tls_ciphersuites(value) -> str | None:
+    """TLSv1.3's suites need SSLContext.set_ciphersuites, which Python's ssl
+    module lacks before 3.15: refused there rather than silently ignored."""
+    text = str(value)
+    if text and not hasattr(ssl.SSLContext, "set_ciphersuites"):
+        raise ConfigError("this Python's ssl module cannot choose TLSv1.3 ciphersuites (no "
+                          "SSLContext.set_ciphersuites); leave tls-ciphersuites empty and "
+                          "set them in OpenSSL's configuration (OPENSSL_CONF) instead")
+    return text or None
 
 
 def parse_replicaof(value) -> tuple[str, int] | None:
@@ -351,7 +413,11 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
-                    "grpc-max-concurrent-streams", "grpc-deadline-ms"}
+                    "grpc-max-concurrent-streams", "grpc-deadline-ms",
+                    "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
+                    "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
+                    "tls-ca-cert-dir", "tls-auth-clients", "tls-protocols", "tls-ciphers",
+                    "tls-ciphersuites", "tls-replication"}
 
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
@@ -411,6 +477,8 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
     for key, (_, value) in zip(keys, pairs, strict=True):
         if key in RUNTIME_SETTABLE:
             apply(trial, key, value, RUNTIME_PARSERS.get(key))
+    if any(key.startswith("tls-") for key in keys):
+        trial.tls_generation += 1
     return trial.validate()
 
 
@@ -843,6 +911,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a gRPC call not answered within this many milliseconds fails "
                         "with UNAVAILABLE, so Envoy's failure mode decides before its own "
                         "timeout (default 15; 0: only the client's grpc-timeout)")
+    p.add_argument("--tls-port", metavar="N",
+                   help="TLS port for the Redis protocol, beside --port (default 0: none)")
+    for name, what in (("cert-file", "the server's certificate (PEM)"),
+                       ("key-file", "its private key (PEM)"),
+                       ("key-file-pass", "the private key's passphrase"),
+                       ("client-cert-file", "the certificate the replication link shows "
+                                            "(default: tls-cert-file)"),
+                       ("client-key-file", "its private key"),
+                       ("client-key-file-pass", "that key's passphrase"),
+                       ("ca-cert-file", "CA certificates that client and primary "
+                                        "certificates must chain to"),
+                       ("ca-cert-dir", "a directory of them (OpenSSL's c_rehash layout)"),
+                       ("ciphers", "OpenSSL cipher list for TLSv1.2 and below")):
+        p.add_argument(f"--tls-{name}", metavar="VALUE", help=what)
+    p.add_argument("--tls-auth-clients", metavar="yes|no|optional",
+                   help="client certificates: required, not asked for, or checked if sent "
+                        "(default yes)")
+    p.add_argument("--tls-protocols", metavar="LIST",
+                   help='TLS versions, e.g. "TLSv1.2 TLSv1.3" (the default)')
+    p.add_argument("--tls-ciphersuites", metavar="LIST",
+                   help="TLSv1.3 suites; only where Python's ssl can set them")
+    p.add_argument("--tls-replication", metavar="yes|no",
+                   help="a replica connects to its primary's tls-port over TLS (default no)")
+    p.add_argument("--tls-http", metavar="yes|no",
+                   help="http-port speaks HTTPS, with the tls-* certificate (default no)")
+    p.add_argument("--tls-grpc", metavar="yes|no",
+                   help="grpc-port speaks gRPC over TLS (ALPN h2), with the tls-* "
+                        "certificate (default no)")
     return p
 
 

@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     from fastlimit.server.app import run
     try:
         run(settings)
-    except (OSError, RuleError, MapError, RlsConfigError) as e:
+    except (OSError, RuleError, MapError, RlsConfigError, cfg.ConfigError) as e:
         logging.getLogger("fastlimit").error("cannot start: %s", e)
         sys.exit(1)
 

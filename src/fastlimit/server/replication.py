@@ -622,11 +622,18 @@ class PrimaryLink(asyncio.Protocol):
             # A primary that drops SYNs would otherwise hold this for the
             # kernel's connect timeout (minutes).
             await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: self, self.host, self.port), self.app.settings.repl_timeout)
+                lambda: self, self.host, self.port, **self._tls_options()),
+                self.app.settings.repl_timeout)
         except TimeoutError:
             self._failed(logging.WARNING, "connect timed out", reach=True)
         except OSError as e:
             self._failed(logging.WARNING, str(e.strerror or e), reach=True)
+
+    def _tls_options(self) -> dict:
+        """tls-replication: the primary's tls-port, over TLS (no host
+        name check, as Redis)."""
+        tls = self.app.tls.client if self.app.settings.tls_replication else None
+        return {"ssl": tls, "server_hostname": self.host} if tls is not None else {}
 
     def _failed(self, level: int, why: str, reach: bool = False) -> None:
         what = "cannot reach" if reach else "replication from"

@@ -48,9 +48,13 @@ class GrpcFront(Subsystem):
         for host in self.server.settings.bind:
             self._servers.append(await loop.create_server(
                 lambda: cast(asyncio.BaseProtocol, GrpcConnection(self.shared)), host, port,
-                reuse_address=True, backlog=511))
+                reuse_address=True, backlog=511, **self._tls_options()))
         self.port = port
         self.log.info("gRPC on %s port %d", " ".join(self.server.settings.bind), port)
+
+    def _tls_options(self) -> dict:
+        s, tls = self.server.settings, self.server.tls
+        return tls.listener_options(tls.grpc if s.tls_grpc else None, s)
 
     def info_sections(self, sections, named):
         shared = self.shared

@@ -72,9 +72,13 @@ class HttpFront(Subsystem):
         for host in self.server.settings.bind:
             self._servers.append(await loop.create_server(
                 lambda: cast(asyncio.BaseProtocol, HttpConnection(self.shared)), host, port,
-                reuse_address=True, backlog=511))
+                reuse_address=True, backlog=511, **self._tls_options()))
         self.port = port
         self.log.info("HTTP on %s port %d", " ".join(self.server.settings.bind), port)
+
+    def _tls_options(self) -> dict:
+        s, tls = self.server.settings, self.server.tls
+        return tls.listener_options(tls.server if s.tls_http else None, s)
 
     def tick(self) -> None:
         if self._servers:

@@ -1,0 +1,258 @@
+"""TLS for the listeners and the replication link: SSLContexts made from
+Redis's tls-* settings, and made again when they change.
+
+A listener gets its context once, when it starts (``Tls.server`` for RESP
+and HTTP, ``Tls.grpc`` with ALPN "h2").  That context is a ``LiveContext``:
+it hands each new connection to the context in force when the connection
+arrives.  So a renewed certificate (CONFIG SET tls-cert-file ..., or
+SIGHUP) serves the connections that come after it, and the ones already
+open keep theirs.  A new certificate that cannot be used leaves the old
+one in force.  LiveContext also counts failed handshakes (INFO stats
+``tls_handshake_failures``).  No event loop here: the listeners and the
+replication link pass these contexts to the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any, cast
+
+from fastlimit.server.config import TLS_PROTOCOLS, ConfigError
+from fastlimit.server.subsystem import Subsystem
+
+# Redis's texts: at start, and as CONFIG SET's answer (the reason goes to
+# the log, as Redis logs it).
+START_FAILED = "Failed to configure TLS. Check logs for more info."
+UPDATE_FAILED = "Unable to update TLS configuration. Check server logs."
+NEEDS_CA = ("Either tls-ca-cert-file or tls-ca-cert-dir must be specified when "
+            "tls-cluster, tls-replication or tls-auth-clients are enabled!")
+
+CLIENT_VERIFY = {"yes": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "no": ssl.CERT_NONE}
+VERBOSE = 15
+
+
+class TlsError(Exception):
+    """A TLS setting the contexts cannot be made with; the text is Redis's
+    log line."""
+
+
+def uses_server_tls(s) -> bool:
+    return bool(s.tls_port or s.tls_http or s.tls_grpc)
+
+
+def settings_key(s) -> tuple:
+    """What the contexts are made from; tls_generation moves on each
+    CONFIG SET of a tls-* setting, so setting the same file again re-reads
+    it (certificate renewal), as in Redis."""
+    return (uses_server_tls(s), s.tls_replication, s.tls_cert_file, s.tls_key_file,
+            s.tls_key_file_pass, s.tls_client_cert_file, s.tls_client_key_file,
+            s.tls_client_key_file_pass, s.tls_ca_cert_file, s.tls_ca_cert_dir,
+            s.tls_auth_clients, s.tls_protocols, s.tls_ciphers, s.tls_ciphersuites,
+            s.tls_generation)
+
+
+def _versions(text: str | None) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    """tls-protocols as the lowest and highest version it names (the config
+    parser has checked the names); unset is Redis's "TLSv1.2 TLSv1.3"."""
+    names = (text or "TLSv1.2 TLSv1.3").lower().split()
+    versions = sorted(TLS_PROTOCOLS[name] for name in names)
+    return versions[0], versions[-1]
+
+
+def _common(ctx: ssl.SSLContext, s) -> None:
+    """Protocols, ciphers and the CA: the same for both directions."""
+    ctx.minimum_version, ctx.maximum_version = _versions(s.tls_protocols)
+    if s.tls_ciphers:
+        try:
+            ctx.set_ciphers(s.tls_ciphers)
+        except ssl.SSLError:
+            raise TlsError(f"Failed to configure ciphers: {s.tls_ciphers}") from None
+    if s.tls_ciphersuites:       # the config parser let it through: this Python has it
+        try:
+            ctx.set_ciphersuites(s.tls_ciphersuites)  # type: ignore[attr-defined]
+        except ssl.SSLError:
+            raise TlsError(f"Failed to configure ciphersuites: {s.tls_ciphersuites}") from None
+    if s.tls_ca_cert_file or s.tls_ca_cert_dir:
+        try:
+            ctx.load_verify_locations(cafile=s.tls_ca_cert_file, capath=s.tls_ca_cert_dir)
+        except (OSError, ssl.SSLError) as e:
+            raise TlsError(f"Failed to configure CA certificate(s) file/directory: "
+                           f"{_reason(e)}") from None
+
+
+def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
+               password: str | None, what: str = "tls") -> None:
+    cert, key = _require_pair(cert, key, what)
+    try:
+        # "" rather than None: OpenSSL would ask for a passphrase on the terminal
+        ctx.load_cert_chain(cert, key, password=password or "")
+    except (OSError, ssl.SSLError) as e:
+        raise TlsError(f"Failed to load certificate: {cert} or private key: {key}: "
+                       f"{_reason(e)}") from None
+
+
+def _require_pair(cert: str | None, key: str | None, what: str = "tls") -> tuple[str, str]:
+    if not cert:
+        raise TlsError(f"No {what}-cert-file configured!")
+    if not key:
+        raise TlsError(f"No {what}-key-file configured!")
+    return cert, key
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, ssl.SSLError):
+        return e.reason or str(e)
+    return getattr(e, "strerror", None) or str(e)
+
+
+def server_context(s, alpn: list[str] | None = None) -> ssl.SSLContext:
+    """A listener's context: tls-cert-file/-key-file, tls-auth-clients
+    (yes: a certificate the CA signed is required; optional: checked if
+    sent; no: not asked for)."""
+    _require_pair(s.tls_cert_file, s.tls_key_file)
+    if s.tls_auth_clients != "no" and not (s.tls_ca_cert_file or s.tls_ca_cert_dir):
+        raise TlsError(NEEDS_CA)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _common(ctx, s)
+    _load_pair(ctx, s.tls_cert_file, s.tls_key_file, s.tls_key_file_pass)
+    ctx.verify_mode = CLIENT_VERIFY[s.tls_auth_clients]
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    ctx.sslobject_class = CountedHandshake
+    return ctx
+
+
+def client_context(s) -> ssl.SSLContext:
+    """The replication link's context, as Redis makes it: the primary's
+    certificate must chain to the CA (its host name is not checked); this
+    end shows tls-client-cert-file, or else tls-cert-file, if it has one."""
+    if not (s.tls_ca_cert_file or s.tls_ca_cert_dir):
+        raise TlsError(NEEDS_CA)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    _common(ctx, s)
+    if s.tls_client_cert_file:
+        _load_pair(ctx, s.tls_client_cert_file, s.tls_client_key_file,
+                   s.tls_client_key_file_pass, "tls-client")
+    elif s.tls_cert_file:
+        _load_pair(ctx, s.tls_cert_file, s.tls_key_file, s.tls_key_file_pass)
+    return ctx
+
+
+class CountedHandshake(ssl.SSLObject):
+    """The connection's TLS state (what the loop drives); a handshake that
+    fails is counted and logged at verbose, as Redis logs it."""
+
+    owner: Tls | None = None
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise
+        except ssl.SSLError as e:
+            if self.owner is not None:
+                self.owner.handshake_failed(e)
+            raise
+
+
+class LiveContext(ssl.SSLContext):
+    """The context a listener is given: each connection is made with the
+    context in force when it arrives (``current``), not the one in force
+    when the listener started.  The loop calls wrap_bio once per
+    connection; nothing else of this context is used."""
+
+    current: ssl.SSLContext
+    owner: Tls
+
+    def __new__(cls, current: ssl.SSLContext, owner: Tls):
+        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+
+    def __init__(self, current: ssl.SSLContext, owner: Tls):
+        self.current = current
+        self.owner = owner
+
+    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None,
+                 session=None) -> Any:
+        obj = cast(CountedHandshake, self.current.wrap_bio(
+            incoming, outgoing, server_side, server_hostname, session))
+        obj.owner = self.owner
+        return obj
+
+
+class Tls(Subsystem):
+    """The contexts in force.  apply_settings makes new ones when the tls-*
+    settings changed (or were set again): all of them or none, so a
+    certificate that cannot be used leaves the old ones serving."""
+
+    def __init__(self, log: logging.Logger):
+        self.log = log
+        self.server: LiveContext | None = None
+        self.grpc: LiveContext | None = None
+        self.client: ssl.SSLContext | None = None     # the replication link's
+        self.handshake_failures = 0
+        self._key: tuple | None = None
+        self._settings = None
+
+    def apply_settings(self, s) -> None:
+        key = settings_key(s)
+        if key == self._key:
+            return
+        try:
+            self._build(s)
+        except TlsError as e:
+            self.log.warning("%s", e)
+            raise ConfigError(START_FAILED if self._key is None else UPDATE_FAILED) from None
+        self._key, self._settings = key, s
+
+    def reload_from_signal(self) -> None:
+        """SIGHUP: the files read again; if they cannot be used, the
+        contexts in force stay (and the log says why)."""
+        if self._settings is None or self._key is None:
+            return
+        try:
+            self._build(self._settings)
+        except TlsError as e:
+            self.log.warning("TLS files not reloaded on SIGHUP, keeping the old ones: %s", e)
+            return
+        self.log.info("TLS files reloaded on SIGHUP")
+
+    def _build(self, s) -> None:
+        server = grpc = client = None
+        if uses_server_tls(s):
+            server, grpc = server_context(s), server_context(s, ["h2"])
+        if s.tls_replication:
+            client = client_context(s)
+        self.client = client
+        self.server = self._live(self.server, server)
+        self.grpc = self._live(self.grpc, grpc)
+
+    def _live(self, live: LiveContext | None, ctx: ssl.SSLContext | None) -> LiveContext | None:
+        """The listener's LiveContext now serving ctx (the same object, as
+        a listener holds it)."""
+        if ctx is None:
+            return live
+        if live is None:
+            return LiveContext(ctx, self)
+        live.current = ctx
+        return live
+
+    def listener_options(self, ctx: LiveContext | None, s) -> dict:
+        """create_server's TLS arguments for a listener given ctx (none
+        for a plain one).  The handshake must end within
+        http-header-timeout (as a request's headers must), read when the
+        listener starts; the closing handshake too."""
+        if ctx is None:
+            return {}
+        return {"ssl": ctx, "ssl_handshake_timeout": s.http_header_timeout,
+                "ssl_shutdown_timeout": s.http_header_timeout}
+
+    def handshake_failed(self, e: ssl.SSLError) -> None:
+        self.handshake_failures += 1
+        if self.log.isEnabledFor(VERBOSE):
+            self.log.log(VERBOSE, "Error accepting a client connection: %s", _reason(e))
+
+    def info_sections(self, sections, named):
+        port = self._settings.tls_port if self._settings is not None else 0
+        return {"stats": {"tls_port": port, "tls_handshake_failures": self.handshake_failures}}
