@@ -135,21 +135,38 @@ def load(path: str) -> RlsConfig:
         files = config_files(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
-    domains: dict[bytes, Domain] = {}
-    size = 0
-    for name in files:
-        try:
-            with open(name, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
-        size += len(text)
-        domain = load_text(name, text)
-        if domain.name in domains:
+    texts = [(name, _read(name)) for name in files]
+    return _config((load_text(name, text) for name, text in texts), tuple(files),
+                   sum(len(text) for _, text in texts))
+
+
+def load_documents(named_docs, size: int = 0) -> RlsConfig:
+    """Loads (name, document) pairs (each what one YAML file would parse
+    to: an xDS RateLimitConfig, say) all or nothing, with the files'
+    checks and errors, the name standing for the file; size is what the
+    documents took to send."""
+    named_docs = list(named_docs)
+    return _config((load_document(name, doc) for name, doc in named_docs),
+                   tuple(name for name, _ in named_docs), size)
+
+
+def _config(domains, names: tuple, size: int) -> RlsConfig:
+    """One configuration of several domains, each from its own source."""
+    by_name: dict[bytes, Domain] = {}
+    for domain in domains:
+        if domain.name in by_name:
             raise ConfigError(
-                f"{name}: duplicate domain '{domain.name.decode()}' in config file")
-        domains[domain.name] = domain
-    return RlsConfig(domains, tuple(files), size)
+                f"{domain.source}: duplicate domain '{domain.name.decode()}' in config file")
+        by_name[domain.name] = domain
+    return RlsConfig(by_name, names, size)
+
+
+def _read(name: str) -> str:
+    try:
+        with open(name, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
 
 
 def load_text(name: str, text: str) -> Domain:
@@ -172,8 +189,16 @@ def _load_text(name: str, text: str) -> Domain:
     if not isinstance(doc, dict):
         raise ConfigError(f"{name}: error loading config file: yaml: unmarshal errors: "
                           f"cannot unmarshal {type(doc).__name__} into a map")
-    _validate_keys(name, doc)
-    return _Loader(name).domain(doc)
+    return load_document(name, doc)
+
+
+def load_document(name: str, doc: dict) -> Domain:
+    """One document's domain (loadConfig), named name in its errors."""
+    try:
+        _validate_keys(name, doc)
+        return _Loader(name).domain(doc)
+    except RecursionError:
+        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
 
 
 def _validate_keys(name: str, mapping: dict) -> None:
