@@ -139,7 +139,9 @@ def test_response_headers_can_be_turned_on_at_runtime(make_server, tmp_path):
     f = tmp_path / "rls.yaml"
     f.write_text(ONE)
     c = make_server("--rls-config", str(f)).client()
-    assert c.config_get("rls-*") == {"rls-config": str(f), "rls-response-headers": "no"}
+    assert c.config_get("rls-*") == {"rls-config": str(f), "rls-response-headers": "no",
+                                     "rls-xds-server": "", "rls-xds-node-id": "default",
+                                     "rls-xds-backoff": "10 60"}
     assert c.config_set("rls-response-headers", "yes")
     assert c.config_get("rls-response-headers") == {"rls-response-headers": "yes"}
     with pytest.raises(redis.ResponseError):

@@ -234,6 +234,20 @@ def test_the_start_does_not_wait_for_a_silent_xds_server_and_the_stop_is_prompt(
     assert "Traceback" not in srv.log()
 
 
+def test_a_bgsave_fork_beside_the_open_stream_saves_and_the_stream_goes_on(
+        ads, make_rls, tmp_path):
+    ads.set_snapshot("1", USERS_5)
+    srv = make_rls(ads.address, "--snapshot-file", str(tmp_path / "s.snap"))
+    in_force(srv, "1")
+    c = srv.client()
+    c.bgsave()
+    wait_until(lambda: c.info("persistence")["rdb_bgsave_in_progress"] == 0, "the save")
+    assert c.info("persistence")["rdb_last_bgsave_status"] == "ok"
+    nonce = ads.set_snapshot("2", USERS_5)
+    assert ads.answer_to(nonce)["version"] == "2"
+    assert "Traceback" not in srv.log() and "fork" not in srv.log()
+
+
 def test_node_id_and_server_can_be_changed_at_runtime(ads, make_rls):
     ads.set_snapshot("1", USERS_5)
     srv = make_rls(ads.address)
@@ -258,8 +272,18 @@ def test_rls_config_and_rls_xds_server_together_refuse_to_start(tmp_path):
     out = subprocess.run([PYTHON, "-m", "fastlimit.server", "--port", "0", "--rls-config",
                           str(f), "--rls-xds-server", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=30)
-    assert out.returncode != 0
-    assert "rls-config and rls-xds-server are two sources" in out.stderr
+    assert out.returncode == 1
+    assert "cannot start: rls-config and rls-xds-server are two sources" in \
+        out.stdout + out.stderr
+
+
+def test_rls_xds_server_cannot_be_set_beside_rls_config(make_server, tmp_path):
+    f = tmp_path / "rls.yaml"
+    f.write_text("domain: one\n")
+    c = make_server("--rls-config", str(f)).client()
+    with pytest.raises(Exception, match="two sources"):
+        c.config_set("rls-xds-server", "127.0.0.1:1")
+    assert c.config_get("rls-xds-server") == {"rls-xds-server": ""}
 
 
 # ---- the codec -----------------------------------------------------------------------------

@@ -179,6 +179,8 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
             "--http-batch-max", "10", "--metrics-rule-labels", "5",
             "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
+            "--rls-xds-server", "127.0.0.1:18001", "--rls-xds-node-id", "eg",
+            "--rls-xds-backoff", "1 5.5",
             "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",
             "--grpc-deadline-ms", "2.5"]
     settings = cfg.from_args(argv)

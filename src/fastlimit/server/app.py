@@ -71,7 +71,7 @@ class Server:
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
         rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
         # or from rls-xds-server, once the loop runs (the start never waits for it)
-        self.rls_xds = RlsXdsSubsystem(self.rls, log)
+        self.rls_xds = RlsXdsSubsystem(self.rls, settings, log)
         self.subsystems: list[Subsystem] = [
             self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,

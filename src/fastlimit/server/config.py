@@ -249,9 +249,6 @@ class Settings:
             raise ConfigError("masteruser needs masterauth (its password)")
         if self.cluster_enabled and not self.cluster_config_file:
             raise ConfigError("cluster-enabled needs cluster-config-file (the slot map)")
-        if self.rls_config and self.rls_xds_server:
-            raise ConfigError("rls-config and rls-xds-server are two sources of the rate limit "
-                              "service's configuration: give one")
         return self
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import random
 import threading
@@ -48,6 +49,9 @@ KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 300_000, 20_000
 # How long shutdown waits for the thread (cancelling the call ends its
 # wait at once; a thread still busy after this is a daemon and dies with us).
 STOP_WAIT_S = 2.0
+
+TWO_SOURCES = ("rls-config and rls-xds-server are two sources of the rate limit service's "
+               "configuration: give one")
 
 
 class _Stopped(Exception):
@@ -84,6 +88,10 @@ class XdsClient:
         self._thread = threading.Thread(target=self._run, name="rls-xds", daemon=True)
 
     def start(self) -> None:
+        # read when grpc is imported: its fork handlers are for a child that
+        # uses gRPC; BGSAVE's does not, and with this stream open they only
+        # log that they skip
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         self._thread.start()
 
     def stop(self) -> None:
@@ -103,7 +111,7 @@ class XdsClient:
 
     def _run(self) -> None:
         # here: a server without xDS never pays for the import
-        import grpc
+        import grpc  # type: ignore[import-untyped]  # no stubs in the test set-up
 
         wait = self.first_wait
         while not self._stopping.is_set():
@@ -224,7 +232,12 @@ class RlsXdsSubsystem(Subsystem):
     """rls-xds-server's client: started with the loop, restarted when
     CONFIG SET changes its settings, stopped at shutdown."""
 
-    def __init__(self, rls, log):
+    def __init__(self, rls, settings, log) -> None:
+        """Raises ConfigError (the server refuses to start) when rls-config
+        is set too: the reference takes one CONFIG_TYPE, and two sources
+        would replace each other's configuration."""
+        if settings.rls_config and settings.rls_xds_server:
+            raise ConfigError(TWO_SOURCES)
         self.rls = rls              # server/rls.py's RlsSubsystem: its service takes the config
         self.log = log
         self.client: XdsClient | None = None
@@ -232,6 +245,8 @@ class RlsXdsSubsystem(Subsystem):
         self._loop = None
 
     def apply_settings(self, settings) -> None:
+        if settings.rls_config and settings.rls_xds_server:
+            raise ValueError(TWO_SOURCES)
         wanted = (settings.rls_xds_server, settings.rls_xds_node_id, settings.rls_xds_backoff)
         if wanted != self._wanted:
             self._wanted = wanted
