@@ -115,7 +115,11 @@ class XdsClient:
 
         wait = self.first_wait
         while not self._stopping.is_set():
-            carried = self._stream(grpc)
+            try:
+                carried = self._stream(grpc)
+            except Exception:       # a bug: say so, and keep the client alive
+                self.log.exception("rls: xDS server %s: the client failed", self.server)
+                carried = False
             if self._stopping.is_set():
                 break
             wait = self.first_wait if carried else min(wait * 2, self.longest_wait)
@@ -183,7 +187,8 @@ class XdsClient:
             self.stats.nacks += 1
             self.stats.last_error = problem
             self.log.warning("rls: xDS server %s: NACK, the configuration in force (version "
-                             "'%s') is unchanged: %s", self.server, self.stats.version, problem)
+                             "'%s') is unchanged: %s", self.server, _info_text(self.stats.version),
+                             " ".join(problem.split()))
             return xds.encode_discovery_request(self.node, self.stats.version, nonce,
                                                 (INVALID_ARGUMENT, problem))
         self.stats.version = response.version_info
@@ -191,7 +196,7 @@ class XdsClient:
         self.stats.last_error = ""
         self.stats.last_update = int(time.time())
         self.log.info("rls: xDS server %s: version '%s' in force: %d domains, %d descriptors",
-                      self.server, response.version_info, len(config.domains),
+                      self.server, _info_text(response.version_info), len(config.domains),
                       config.descriptor_count)
         return xds.encode_discovery_request(self.node, response.version_info, nonce)
 
@@ -216,14 +221,15 @@ class XdsClient:
             return
         try:
             self.put_in_force(config)
-        except ValueError as e:
+        except Exception as e:      # ValueError: refused; anything else reaches _run
             done.set_exception(e)
         else:
             done.set_result(None)
 
 
 def _info_text(text: str, limit: int = 256) -> str:
-    """A server-given string as one INFO field: one line, no commas, bounded."""
+    """A server-given string as one INFO field or log line: one line, no
+    commas, bounded."""
     return "".join(c if c.isprintable() else " " for c in " ".join(text.split())) \
         .replace(",", ";")[:limit]
 
@@ -242,7 +248,7 @@ class RlsXdsSubsystem(Subsystem):
         self.log = log
         self.client: XdsClient | None = None
         self._wanted: tuple | None = None
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def apply_settings(self, settings) -> None:
         if settings.rls_config and settings.rls_xds_server:
