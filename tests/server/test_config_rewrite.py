@@ -181,6 +181,8 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--http-batch-max", "10", "--metrics-rule-labels", "5",
             "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
             "--rls-shadow-mode", "yes", "--rls-merge-domains", "yes",
+            "--rls-xds-server", "127.0.0.1:18001", "--rls-xds-node-id", "eg",
+            "--rls-xds-backoff", "1 5.5",
             "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",
             "--grpc-deadline-ms", "2.5",
             "--tls-port", "7004", "--tls-cert-file", "s.crt", "--tls-key-file", "s.key",

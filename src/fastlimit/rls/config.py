@@ -138,18 +138,36 @@ def load(path: str, merge_domains: bool = False) -> RlsConfig:
         files = config_files(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
+    texts = [(name, _read(name)) for name in files]
+    return _config([(name, _parse(name, text)) for name, text in texts], tuple(files),
+                   sum(len(text) for _, text in texts), merge_domains)
+
+
+def load_documents(named_docs, size: int = 0, merge_domains: bool = False) -> RlsConfig:
+    """Loads (name, document) pairs (each what one YAML file would parse
+    to: an xDS RateLimitConfig, say) all or nothing, with the files'
+    checks and errors, the name standing for the file; size is what the
+    documents took to send."""
+    named_docs = list(named_docs)
+    return _config(named_docs, tuple(name for name, _ in named_docs), size, merge_domains)
+
+
+def _config(named_docs: list, names: tuple, size: int, merge: bool) -> RlsConfig:
+    """One configuration of several domains, each document checked
+    against the ones before it (a second one of a domain: see load)."""
     domains: dict[bytes, Domain] = {}
-    size = 0
-    for name in files:
-        try:
-            with open(name, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
-        size += len(text)
-        domain = load_text(name, text, domains, merge_domains)
+    for name, doc in named_docs:
+        domain = load_document(name, doc, domains, merge)
         domains[domain.name] = domain
-    return RlsConfig(domains, tuple(files), size)
+    return RlsConfig(domains, names, size)
+
+
+def _read(name: str) -> str:
+    try:
+        with open(name, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
 
 
 def load_text(name: str, text: str, loaded: dict | None = None, merge: bool = False) -> Domain:
@@ -157,26 +175,35 @@ def load_text(name: str, text: str, loaded: dict | None = None, merge: bool = Fa
     loaded holds the domains of the files before it: a domain already
     there is an error, or with merge the file's descriptors are added to
     its tree (which is returned)."""
-    try:
-        return _load_text(name, text, loaded or {}, merge)
-    except RecursionError:
-        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
+    return load_document(name, _parse(name, text), loaded, merge)
 
 
-def _load_text(name: str, text: str, loaded: dict, merge: bool) -> Domain:
+def _parse(name: str, text: str) -> dict:
     from fastlimit.rls import goyaml  # PyYAML only once a file is read
 
     try:
         doc = goyaml.parse(text)
     except goyaml.YAMLError as e:
         raise ConfigError(f"{name}: error loading config file: {goyaml.problem(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{name}: error loading config file: yaml: unmarshal errors: "
                           f"cannot unmarshal {type(doc).__name__} into a map")
-    _validate_keys(name, doc)
-    return _Loader(name).domain(doc, loaded, merge)
+    return doc
+
+
+def load_document(name: str, doc: dict, loaded: dict | None = None,
+                  merge: bool = False) -> Domain:
+    """One document's domain (loadConfig), named name in its errors; see
+    load_text for loaded and merge."""
+    try:
+        _validate_keys(name, doc)
+        return _Loader(name).domain(doc, loaded or {}, merge)
+    except RecursionError:
+        raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
 
 
 def _validate_keys(name: str, mapping: dict) -> None:

@@ -28,6 +28,7 @@ from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
 from fastlimit.server.reshard import Reshard
 from fastlimit.server.rls import RlsSubsystem
+from fastlimit.server.rls_xds import RlsXdsSubsystem
 from fastlimit.server.rules import RulesSubsystem
 from fastlimit.server.snapshot import Snapshots
 from fastlimit.server.subsystem import Subsystem
@@ -73,10 +74,12 @@ class Server:
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
         rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
         rules_subsystem.on_sighup.append(self.tls.reload_from_signal)
+        # or from rls-xds-server, once the loop runs (the start never waits for it)
+        self.rls_xds = RlsXdsSubsystem(self.rls, settings, log)
         self.subsystems: list[Subsystem] = [
             self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
-            self.http, self.rls, self.grpc, self.tls]
+            self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()

@@ -228,6 +228,9 @@ class Settings:
     rls_response_headers: bool = False
     rls_shadow_mode: bool = False
     rls_merge_domains: bool = False
+    rls_xds_server: str | None = None
+    rls_xds_node_id: str = "default"
+    rls_xds_backoff: tuple[float, float] = (10.0, 60.0)
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_max_concurrent_streams: int = 100
     grpc_deadline_ms: float = 15.0
@@ -324,6 +327,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rls-response-headers": (parse_bool, lambda v: "yes" if v else "no"),
     "rls-shadow-mode": (parse_bool, lambda v: "yes" if v else "no"),
     "rls-merge-domains": (parse_bool, lambda v: "yes" if v else "no"),
+    "rls-xds-server": (lambda v: parse_xds_server(v), lambda v: v or ""),
+    "rls-xds-node-id": (str, str),
+    "rls-xds-backoff": (lambda v: parse_backoff(v), lambda v: f"{v[0]:g} {v[1]:g}"),
     "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
@@ -382,6 +388,34 @@ def parse_replicaof(value) -> tuple[str, int] | None:
     return parts[0], parse_int(parts[1], 1, 65535)
 
 
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.%A-Za-z]+\]", re.ASCII)
+
+
+def parse_xds_server(value) -> str | None:
+    """``host:port`` of an xDS management server ([v6]:port too), as
+    gRPC's target; "" for none."""
+    text = str(value)
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    if not _HOST.fullmatch(host):
+        raise ConfigError("argument must be <host>:<port>")
+    parse_int(port, 1, 65535)
+    return text
+
+
+def parse_backoff(value) -> tuple[float, float]:
+    """``<first> <longest>``: seconds before the first reconnection and
+    the most any later one waits (each doubles the last)."""
+    parts = value.split() if isinstance(value, str) else list(value)
+    if len(parts) != 2:
+        raise ConfigError("argument must be <first-seconds> <longest-seconds>")
+    first, longest = (parse_number(p, 0, 86400, above_low=True) for p in parts)
+    if longest < first:
+        raise ConfigError("the longest wait must be at least the first")
+    return first, longest
+
+
 # Redis's NET_HOST_STR_LEN: the longest address a primary takes in
 # REPLCONF ip-address.
 MAX_ANNOUNCE_IP = 255
@@ -413,6 +447,7 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
+                    "rls-xds-server", "rls-xds-node-id", "rls-xds-backoff",
                     "grpc-max-concurrent-streams", "grpc-deadline-ms",
                     "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
                     "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
@@ -890,6 +925,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rls-config", metavar="PATH",
                    help="envoyproxy/ratelimit's YAML for the Envoy rate limit service: a "
                         "file or a directory of *.yaml (default none: no domains)")
+    p.add_argument("--rls-xds-server", metavar="HOST:PORT",
+                   help="take the rate limit service's configuration from this xDS server "
+                        "(ADS, State of the World, RateLimitConfig resources, as Envoy "
+                        "Gateway serves them) instead of rls-config (default none)")
+    p.add_argument("--rls-xds-node-id", metavar="ID",
+                   help="the node id the xDS server knows this server by (default default)")
+    p.add_argument("--rls-xds-backoff", metavar="'FIRST LONGEST'",
+                   help="seconds before reconnecting to the xDS server, doubling from FIRST "
+                        "up to LONGEST, with jitter (default '10 60')")
     p.add_argument("--rls-response-headers", metavar="yes|no",
                    help="the rate limit service adds the RateLimit-Policy, RateLimit and "
                         "(when over) Retry-After headers to its answers (default no)")
