@@ -178,6 +178,15 @@ def test_two_resources_of_one_domain_are_nacked_as_a_duplicate_domain(ads, make_
     assert user_call(srv)["limit"] == (5, MINUTE, b"")
 
 
+def test_with_rls_merge_domains_resources_of_one_domain_make_one_tree(ads, make_rls):
+    ads.set_snapshot("1", rate_limit_config("users", descriptor("x"), name="first"),
+                     rate_limit_config("users", descriptor("user", rate_limit=policy(7, "MINUTE")),
+                                       name="second"))
+    srv = make_rls(ads.address, "--rls-merge-domains", "yes")
+    in_force(srv, "1")
+    assert user_call(srv)["limit"] == (7, MINUTE, b"")
+
+
 def test_a_response_that_is_not_protobuf_or_not_of_the_type_is_nacked(ads, make_rls):
     srv = make_rls(ads.address)
     ads.set_snapshot("1", USERS_5)
