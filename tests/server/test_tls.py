@@ -70,7 +70,10 @@ def make_tls():
 
 @pytest.fixture
 def ts(make_tls, certs) -> TlsServer:
-    return make_tls(*tls_args(certs))
+    """On the manual clock: the tests count what reached a bucket, and
+    real time would refill it while they run (the handshake timeout and
+    certificates' dates are real time still)."""
+    return make_tls(*tls_args(certs, "--manual-clock"))
 
 
 def client_context(certs: Certs, pair=None, ca=None) -> ssl.SSLContext:
