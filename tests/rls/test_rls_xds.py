@@ -23,6 +23,7 @@ from ads_server import (
 from grpcserver import GrpcServer
 from rls_messages import MINUTE, OK, OVER_LIMIT, request
 from rls_messages import descriptor as rls_descriptor
+from wire import wait_until
 from servers import PYTHON, started_servers
 
 from fastlimit.rls import xds
@@ -62,20 +63,11 @@ def xds_info(srv) -> dict:
     return {k: str(v) for k, v in srv.client().info("rls").items() if k.startswith("rls_xds")}
 
 
-def wait_until(predicate, what: str, timeout: float = 10.0):
-    """Real time is the point: a reconnection happens when it happens."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def in_force(srv, version: str) -> None:
     """The ACK is sent once the configuration is in force: INFO shows it."""
-    wait_until(lambda: xds_info(srv)["rls_xds_version"] == version, f"version {version}")
+    wait_until(lambda: xds_info(srv)["rls_xds_version"] == version, what=f"version {version}")
 
 
 # ---- over the wire -------------------------------------------------------------------------
@@ -210,7 +202,7 @@ def test_the_client_reconnects_when_the_xds_server_comes_back_and_asks_from_its_
     in_force(srv, "1")
     assert user_call(srv)["remaining"] == 4
     ads.stop()
-    wait_until(lambda: xds_info(srv)["rls_xds_state"] != "connected", "the stream to break")
+    wait_until(lambda: xds_info(srv)["rls_xds_state"] != "connected", what="the stream to break")
     assert user_call(srv)["remaining"] == 3        # the configuration stays in force
     assert xds_info(srv)["rls_xds_last_error"] != ""
     back = AdsServer(ads.port)
@@ -219,7 +211,7 @@ def test_the_client_reconnects_when_the_xds_server_comes_back_and_asks_from_its_
     try:
         first = back.wait_request(lambda r: True, "after the restart")
         assert (first["version"], first["nonce"]) == ("1", "")
-        wait_until(lambda: xds_info(srv)["rls_xds_state"] == "connected", "reconnected")
+        wait_until(lambda: xds_info(srv)["rls_xds_state"] == "connected", what="reconnected")
         nonce = back.set_snapshot("2", rate_limit_config("users", descriptor(
             "user", rate_limit=policy(10, "MINUTE"))))
         assert back.answer_to(nonce)["version"] == "2"
@@ -250,7 +242,7 @@ def test_a_bgsave_fork_beside_the_open_stream_saves_and_the_stream_goes_on(
     in_force(srv, "1")
     c = srv.client()
     c.bgsave()
-    wait_until(lambda: c.info("persistence")["rdb_bgsave_in_progress"] == 0, "the save")
+    wait_until(lambda: c.info("persistence")["rdb_bgsave_in_progress"] == 0, what="the save")
     assert c.info("persistence")["rdb_last_bgsave_status"] == "ok"
     nonce = ads.set_snapshot("2", USERS_5)
     assert ads.answer_to(nonce)["version"] == "2"
@@ -269,7 +261,7 @@ def test_node_id_and_server_can_be_changed_at_runtime(ads, make_rls):
     request_ = ads.wait_request(lambda r: r["node_id"] == "other", "with the new node id")
     assert request_["version"] == ""        # a new client asks for everything
     c.config_set("rls-xds-server", "")
-    wait_until(lambda: xds_info(srv)["rls_xds_state"] == "off", "off")
+    wait_until(lambda: xds_info(srv)["rls_xds_state"] == "off", what="off")
     assert user_call(srv)["limit"] == (5, MINUTE, b"")     # the last configuration stays
     with pytest.raises(Exception, match="host"):
         c.config_set("rls-xds-server", "no port")

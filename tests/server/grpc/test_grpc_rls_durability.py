@@ -5,11 +5,11 @@ promoted, and a standby counts nothing of its own."""
 from __future__ import annotations
 
 import os
-import time
 
 import grpc
 import pytest
 from rls_messages import descriptor, error_of, request
+from wire import wait_until
 
 T0 = 1_767_830_400_000       # a Thursday at 00:00 UTC: every window starts here
 
@@ -24,17 +24,9 @@ descriptors:
 MORE = LIMITS + """  - key: sliding
     rate_limit: {unit: minute, requests_per_unit: 7, algorithm: sliding_window}
 """
-WAIT = 15.0
+WAIT = 15.0        # real time: replication and the file poll run on their own
 
 
-def wait_until(predicate, what: str):
-    """Real time is the point: replication and the file poll run on their own."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def remaining(srv, key: bytes, hits: int | None = None) -> int:
@@ -82,7 +74,7 @@ def test_a_promoted_standby_has_the_counters_and_a_standby_counts_nothing(
     replica = at_t0(make_grpc_server(*args, "--replicaof", "127.0.0.1", str(primary.port)))
     assert [remaining(primary, b"fixed") for _ in range(3)] == [4, 3, 2]
     assert [remaining(primary, b"bucket") for _ in range(2)] == [4, 3]
-    wait_until(lambda: caught_up(primary, replica), "the standby to catch up")
+    wait_until(lambda: caught_up(primary, replica), WAIT, what="the standby to catch up")
     assert error_of(lambda: remaining(replica, b"fixed")) == (grpc.StatusCode.UNKNOWN,
                                  "READONLY You can't write against a read only replica.")
     assert remaining(replica, b"fixed", hits=0) == 2      # a check that counts nothing
@@ -98,14 +90,16 @@ def test_a_counter_reserved_by_a_reload_reaches_the_standby(make_grpc_server, tm
     primary = at_t0(make_grpc_server("--manual-clock", "--rls-config", str(primary_config)))
     replica = at_t0(make_grpc_server("--manual-clock", "--rls-config", str(replica_config),
                                      "--replicaof", "127.0.0.1", str(primary.port)))
-    wait_until(lambda: caught_up(primary, replica), "the link")
+    wait_until(lambda: caught_up(primary, replica), WAIT, what="the link")
     rewrite(primary_config, MORE)
-    wait_until(lambda: primary.client().info("rls")["rls_limits"] == 3, "the primary's reload")
+    wait_until(lambda: primary.client().info("rls")["rls_limits"] == 3, WAIT,
+               what="the primary's reload")
     assert [remaining(primary, b"sliding") for _ in range(2)] == [6, 5]
     # the standby reloads after the counts arrived: they wait for it
     rewrite(replica_config, MORE)
-    wait_until(lambda: replica.client().info("rls")["rls_limits"] == 3, "the standby's reload")
+    wait_until(lambda: replica.client().info("rls")["rls_limits"] == 3, WAIT,
+               what="the standby's reload")
     assert remaining(primary, b"sliding") == 4
-    wait_until(lambda: caught_up(primary, replica), "the standby to catch up")
+    wait_until(lambda: caught_up(primary, replica), WAIT, what="the standby to catch up")
     replica.client().execute_command("REPLICAOF", "NO", "ONE")
     assert remaining(replica, b"sliding") == 3
