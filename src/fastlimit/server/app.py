@@ -182,6 +182,10 @@ class Server:
             loop.add_signal_handler(sig, self.request_shutdown)
         for subsystem in self.subsystems:
             await subsystem.start()
+        # Bound, not accepting, until the subsystems are up: a cluster node
+        # that has not heard from Sentinel yet would answer CLUSTERDOWN.
+        for server in self._servers:
+            await server.start_serving()
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
@@ -191,7 +195,8 @@ class Server:
             # Connection has asyncio.Protocol's callbacks but is a cdef
             # class, not a subclass of it.
             lambda: cast(asyncio.BaseProtocol, Connection(self.core)), host, port,
-            reuse_address=True, backlog=511, **self.tls.listener_options(tls, self.settings))
+            reuse_address=True, backlog=511, start_serving=False,
+            **self.tls.listener_options(tls, self.settings))
         self._servers.append(server)
         return server
 
