@@ -93,8 +93,11 @@ def decode_request(data: bytes) -> dict:
 # ---- the server ----------------------------------------------------------------------------
 
 class AdsServer:
-    def __init__(self, port: int = 0):
+    def __init__(self, port: int = 0, tls: tuple[str, str, str] | None = None):
+        """tls: (certificate, key, CA) files: served over TLS, and a client
+        must show a certificate from that CA."""
         self.port = port
+        self.tls = tls
         self.version = ""
         self.resources: list[bytes] = []
         self.raw: bytes | None = None          # a response sent as it is, instead
@@ -111,7 +114,13 @@ class AdsServer:
         methods = {"StreamAggregatedResources": handler}
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, methods),))
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        address = f"127.0.0.1:{self.port}"
+        if self.tls is None:
+            self.port = self._server.add_insecure_port(address)
+        else:
+            cert, key, ca = (open(path, "rb").read() for path in self.tls)
+            self.port = self._server.add_secure_port(address, grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=True))
         self._server.start()
         return self
 

@@ -20,11 +20,12 @@ from ads_server import (
     policy,
     rate_limit_config,
 )
+from certs import make_certs
 from grpcserver import GrpcServer
 from rls_messages import MINUTE, OK, OVER_LIMIT, request
 from rls_messages import descriptor as rls_descriptor
-from wire import wait_until
 from servers import PYTHON, started_servers
+from wire import wait_until
 
 from fastlimit.rls import xds
 from fastlimit.rls.config import ConfigError, load_documents, load_text
@@ -256,7 +257,8 @@ def test_node_id_and_server_can_be_changed_at_runtime(ads, make_rls):
     c = srv.client()
     assert c.config_get("rls-xds-*") == {"rls-xds-server": ads.address,
                                          "rls-xds-node-id": "default",
-                                         "rls-xds-backoff": "0.05 0.2"}
+                                         "rls-xds-backoff": "0.05 0.2",
+                                         "rls-xds-tls": "no"}
     c.config_set("rls-xds-node-id", "other")
     request_ = ads.wait_request(lambda r: r["node_id"] == "other", "with the new node id")
     assert request_["version"] == ""        # a new client asks for everything
@@ -265,6 +267,36 @@ def test_node_id_and_server_can_be_changed_at_runtime(ads, make_rls):
     assert user_call(srv)["limit"] == (5, MINUTE, b"")     # the last configuration stays
     with pytest.raises(Exception, match="host"):
         c.config_set("rls-xds-server", "no port")
+
+
+def test_rls_xds_tls_takes_the_stream_over_tls_showing_the_client_certificate(
+        make_rls, tmp_path):
+    certs = make_certs(str(tmp_path))
+    ads = AdsServer(tls=(certs.server.cert, certs.server.key, certs.ca)).start()
+    try:
+        ads.set_snapshot("1", USERS_5)
+        client_pair = ("--tls-client-cert-file", certs.client.cert,
+                       "--tls-client-key-file", certs.client.key)
+        srv = make_rls(ads.address, "--rls-xds-tls", "yes", "--tls-ca-cert-file", certs.ca,
+                       *client_pair)
+        in_force(srv, "1")
+        assert user_call(srv)["limit"] == (5, MINUTE, b"")
+        # A server whose certificate this end does not trust is never
+        # taken: the stream fails, says why, and is tried again.
+        wrong = make_rls(ads.address, "--rls-xds-tls", "yes", "--tls-ca-cert-file",
+                         certs.other_ca, *client_pair)
+        wait_until(lambda: xds_info(wrong)["rls_xds_last_error"] != "", what="the failure")
+        assert xds_info(wrong)["rls_xds_acks"] == "0"
+        assert user_call(wrong)["limit"] is None
+        # gRPC reads neither a CA directory nor an encrypted key: refused
+        # with the reason, and the stream in force stays.
+        c = srv.client()
+        with pytest.raises(Exception, match="rls-xds-tls.*encrypted key"):
+            c.config_set("tls-client-key-file-pass", "secret")
+        nonce = ads.set_snapshot("2", USERS_5)
+        assert ads.answer_to(nonce)["version"] == "2"
+    finally:
+        ads.stop()
 
 
 def test_rls_config_and_rls_xds_server_together_refuse_to_start(tmp_path):

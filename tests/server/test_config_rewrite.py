@@ -182,7 +182,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
             "--rls-shadow-mode", "yes", "--rls-merge-domains", "yes",
             "--rls-xds-server", "127.0.0.1:18001", "--rls-xds-node-id", "eg",
-            "--rls-xds-backoff", "1 5.5",
+            "--rls-xds-backoff", "1 5.5", "--rls-xds-tls", "yes",
             "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",
             "--grpc-deadline-ms", "2.5",
             "--tls-port", "7004", "--tls-cert-file", "s.crt", "--tls-key-file", "s.key",
@@ -191,7 +191,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--tls-ca-cert-file", "ca.pem", "--tls-ca-cert-dir", "cas",
             "--tls-auth-clients", "optional", "--tls-protocols", "TLSv1.3",
             "--tls-ciphers", "HIGH", "--tls-replication", "yes", "--tls-http", "yes",
-            "--tls-grpc", "yes"]
+            "--tls-grpc", "yes", "--tls-cluster", "yes"]
     # Python's ssl cannot set TLSv1.3 suites before 3.15: the setting refuses any
     if hasattr(ssl.SSLContext, "set_ciphersuites"):
         argv += ["--tls-ciphersuites", "TLS_AES_128_GCM_SHA256"]

@@ -34,6 +34,7 @@ from fastlimit.cluster.map import Address, MapError, Roles, SlotMap
 from fastlimit.lazy_redis import redis
 from fastlimit.rules.model import RuleError
 from fastlimit.server import config as cfg
+from fastlimit.server import tls
 from fastlimit.server.peers import Peers, names, unreached
 from fastlimit.server.shard_roles import ShardRoles
 from fastlimit.server.subsystem import Subsystem
@@ -55,7 +56,8 @@ class Cluster(Subsystem):
         # announced yet.
         self.promotion: tuple[str, int] | None = None
         self.route_updates = 0
-        self.peers = Peers(lambda: self.app.settings.requirepass)
+        self.peers = Peers(lambda: self.app.settings.requirepass,
+                           lambda: tls.redis_py_options(self.app.settings))
         # The cluster-wide rules version: (counter, id of the node that made
         # the change); the highest wins everywhere.
         self.rules_epoch: tuple[int, str] = (0, "")
@@ -95,8 +97,10 @@ class Cluster(Subsystem):
 
     def _announced(self, settings) -> Address | None:
         """This node's address as the map and clients know it; None while
-        the port is not known yet (port 0 before the listener is up)."""
-        port = settings.cluster_announce_port or self.app.port
+        the port is not known yet (port 0 before the listener is up).  With
+        tls-cluster, the cluster knows it by its tls-port."""
+        port = settings.cluster_announce_port or (
+            settings.tls_port if settings.tls_cluster else self.app.port)
         host = settings.cluster_announce_ip or settings.bind[0]
         if not port:
             return None

@@ -231,6 +231,7 @@ class Settings:
     rls_xds_server: str | None = None
     rls_xds_node_id: str = "default"
     rls_xds_backoff: tuple[float, float] = (10.0, 60.0)
+    rls_xds_tls: bool = False
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_max_concurrent_streams: int = 100
     grpc_deadline_ms: float = 15.0
@@ -248,6 +249,7 @@ class Settings:
     tls_ciphers: str | None = None
     tls_ciphersuites: str | None = None
     tls_replication: bool = False
+    tls_cluster: bool = False
     tls_http: bool = False
     tls_grpc: bool = False
     # Not a setting: moves on at each CONFIG SET of a tls-* setting, so
@@ -271,6 +273,9 @@ class Settings:
             raise ConfigError("masteruser needs masterauth (its password)")
         if self.cluster_enabled and not self.cluster_config_file:
             raise ConfigError("cluster-enabled needs cluster-config-file (the slot map)")
+        if self.tls_cluster and not self.tls_port:
+            raise ConfigError("tls-cluster needs tls-port (the port the cluster knows this "
+                              "node by)")
         return self
 
 
@@ -330,6 +335,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rls-xds-server": (lambda v: parse_xds_server(v), lambda v: v or ""),
     "rls-xds-node-id": (str, str),
     "rls-xds-backoff": (lambda v: parse_backoff(v), lambda v: f"{v[0]:g} {v[1]:g}"),
+    "rls-xds-tls": (parse_bool, lambda v: "yes" if v else "no"),
     "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
@@ -342,6 +348,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "tls-protocols": (lambda v: parse_tls_protocols(v), lambda v: v or ""),
     "tls-ciphersuites": (lambda v: parse_tls_ciphersuites(v), lambda v: v or ""),
     "tls-replication": (parse_bool, lambda v: "yes" if v else "no"),
+    "tls-cluster": (parse_bool, lambda v: "yes" if v else "no"),
     "tls-http": (parse_bool, lambda v: "yes" if v else "no"),
     "tls-grpc": (parse_bool, lambda v: "yes" if v else "no"),
 }
@@ -448,7 +455,7 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
                     "rls-xds-server", "rls-xds-node-id", "rls-xds-backoff",
-                    "grpc-max-concurrent-streams", "grpc-deadline-ms",
+                    "rls-xds-tls", "grpc-max-concurrent-streams", "grpc-deadline-ms",
                     "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
                     "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
                     "tls-ca-cert-dir", "tls-auth-clients", "tls-protocols", "tls-ciphers",
@@ -934,6 +941,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rls-xds-backoff", metavar="'FIRST LONGEST'",
                    help="seconds before reconnecting to the xDS server, doubling from FIRST "
                         "up to LONGEST, with jitter (default '10 60')")
+    p.add_argument("--rls-xds-tls", metavar="yes|no",
+                   help="the xDS stream over TLS: the server's certificate must chain to "
+                        "tls-ca-cert-file (and name its host); this end shows "
+                        "tls-client-cert-file, else tls-cert-file (default no)")
     p.add_argument("--rls-response-headers", metavar="yes|no",
                    help="the rate limit service adds the RateLimit-Policy, RateLimit and "
                         "(when over) Retry-After headers to its answers (default no)")
@@ -978,6 +989,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TLSv1.3 suites; only where Python's ssl can set them")
     p.add_argument("--tls-replication", metavar="yes|no",
                    help="a replica connects to its primary's tls-port over TLS (default no)")
+    p.add_argument("--tls-cluster", metavar="yes|no",
+                   help="the cluster's nodes are known by their tls-port and call each "
+                        "other over TLS (default no)")
     p.add_argument("--tls-http", metavar="yes|no",
                    help="http-port speaks HTTPS, with the tls-* certificate (default no)")
     p.add_argument("--tls-grpc", metavar="yes|no",

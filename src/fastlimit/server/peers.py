@@ -4,7 +4,8 @@ rules are handed over this way), each one bounded in time.
 Connections are kept per node, so there are at most as many as the map
 names nodes; a node that fails to answer loses its connection and gets
 a new one on the next call.  Nodes authenticate to each other with the
-password clients use (requirepass), which every node of a cluster shares.
+password clients use (requirepass), which every node of a cluster shares;
+with tls-cluster they call each other's tls-port over TLS.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ START_TIMEOUT_S = 0.3
 
 
 class Peers:
-    def __init__(self, password: Callable[[], str | None]):
+    def __init__(self, password: Callable[[], str | None], tls: Callable[[], dict]):
         self.password = password
+        self.tls = tls            # redis-py's ssl_* arguments (tls-cluster), or {}
         self._clients: dict[Address, redis.asyncio.Redis] = {}
         self.calls = self.failures = 0
 
@@ -36,7 +38,7 @@ class Peers:
                 host=addr.host, port=addr.port, password=self.password(),
                 socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
                 single_connection_client=True,
-                retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0))
+                retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0), **self.tls())
         return client
 
     async def call(self, addr: Address, *args):
@@ -65,7 +67,8 @@ class Peers:
         with redis.Redis(host=addr.host, port=addr.port, password=self.password(),
                          socket_timeout=START_TIMEOUT_S,
                          socket_connect_timeout=START_TIMEOUT_S,
-                         retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0)) as client:
+                         retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+                         **self.tls()) as client:
             return client.execute_command(*args)
 
     async def _forget(self, addr: Address) -> None:

@@ -35,6 +35,8 @@ import time
 from fastlimit import __version__
 from fastlimit.rls import xds
 from fastlimit.rls.config import ConfigError, RlsConfig, load_documents
+from fastlimit.server import config as cfg
+from fastlimit.server import tls
 from fastlimit.server.subsystem import Subsystem
 
 # google.rpc.Code of a NACK's error_detail: the configuration is invalid.
@@ -74,8 +76,9 @@ class XdsClient:
     """One ADS stream at a time to server, in its own thread, until stop()."""
 
     def __init__(self, server: str, node_id: str, backoff: tuple[float, float], loop,
-                 put_in_force, log, merge_domains=lambda: False):
+                 put_in_force, log, merge_domains=lambda: False, tls_files=None):
         self.server = server
+        self.tls_files = tls_files            # rls-xds-tls: (root CAs, key, chain), or None
         self.node = xds.encode_node(node_id, "fastlimit", __version__)
         self.first_wait, self.longest_wait = backoff
         self.loop = loop
@@ -134,11 +137,15 @@ class XdsClient:
         self.stats.streams += 1
         requests: queue.SimpleQueue = queue.SimpleQueue()
         requests.put(xds.encode_discovery_request(self.node, self.stats.version, ""))
-        channel = grpc.insecure_channel(self.server, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-            ("grpc.enable_retries", 0)])
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE),
+                   ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+                   ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                   ("grpc.enable_retries", 0)]
+        if self.tls_files is None:
+            channel = grpc.insecure_channel(self.server, options=options)
+        else:
+            channel = grpc.secure_channel(
+                self.server, grpc.ssl_channel_credentials(*self.tls_files), options=options)
         carried = False
 
         def connectivity(c) -> None:
@@ -255,11 +262,24 @@ class RlsXdsSubsystem(Subsystem):
     def apply_settings(self, settings) -> None:
         if settings.rls_config and settings.rls_xds_server:
             raise ValueError(TWO_SOURCES)
-        wanted = (settings.rls_xds_server, settings.rls_xds_node_id, settings.rls_xds_backoff)
+        wanted = (settings.rls_xds_server, settings.rls_xds_node_id, settings.rls_xds_backoff,
+                  self._tls_files(settings))
         if wanted != self._wanted:
             self._wanted = wanted
             if self._loop is not None:
                 self._restart()
+
+    @staticmethod
+    def _tls_files(settings) -> tuple | None:
+        """The files rls-xds-tls needs, read now (so a renewed certificate
+        restarts the stream); the server's ConfigError if they cannot be
+        used (CONFIG SET refuses, the start fails)."""
+        if not (settings.rls_xds_tls and settings.rls_xds_server):
+            return None
+        try:
+            return tls.grpc_client_files(settings)
+        except tls.TlsError as e:
+            raise cfg.ConfigError(str(e), "rls-xds-tls") from None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -272,12 +292,12 @@ class RlsXdsSubsystem(Subsystem):
         if self.client is not None:
             self.client.stop()
         assert self._wanted is not None
-        server, node_id, backoff = self._wanted
+        server, node_id, backoff, tls_files = self._wanted
         self.client = None
         if server:
             self.client = XdsClient(server, node_id, backoff, self._loop,
                                     self.rls.service.set_config, self.log,
-                                    lambda: self.rls.merge_domains)
+                                    lambda: self.rls.merge_domains, tls_files)
             self.client.start()
 
     async def stop(self) -> None:

@@ -41,11 +41,17 @@ def uses_server_tls(s) -> bool:
     return bool(s.tls_port or s.tls_http or s.tls_grpc)
 
 
+def uses_client_tls(s) -> bool:
+    """Whether this server calls others over TLS: its primary, its
+    cluster's peers."""
+    return bool(s.tls_replication or s.tls_cluster)
+
+
 def settings_key(s) -> tuple:
     """What the contexts are made from; tls_generation moves on each
     CONFIG SET of a tls-* setting, so setting the same file again re-reads
     it (certificate renewal), as in Redis."""
-    return (uses_server_tls(s), s.tls_replication, s.tls_cert_file, s.tls_key_file,
+    return (uses_server_tls(s), uses_client_tls(s), s.tls_cert_file, s.tls_key_file,
             s.tls_key_file_pass, s.tls_client_cert_file, s.tls_client_key_file,
             s.tls_client_key_file_pass, s.tls_ca_cert_file, s.tls_ca_cert_dir,
             s.tls_auth_clients, s.tls_protocols, s.tls_ciphers, s.tls_ciphersuites,
@@ -124,20 +130,71 @@ def server_context(s, alpn: list[str] | None = None) -> ssl.SSLContext:
 
 
 def client_context(s) -> ssl.SSLContext:
-    """The replication link's context, as Redis makes it: the primary's
-    certificate must chain to the CA (its host name is not checked); this
-    end shows tls-client-cert-file, or else tls-cert-file, if it has one."""
+    """The context of the replication link and the cluster's calls, as
+    Redis makes it: the other end's certificate must chain to the CA (its
+    host name is not checked); this end shows tls-client-cert-file, or
+    else tls-cert-file, if it has one."""
     if not (s.tls_ca_cert_file or s.tls_ca_cert_dir):
         raise TlsError(NEEDS_CA)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     _common(ctx, s)
-    if s.tls_client_cert_file:
-        _load_pair(ctx, s.tls_client_cert_file, s.tls_client_key_file,
-                   s.tls_client_key_file_pass, "tls-client")
-    elif s.tls_cert_file:
-        _load_pair(ctx, s.tls_cert_file, s.tls_key_file, s.tls_key_file_pass)
+    pair = client_pair(s)
+    if pair is not None:
+        _load_pair(ctx, *pair)
     return ctx
+
+
+def client_pair(s) -> tuple[str, str | None, str | None, str] | None:
+    """The certificate this end shows when it calls out: (cert, key,
+    passphrase, the settings' prefix), or None."""
+    if s.tls_client_cert_file:
+        return (s.tls_client_cert_file, s.tls_client_key_file, s.tls_client_key_file_pass,
+                "tls-client")
+    if s.tls_cert_file:
+        return s.tls_cert_file, s.tls_key_file, s.tls_key_file_pass, "tls"
+    return None
+
+
+def redis_py_options(s) -> dict:
+    """tls-cluster: redis-py's arguments for calling a peer's tls-port as
+    client_context calls (the CA checked, the host name not); {} without
+    tls-cluster.  redis-py makes its own context from them."""
+    if not s.tls_cluster:
+        return {}
+    options = {"ssl": True, "ssl_cert_reqs": "required", "ssl_check_hostname": False,
+               "ssl_ca_certs": s.tls_ca_cert_file, "ssl_ca_path": s.tls_ca_cert_dir,
+               "ssl_min_version": _versions(s.tls_protocols)[0], "ssl_ciphers": s.tls_ciphers}
+    pair = client_pair(s)
+    if pair is not None:
+        options.update(ssl_certfile=pair[0], ssl_keyfile=pair[1], ssl_password=pair[2])
+    return options
+
+
+def grpc_client_files(s) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """rls-xds-tls: grpc.ssl_channel_credentials's (root CAs, key, chain),
+    read now.  gRPC verifies the server's host name and reads no CA
+    directory and no encrypted key."""
+    if s.tls_ca_cert_dir and not s.tls_ca_cert_file:
+        raise TlsError("rls-xds-tls needs tls-ca-cert-file: gRPC reads no CA directory")
+    root = _read(s.tls_ca_cert_file) if s.tls_ca_cert_file else None
+    pair = client_pair(s)
+    if pair is None:
+        return root, None, None
+    cert, key, password, what = pair
+    cert, key = _require_pair(cert, key, what)
+    if password:
+        raise TlsError(f"rls-xds-tls cannot use {what}-key-file-pass: gRPC reads no "
+                       "encrypted key")
+    return root, _read(key), _read(cert)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise TlsError(f"Failed to read {path}: {_reason(e)}") from None
 
 
 class CountedHandshake(ssl.SSLObject):
@@ -190,7 +247,7 @@ class Tls(Subsystem):
         self.log = log
         self.server: LiveContext | None = None
         self.grpc: LiveContext | None = None
-        self.client: ssl.SSLContext | None = None     # the replication link's
+        self.client: ssl.SSLContext | None = None     # the replication link's, the cluster's
         self.handshake_failures = 0
         self._key: tuple | None = None
         self._settings = None
@@ -222,7 +279,7 @@ class Tls(Subsystem):
         server = grpc = client = None
         if uses_server_tls(s):
             server, grpc = server_context(s), server_context(s, ["h2"])
-        if s.tls_replication:
+        if uses_client_tls(s):
             client = client_context(s)
         self.client = client
         self.server = self._live(self.server, server)
