@@ -142,7 +142,7 @@ def test_response_headers_can_be_turned_on_at_runtime(make_server, tmp_path):
     assert c.config_get("rls-*") == {"rls-config": str(f), "rls-response-headers": "no",
                                      "rls-shadow-mode": "no", "rls-merge-domains": "no",
                                      "rls-xds-server": "", "rls-xds-node-id": "default",
-                                     "rls-xds-backoff": "10 60"}
+                                     "rls-xds-backoff": "10 60", "rls-xds-tls": "no"}
     assert c.config_set("rls-response-headers", "yes")
     assert c.config_get("rls-response-headers") == {"rls-response-headers": "yes"}
     with pytest.raises(redis.ResponseError):

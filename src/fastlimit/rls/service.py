@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig
 from fastlimit.rls.matcher import find_limit
+from fastlimit.structured_fields import sf_string
 
 OK, OVER_LIMIT = 1, 2
 MAX_UINT32 = 2**32 - 1
@@ -87,11 +88,6 @@ def override_limit(domain: bytes, entries, rpu: int, unit: int) -> Limit:
     key = ".".join((k + b"_" + v if v else k).decode("utf-8", "replace") for k, v in entries)
     return Limit(rpu, unit, b"", False, False, False, frozenset(), "fixed_window",
                  UNIT_SECONDS[unit], domain.decode("utf-8", "replace") + "." + key, 0)
-
-
-def sf_string(text: str) -> str:
-    from fastlimit.server.http.listener import sf_string as quote
-    return quote(text)
 
 
 class DomainStats:

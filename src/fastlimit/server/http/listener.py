@@ -22,6 +22,7 @@ from fastlimit.server.http.routes import (
     unquote,
 )
 from fastlimit.server.subsystem import Subsystem
+from fastlimit.structured_fields import sf_string
 
 NS = 1_000_000_000
 
@@ -219,13 +220,6 @@ def count(stats, response: Response, started: int) -> None:
     stats.record(time.perf_counter_ns() - started)
     if response.status >= 400:
         stats.failed_calls += 1
-
-
-def sf_string(text: str) -> str:
-    """A Structured Field string (RFC 9651): printable ASCII, with \\ and "
-    escaped; anything else in a rule id becomes "?"."""
-    safe = "".join(c if " " <= c <= "~" else "?" for c in text)
-    return '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def policy_numbers(rule) -> tuple:
