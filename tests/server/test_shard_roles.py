@@ -154,7 +154,11 @@ def expected_roles(ha: HASet, epoch: int = 0) -> dict[str, Roles]:
 
 
 def run(coro):
-    return uvloop.run(coro)
+    """A scenario, bounded: a hang fails the test instead of stalling the run."""
+    async def bounded():
+        async with asyncio.timeout(3 * WAIT_S):     # in this task: no task of its own
+            return await coro
+    return uvloop.run(bounded())
 
 
 class Recorder:

@@ -51,6 +51,7 @@ How (cluster.md §3.4-3.5):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,8 @@ CHANNELS = (SWITCH_CHANNEL, "+sdown", "-sdown", "+odown", "+slave", "+convert-to
 _DOWN_FLAGS = frozenset({b"s_down", b"o_down", b"disconnected"})
 # The longest error text kept for INFO.
 _ERROR_CHARS = 200
+# How long stop() waits for the tasks to end.
+STOP_WAIT_S = 2.0
 
 OnChange = Callable[[dict[str, Roles]], None]
 
@@ -258,13 +261,23 @@ class ShardRoles:
         }
 
     async def stop(self) -> None:
-        """Cancels every task and closes every sentinel connection."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancels every task and closes every sentinel connection, within
+        about STOP_WAIT_S.  A cancellation that lands as one of redis-py's
+        own timeouts fires can be swallowed (asyncio.timeout's race in
+        3.11): the tasks are cancelled again until they end."""
+        pending, self._tasks = set(self._tasks), []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_WAIT_S
+        while pending and loop.time() < deadline:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
+        if pending:
+            self._log.warning("cluster: %d Sentinel task(s) did not stop", len(pending))
         for s in self._sentinels:
-            await s.client.aclose()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._timeout_s):
+                    await s.client.aclose()
 
     # -- reading a shard --------------------------------------------------
 
