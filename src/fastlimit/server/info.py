@@ -14,6 +14,8 @@ from fastlimit.server.logs import REPEAT_LIMIT
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
                     "replication", "cpu", "cluster", "keyspace", "fastlimit", "rules", "rls"]
 ALL_SECTIONS = DEFAULT_SECTIONS + ["commandstats", "errorstats"]
+# INFO's names for several sections at once.
+_GROUPS = {"default": DEFAULT_SECTIONS, "all": ALL_SECTIONS, "everything": ALL_SECTIONS}
 
 
 def human_bytes(n: int) -> str:
@@ -130,14 +132,14 @@ SECTIONS = {"server": _server, "clients": _clients, "memory": _memory, "stats": 
 
 
 def info_dict(core, requested: list[str]) -> dict[str, dict]:
-    """INFO's sections as {section: {field: value}}, for the named ones
-    (INFO's rules: none or "default", "all", "everything", or names)."""
-    if not requested or requested == ["default"]:
-        names = DEFAULT_SECTIONS
-    elif any(r in ("all", "everything") for r in requested):
-        names = ALL_SECTIONS
-    else:
-        names = [n for n in ALL_SECTIONS if n in requested]
+    """INFO's sections as {section: {field: value}}, for the named ones:
+    as Redis 7.0, the union of every name given, where "default" stands
+    for the default sections and "all" and "everything" for all of them
+    (none given is "default"); each section once, in INFO's order."""
+    wanted: set[str] = set()
+    for name in requested or ["default"]:
+        wanted.update(_GROUPS.get(name, (name,)))
+    names = [n for n in ALL_SECTIONS if n in wanted]
     added = core.app.subsystem_info(frozenset(names), frozenset(requested))
     out = {}
     for name in names:

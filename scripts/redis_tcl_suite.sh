@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs six units of Redis 7.0.15's own Tcl test suite (protocol,
+# info-command, introspection, multi, auth, pubsub) against a fresh
+# fastlimit started from this checkout, or against a redis-server with
+# --redis, and prints the passes and failures of each unit (issue 16).
+#
+#   scripts/redis_tcl_suite.sh REDIS [--redis] [UNIT...]
+#
+# REDIS is either a git checkout (or bare git dir) of redis/redis, whose
+# tag 7.0.15 is unpacked (its tests/ only) into a scratch directory, or a
+# directory that already holds that tests/.  Needs tclsh.  Nothing of the
+# suite is copied into this repository.  Logs: $OUT (default
+# /tmp/fastlimit-tcl-suite), one file per unit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:?usage: $0 REDIS_CHECKOUT_OR_TESTS_DIR [--redis] [UNIT...]}; shift
+against=fastlimit
+if [ "${1:-}" = --redis ]; then against=redis; shift; fi
+units=("$@")
+((${#units[@]})) || units=(protocol info-command introspection multi auth pubsub)
+TAG=${TAG:-7.0.15}
+OUT=${OUT:-/tmp/fastlimit-tcl-suite}
+PY=${FASTLIMIT_PYTHON:-python3}
+src_dir=$PWD/src
+mkdir -p "$OUT"
+
+if [ -f "$src/tests/test_helper.tcl" ]; then
+    suite=$src
+else
+    gitdir=$src
+    [ -d "$src/.git" ] && gitdir=$src/.git
+    suite=$OUT/redis-$TAG
+    rm -rf "$suite" && mkdir -p "$suite"
+    git --git-dir="$gitdir" archive "$TAG" tests | tar -x -C "$suite"
+fi
+
+port=$(${PY} -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+if [ "$against" = redis ]; then
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --enable-debug-command yes \
+        >"$OUT/server.log" 2>&1 &
+else
+    # In its own directory: its rules database and snapshot are files there.
+    rm -rf "$OUT/data" && mkdir -p "$OUT/data"
+    (cd "$OUT/data" && PYTHONPATH=$src_dir${PYTHONPATH:+:$PYTHONPATH} exec "$PY" -m fastlimit.server \
+        --port "$port" --bind 127.0.0.1) >"$OUT/server.log" 2>&1 &
+fi
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+done
+
+total_ok=0 total_err=0
+for unit in "${units[@]}"; do
+    log=$OUT/$against-$unit.log
+    # The harness exits non-zero on any failure; the counts are the result.
+    (cd "$suite" && timeout 600 tclsh tests/test_helper.tcl --host 127.0.0.1 --port "$port" \
+        --singledb --durable --single "unit/$unit" --clients 1 2>&1 \
+        | sed 's/\x1b\[[0-9;]*m//g') >"$log" || true
+    ok=$(grep -c '^\[ok\]' "$log" || true)
+    err=$(grep -cE '^\[(err|exception)\]' "$log" || true)
+    total_ok=$((total_ok + ok)) total_err=$((total_err + err))
+    printf '%-14s %s: %3d ok, %3d failed   (%s)\n' "$unit" "$against" "$ok" "$err" "$log"
+    grep -E '^\[(err|exception)\]' "$log" | sed 's/^/    /' || true
+done
+printf '%-14s %s: %3d ok, %3d failed\n' total "$against" "$total_ok" "$total_err"
