@@ -36,8 +36,9 @@ fi
 
 port=$(${PY} -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 if [ "$against" = redis ]; then
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --enable-debug-command yes \
-        >"$OUT/server.log" 2>&1 &
+    rm -rf "$OUT/data" && mkdir -p "$OUT/data"
+    (cd "$OUT/data" && exec redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --enable-debug-command yes \
+        ) >"$OUT/server.log" 2>&1 &
 else
     # In its own directory: its rules database and snapshot are files there.
     rm -rf "$OUT/data" && mkdir -p "$OUT/data"

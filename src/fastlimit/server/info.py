@@ -57,7 +57,10 @@ def _clients(core, app) -> dict:
                 (c.query_buffer_len for c in core.clients.values()), default=0),
             "client_recent_max_output_buffer": max(
                 (c.output_buffer_len for c in core.clients.values()), default=0),
-            "protocol_error_disconnections": core.protocol_errors}
+            "protocol_error_disconnections": core.protocol_errors,
+            # as Redis 7.4: who WATCHes, and the keys watched (each held once)
+            "watching_clients": sum(1 for c in core.clients.values() if c.watched_count),
+            "total_watched_keys": len(core.watched_keys)}
 
 
 def _memory(core, app) -> dict:
