@@ -37,6 +37,8 @@ from fastlimit.server.commands.spec import command, container, ratelimit_command
 
 def build_table() -> dict[bytes, Command]:
     conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
+    # Redis's: admin also keeps CONFIG SET requirepass out of MONITOR
+    config_flags = ("admin", "noscript", "loading", "stale")
     commands = [
         command("cl.check", -4, ("write", "denyoom", "fast"), fast=FAST_CL_CHECK, keys=(1, 1, 1),
              replica_peeks=True,
@@ -206,15 +208,15 @@ def build_table() -> dict[bytes, Command]:
         rls_container(),
         container("config", -2, (), [
             sub("config", "get", -3, config.cmd_config_get,
-                "Returns the effective values of settings.",
+                "Returns the effective values of settings.", config_flags,
                 arguments=[("parameter", "string")]),
             sub("config", "set", -4, config.cmd_config_set, "Sets settings at runtime.",
-                arguments=[("parameter", "string"), ("value", "string")]),
+                config_flags, arguments=[("parameter", "string"), ("value", "string")]),
             sub("config", "rewrite", 2, config.cmd_config_rewrite,
                 "Writes the running settings into the config file.",
                 flags=("admin", "noscript", "loading", "stale")),
             sub("config", "resetstat", 2, config.cmd_config_resetstat,
-                "Resets the server's statistics."),
+                "Resets the server's statistics.", config_flags),
         ], {"summary": "A container for server configuration commands.", "group": "server"}),
         container("function", -2, (), [
             sub("function", "flush", -2, server.cmd_function_flush,
