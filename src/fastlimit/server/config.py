@@ -458,7 +458,8 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
 # buckets in memory only (snapshots come with replication).
 FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
          "maxmemory": "0", "maxmemory-policy": "noeviction",
-         "protected-mode": "no"}
+         "protected-mode": "no",
+         "daemonize": "no"}   # never: CONFIG SET daemonize yes is Redis's immutable error
 
 
 def attr_name(name: str) -> str:
