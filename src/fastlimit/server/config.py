@@ -435,8 +435,8 @@ def parse_announce_ip(value) -> str | None:
 
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
-                    "max-multibulk-len",
+RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxclients",
+                    "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
                     "masteruser", "replica-priority", "replica-announce-ip",
