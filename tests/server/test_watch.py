@@ -114,3 +114,14 @@ def test_watches_are_counted_in_info_and_forgotten_on_close(server):
     assert got["watching_clients"] == "1" and got["total_watched_keys"] == "2"
     w.close()
     wait_until(lambda: fields()["total_watched_keys"] == "0", what="the watches gone")
+
+
+def test_a_connection_watches_at_most_max_multibulk_len_keys(make_server):
+    srv = make_server("--max-multibulk-len", "1024")
+    with Wire.to(srv.port) as w:
+        assert w.call("WATCH", *range(1000)) == b"+OK\r\n"
+        assert w.call("WATCH", *range(990, 1024)) == b"+OK\r\n"   # 10 already watched
+        assert w.call("WATCH", "one-more") \
+            == b"-ERR a connection watches at most 1024 keys (max-multibulk-len)\r\n"
+        assert w.call("UNWATCH") == b"+OK\r\n"
+        assert w.call("WATCH", "one-more") == b"+OK\r\n"

@@ -245,8 +245,8 @@ class Server:
             await subsystem.start()
         # Bound, not accepting, until the subsystems are up: a cluster node
         # that has not heard from Sentinel yet would answer CLUSTERDOWN.
-        for server in self._servers:
-            await server.start_serving()
+        for listener in self._servers:
+            await listener.start_serving()
         log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
                  _version(), " ".join(self.settings.bind), self.port, self.loop_name,
                  "manual" if self.clock.manual else "wall")
