@@ -142,7 +142,9 @@ class Server:
         rebind = Rebind(self)
         if not names & {"bind", "port"}:
             return rebind
-        port = trial.port if "port" in names else self.port
+        # The value CONFIG GET shows is no change (--port 0 shows 0, the port it
+        # picked serving); another 0 picks a free port, as at the start.
+        port = trial.port if trial.port != self.settings.port else self.port
         wanted = [(host, False) for host in trial.bind]
         wanted += [(host, True) for host in trial.bind] if trial.tls_port else []
         try:
@@ -164,7 +166,7 @@ class Server:
                 raise cfg.ConfigError("Unable to listen on this port. Check server logs.",
                                       "port") from None
             raise cfg.ConfigError("Failed to bind to specified addresses.", "bind") from None
-        trial.port = rebind.port = port
+        rebind.port = port
         return rebind
 
     async def _serve(self, key: ListenerKey, socks: list[socket.socket]) -> None:

@@ -504,10 +504,11 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
         key = name.lower()
         if key not in _FIELDS and key not in FIXED:
             raise UnknownSetting("unknown setting", name)
+        # these two name the argument as sent, value errors the setting (as Redis)
         if key not in RUNTIME_SETTABLE and FIXED.get(key) != value:
-            raise ConfigError("can't set immutable config", key)
+            raise ConfigError("can't set immutable config", name)
         if key in keys:
-            raise ConfigError("duplicate parameter", key)
+            raise ConfigError("duplicate parameter", name)
         keys.append(key)
     trial = replace(settings)
     for key, (_, value) in zip(keys, pairs, strict=True):
