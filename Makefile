@@ -1,4 +1,4 @@
-.PHONY: serve test test-debug-serial bench soak ha cluster cluster-stop build clean
+.PHONY: serve test test-debug-serial bench soak ha cluster cluster-stop build clean redis-tcl-suite
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -34,6 +34,11 @@ cluster:        ## a local cluster: 3 shards of primary + standby, 3 redis-senti
 
 cluster-stop:   ## stops what make cluster started
 	.venv/bin/python scripts/cluster.py stop
+
+REDIS_SRC ?= /work/.mirror/redis+redis/repo
+redis-tcl-suite:  ## Redis 7.0.15's own Tcl units (protocol, info-command, introspection, multi, auth, pubsub) against a fresh fastlimit; REDIS_SRC= a redis/redis checkout or tests dir
+	scripts/bootstrap.sh
+	FASTLIMIT_PYTHON=$$PWD/.venv/bin/python scripts/redis_tcl_suite.sh $(REDIS_SRC)
 
 build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace

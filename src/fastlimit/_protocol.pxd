@@ -63,6 +63,7 @@ cdef class Command:
     cdef readonly bint is_write
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
+    cdef readonly bint not_queued     # runs at once inside MULTI, as Redis runs WATCH (to refuse it)
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls
@@ -126,6 +127,12 @@ cdef class ServerCore:
     cdef dict slot_waiters            # connection id -> Connection
     cdef uint16_t slot_shard[CLUSTER_SLOTS]
     cdef list moved_to                # per shard: "ip:port", or None when no primary is known
+    # MONITOR and WATCH (issue 16): who is told of each command run.  One C
+    # int tells the dispatcher whether anyone is (Connection.run): while
+    # nobody monitors or watches, a command costs one test of it.
+    cdef readonly int observers       # len(monitors) + len(watched_keys)
+    cdef readonly dict monitors       # client id -> Connection in MONITOR mode
+    cdef readonly dict watched_keys   # key -> {client id: Connection} watching it
 
     cdef str route_key(self, const char* key, size_t n)
 
@@ -188,6 +195,13 @@ cdef class Connection:
     cdef public dict pubsub_patterns
     cdef public bint subscribed       # Redis's CLIENT_PUBSUB: a subscription is open
     cdef public int64_t pubsub_bytes  # what its subscriptions hold (estimated)
+    cdef size_t batch_len      # while busy: the bytes of the read being run (Redis's querybuf)
+    cdef bint sliced_silent           # the sliced reply being made is silenced (CLIENT REPLY)
+    cdef public int reply_mode        # CLIENT REPLY: REPLY_ON, _OFF, _SKIP, _SKIP_NEXT
+    cdef list silent_pushes           # pushes made while its replies are silenced
+    cdef readonly bint monitoring     # in MONITOR mode
+    cdef readonly dict watching       # WATCHed keys -> None; None when there are none
+    cdef readonly bint watch_dirty    # a watched key changed: EXEC aborts
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)
@@ -201,6 +215,10 @@ cdef class Connection:
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
+    cdef void execute_silenced(self)
+    cdef void run_observed(self, Command cmd, list args)
+    cdef void dispatch(self, Command cmd, list args)
+    cdef void feed_monitors(self, Command cmd, list args)
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)

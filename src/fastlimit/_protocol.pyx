@@ -78,6 +78,14 @@ cdef enum:
     # read, and up to 32 reads per turn.  Redis reads 16 KB per turn.
     TURN_BYTES = 16384
 
+# Connection.reply_mode (CLIENT REPLY): SKIP silences the command being
+# run; CLIENT REPLY SKIP sets SKIP_NEXT, which becomes SKIP for the next.
+cdef enum:
+    REPLY_ON = 0
+    REPLY_OFF = 1
+    REPLY_SKIP = 2
+    REPLY_SKIP_NEXT = 3
+
 # A Sliced reply gets this much time per event-loop turn.
 SLICE_BUDGET_S = 0.0005
 
@@ -219,6 +227,7 @@ cdef class Command:
         self.is_write = "write" in self.flags
         self.replica_peeks = replica_peeks
         self.when_subscribed = when_subscribed
+        self.not_queued = name == "watch"
 
     cdef bint arity_ok(self, int argc) noexcept:
         if self.arity >= 0:
@@ -286,6 +295,23 @@ cdef class ServerCore:
         self.app = app
         self.log = log or logging.getLogger("fastlimit")
         self.slot_waiters = {}
+        self.monitors = {}
+        self.watched_keys = {}
+
+    def touch_keys(self, keys):
+        """WATCH: the buckets named by keys changed; their watchers' EXEC
+        will abort."""
+        cdef Connection c
+        for key in keys:
+            watchers = self.watched_keys.get(key)
+            if watchers:
+                for c in watchers.values():
+                    c.watch_dirty = True
+
+    def touch_all_watched(self):
+        """WATCH: every watched bucket changed (FLUSHALL).  An absent
+        bucket reads as a full one, so each watched key counts as touched."""
+        self.touch_keys(list(self.watched_keys))
 
     def set_routing(self, served, shard_of_slot, list moved_to):
         """Cluster routing: served[slot] is true where this node serves the
@@ -420,6 +446,8 @@ cdef class Connection:
             self.core.app.replication.detach(self)
         if self.subscribed:
             self.core.app.pubsub.forget(self)
+        self.stop_monitor()
+        self.unwatch()
         self.transport = None
         free(self.inbuf)
         self.inbuf = NULL
@@ -533,7 +561,8 @@ cdef class Connection:
                     asyncio.get_running_loop().call_soon(self.run_slices)
                 return
             reply, self.sliced, self.sliced_cmd = self.sliced.reply, None, None
-            encode_reply(&OUT, reply, self.proto)
+            if not self.sliced_silent:
+                encode_reply(&OUT, reply, self.proto)
         except ReplyError as e:
             self.sliced = self.sliced_cmd = None
             writer_reset(&OUT)
@@ -549,6 +578,9 @@ cdef class Connection:
             self.sliced_ns += fl_mono_ns() - started
             if self.sliced is None:     # its reply is made: the call is over
                 record_call(cmd, self.sliced_ns)
+                if self.sliced_silent:  # CLIENT REPLY OFF or SKIP: its error too
+                    self.sliced_silent = False
+                    writer_reset(&OUT)
             self.busy = False
         try:
             self.flush()
@@ -563,6 +595,7 @@ cdef class Connection:
         cdef ParseLimits lim = self.core.limits
         cdef int64_t t_prev, t_now, ran_before
         lim.unauthenticated = not self.authenticated
+        self.batch_len = n
         self.now_ms = self.core.clock.now_ms()
         t_prev = fl_mono_ns()
         self.last_interaction = t_prev / 1e9   # CLOCK_MONOTONIC, as time.monotonic()
@@ -575,7 +608,10 @@ cdef class Connection:
                 break
             if status == PARSE_COMMAND:
                 ran_before = self.core.total_commands
-                self.execute()
+                if self.reply_mode == REPLY_ON:
+                    self.execute()
+                else:
+                    self.execute_silenced()
                 if not self.authenticated:
                     lim.unauthenticated = True
                 elif lim.unauthenticated:
@@ -696,6 +732,31 @@ cdef class Connection:
             self.queue(cmd)
         else:
             self.run(cmd, None)
+
+    cdef void execute_silenced(self):
+        """execute() under CLIENT REPLY OFF or SKIP, as Redis silences
+        replies: the command's replies are dropped, but not the pushes it
+        causes (its subscriptions' confirmations, messages to itself), and
+        CLIENT REPLY ON's own OK goes out."""
+        cdef size_t mark = OUT.len
+        cdef int before = self.reply_mode
+        cdef bytes frame
+        if before == REPLY_SKIP_NEXT:
+            before = self.reply_mode = REPLY_SKIP
+        self.silent_pushes = []
+        try:
+            self.execute()
+        finally:
+            pushes, self.silent_pushes = self.silent_pushes, None
+        if self.reply_mode == REPLY_OFF or (before == REPLY_SKIP and self.reply_mode != REPLY_ON):
+            OUT.len = mark
+            for frame in pushes:
+                if write_raw(&OUT, PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame)) != 0:
+                    raise MemoryError()
+            if self.sliced is not None:
+                self.sliced_silent = True
+        if before == REPLY_SKIP and self.reply_mode == REPLY_SKIP:
+            self.reply_mode = REPLY_ON       # the skipped command is done
 
     cdef void on_replica_link(self, Command cmd):
         """After CL.SYNC the connection carries the replication stream out
@@ -825,8 +886,89 @@ cdef class Connection:
 
     cdef void run(self, Command cmd, list args):
         """Runs a checked command; args are given when it was queued,
-        otherwise parser.argv holds them.  Its caller records the call."""
+        otherwise parser.argv holds them.  Its caller records the call.
+        While nobody monitors or watches, that costs one test of a C int."""
         self.core.total_commands += 1
+        if self.core.observers:
+            self.run_observed(cmd, args)
+        else:
+            self.dispatch(cmd, args)
+
+    cdef void run_observed(self, Command cmd, list args):
+        """run() while some client monitors or watches: after the command,
+        the monitors get its line (EXEC's after the commands it ran, as in
+        Redis) and the watchers of the keys a write names are told."""
+        cdef list seen = args if args is not None else self.args_as_bytes()
+        cdef ServerCore core = self.core
+        self.dispatch(cmd, args)
+        if core.monitors:
+            self.feed_monitors(cmd, seen)
+        if core.watched_keys and cmd.is_write and cmd.first_key:
+            core.touch_keys(command_keys(cmd, seen))
+
+    cdef void feed_monitors(self, Command cmd, list args):
+        """Redis's replicationFeedMonitors line, to every monitor; admin
+        commands are not shown (nor their subcommands), AUTH and HELLO's
+        credentials are redacted.  A monitor whose output passes its limits
+        is dropped by push(), as any client."""
+        cdef Connection m
+        if "admin" in cmd.flags:
+            return
+        if cmd.subcommands and len(args) > 1:
+            sub = cmd.subcommands.get(args[1].lower())
+            if sub is not None and "admin" in (<Command>sub).flags:
+                return
+        line = monitor_line(self.addr, redacted(args))
+        for m in list(self.core.monitors.values()):
+            m.push(line)
+
+    def start_monitor(self):
+        """MONITOR: from now on this client gets every command's line."""
+        if not self.monitoring:
+            self.monitoring = True
+            self.core.monitors[self.id] = self
+            self.core.observers += 1
+
+    def stop_monitor(self):
+        if self.monitoring:
+            self.monitoring = False
+            del self.core.monitors[self.id]
+            self.core.observers -= 1
+
+    def watch(self, keys):
+        """WATCH: EXEC aborts if a write names one of keys before it."""
+        cdef ServerCore core = self.core
+        if self.watching is None:
+            self.watching = {}
+        for key in keys:
+            if key in self.watching:
+                continue
+            self.watching[key] = None
+            watchers = core.watched_keys.get(key)
+            if watchers is None:
+                watchers = core.watched_keys[key] = {}
+                core.observers += 1
+            watchers[self.id] = self
+
+    def unwatch(self):
+        """Forgets every watched key (UNWATCH, EXEC, DISCARD, RESET)."""
+        cdef ServerCore core = self.core
+        self.watch_dirty = False
+        if self.watching is None:
+            return
+        for key in self.watching:
+            watchers = core.watched_keys[key]
+            del watchers[self.id]
+            if not watchers:
+                del core.watched_keys[key]
+                core.observers -= 1
+        self.watching = None
+
+    @property
+    def watched_count(self):
+        return len(self.watching) if self.watching is not None else 0
+
+    cdef void dispatch(self, Command cmd, list args):
         if cmd.fast == FAST_CL_CHECK:
             self.cl_check()
         elif cmd.fast == FAST_CL_LIMIT:
@@ -965,6 +1107,9 @@ cdef class Connection:
         write_raw(&OUT, b"+OK\r\n", 5)
 
     cdef void queue(self, Command cmd):
+        if cmd.not_queued:
+            self.run(cmd, None)
+            return
         self.multi_queue.append((cmd, self.args_as_bytes()))
         write_raw(&OUT, b"+QUEUED\r\n", 9)
 
@@ -974,6 +1119,7 @@ cdef class Connection:
             return
         self.multi_queue = None
         self.multi_dirty = False
+        self.unwatch()
         write_raw(&OUT, b"+OK\r\n", 5)
 
     cdef void exec_queued(self):
@@ -989,9 +1135,18 @@ cdef class Connection:
             self.reply_error("ERR EXEC without MULTI")
             return
         self.multi_queue = None
+        dirty = self.watch_dirty
+        self.unwatch()    # as Redis, before the commands run: they touch no watch of its own
         if self.multi_dirty:
             self.multi_dirty = False
             self.reply_error("EXECABORT Transaction discarded because of previous errors.")
+            return
+        if dirty:
+            # a watched key changed: the null array (RESP3's null)
+            if self.proto == 3:
+                write_raw(&OUT, b"_\r\n", 3)
+            else:
+                write_raw(&OUT, b"*-1\r\n", 5)
             return
         if self.core.readonly and any(c.is_write and not c.replica_peeks for c, _ in queued):
             # queued before the server became a replica (as Redis answers)
@@ -1103,6 +1258,9 @@ cdef class Connection:
         to read: past its output limits it is dropped instead.  Whether
         the client is still connected after it."""
         if self.busy:
+            if self.silent_pushes is not None:   # its replies are silenced, not its pushes
+                self.silent_pushes.append(frame)
+                return True
             if write_raw(&OUT, PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame)) != 0:
                 raise MemoryError()
             return True
@@ -1125,7 +1283,35 @@ cdef class Connection:
 
     @property
     def query_buffer_len(self):
-        return self.inlen
+        """CLIENT LIST's qbuf: as Redis's querybuf, while its commands run
+        the whole read they came in (the one running included), else the
+        unparsed tail."""
+        return self.batch_len if self.busy else self.inlen
+
+    @property
+    def query_buffer_free(self):
+        """qbuf-free: what the held buffer has room for beyond qbuf."""
+        return max(<int64_t>self.incap - <int64_t>self.query_buffer_len, 0) \
+            if self.inbuf != NULL else 0
+
+    @property
+    def argv_memory(self):
+        """argv-mem: the bytes of the running command's arguments (none
+        between commands, as Redis frees them)."""
+        cdef int i
+        cdef size_t total = 0
+        if not self.busy:
+            return 0
+        for i in range(self.parser.argc):
+            total += self.parser.argv[i].len
+        return total
+
+    @property
+    def multi_memory(self):
+        """multi-mem: the bytes of the commands queued in MULTI."""
+        if self.multi_queue is None:
+            return 0
+        return sum(len(a) for _, args in self.multi_queue for a in args)
 
     @property
     def input_memory(self):
@@ -1151,6 +1337,63 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
+
+
+def command_keys(Command cmd, list args):
+    """The key arguments of a command, by its table entry's key positions."""
+    cdef int last = cmd.last_key if cmd.last_key >= 0 else len(args) + cmd.last_key
+    cdef int step = cmd.key_step if cmd.key_step > 0 else 1
+    return args[cmd.first_key:last + 1:step]
+
+
+def redacted(list args):
+    """args as MONITOR shows them: AUTH's and HELLO AUTH's credentials
+    replaced by "(redacted)", where Redis's handlers redact them."""
+    name = args[0].lower()
+    if name == b"auth" and len(args) <= 3:
+        return args[:1] + [b"(redacted)"] * (len(args) - 1)
+    if name != b"hello" or len(args) < 2 or args[1] not in (b"2", b"3"):
+        return args
+    out = list(args)
+    i = 2
+    while i < len(out):
+        option = out[i].lower()
+        if option == b"auth" and len(out) - 1 - i >= 2:
+            out[i + 1] = out[i + 2] = b"(redacted)"
+            i += 3
+        elif option == b"setname" and len(out) - 1 - i >= 1:
+            i += 2
+        else:
+            break     # Redis stops at the syntax error
+    return out
+
+
+def monitor_line(str addr, list args):
+    """"+<unix time with us> [0 <addr>] "arg" ...": Redis's MONITOR line, each
+    argument quoted as its sdscatrepr quotes it."""
+    now = time.time()
+    sec = int(now)
+    head = b"+%d.%06d [0 %s] " % (sec, int((now - sec) * 1e6), addr.encode())
+    return head + b" ".join(quoted(a) for a in args) + b"\r\n"
+
+
+_REPR = {0x5c: b"\\\\", 0x22: b'\\"', 0x0a: b"\\n", 0x0d: b"\\r", 0x09: b"\\t",
+         0x07: b"\\a", 0x08: b"\\b"}
+
+
+def quoted(bytes a):
+    """Redis's sdscatrepr: printable bytes as they are, the rest escaped."""
+    cdef unsigned char c
+    out = bytearray(b'"')
+    for c in a:
+        if c in _REPR:
+            out += _REPR[c]
+        elif 0x20 <= c <= 0x7e:
+            out.append(c)
+        else:
+            out += b"\\x%02x" % c
+    out.append(0x22)
+    return bytes(out)
 # The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
 LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
 

@@ -66,3 +66,20 @@ def test_client_kill_type_and_bad_filters(port):
         assert killer.call("CLIENT", "KILL", "NOSUCH", "x") == b"-ERR syntax error\r\n"
         assert killer.call("CLIENT", "KILL", "ID", "0").startswith(b"-ERR client-id should be")
         assert killer.call("PING") == b"+PONG\r\n"
+
+
+def test_client_kill_bad_skipme_kills_nothing(port):
+    # It used to kill every client, the caller included (issue 16).
+    with Wire.to(port) as killer, Wire.to(port) as bystander:
+        addr_of(bystander)
+        assert killer.call("CLIENT", "KILL", "SKIPME", "yes_or_no") == b"-ERR syntax error\r\n"
+        assert killer.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "maybe") \
+            == b"-ERR syntax error\r\n"
+        assert bystander.call("PING") == b"+PONG\r\n"
+        assert killer.call("PING") == b"+PONG\r\n"
+
+
+def test_client_kill_unknown_type(port):
+    with Wire.to(port) as killer:
+        assert killer.call("CLIENT", "KILL", "TYPE", "wrong_type") \
+            == b"-ERR Unknown client type 'wrong_type'\r\n"

@@ -442,8 +442,8 @@ def parse_announce_ip(value) -> str | None:
 
 
 # Settings that CONFIG SET may change while the server runs.
-RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-max-bulk-len",
-                    "max-multibulk-len",
+RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxclients",
+                    "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
                     "masteruser", "replica-priority", "replica-announce-ip",
@@ -465,7 +465,8 @@ RUNTIME_SETTABLE = {"denial-log-seconds", "save-seconds", "maxclients", "proto-m
 # buckets in memory only (snapshots come with replication).
 FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
          "maxmemory": "0", "maxmemory-policy": "noeviction",
-         "protected-mode": "no"}
+         "protected-mode": "no",
+         "daemonize": "no"}   # never: CONFIG SET daemonize yes is Redis's immutable error
 
 
 def attr_name(name: str) -> str:
@@ -510,10 +511,11 @@ def set_at_runtime(settings: Settings, pairs) -> Settings:
         key = name.lower()
         if key not in _FIELDS and key not in FIXED:
             raise UnknownSetting("unknown setting", name)
+        # these two name the argument as sent, value errors the setting (as Redis)
         if key not in RUNTIME_SETTABLE and FIXED.get(key) != value:
-            raise ConfigError("can't set immutable config", key)
+            raise ConfigError("can't set immutable config", name)
         if key in keys:
-            raise ConfigError("duplicate parameter", key)
+            raise ConfigError("duplicate parameter", name)
         keys.append(key)
     trial = replace(settings)
     for key, (_, value) in zip(keys, pairs, strict=True):

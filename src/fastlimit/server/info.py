@@ -14,6 +14,8 @@ from fastlimit.server.logs import REPEAT_LIMIT
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
                     "replication", "cpu", "cluster", "keyspace", "fastlimit", "rules", "rls"]
 ALL_SECTIONS = DEFAULT_SECTIONS + ["commandstats", "errorstats"]
+# INFO's names for several sections at once.
+_GROUPS = {"default": DEFAULT_SECTIONS, "all": ALL_SECTIONS, "everything": ALL_SECTIONS}
 
 
 def human_bytes(n: int) -> str:
@@ -55,7 +57,10 @@ def _clients(core, app) -> dict:
                 (c.query_buffer_len for c in core.clients.values()), default=0),
             "client_recent_max_output_buffer": max(
                 (c.output_buffer_len for c in core.clients.values()), default=0),
-            "protocol_error_disconnections": core.protocol_errors}
+            "protocol_error_disconnections": core.protocol_errors,
+            # as Redis 7.4: who WATCHes, and the keys watched (each held once)
+            "watching_clients": sum(1 for c in core.clients.values() if c.watched_count),
+            "total_watched_keys": len(core.watched_keys)}
 
 
 def _memory(core, app) -> dict:
@@ -130,14 +135,14 @@ SECTIONS = {"server": _server, "clients": _clients, "memory": _memory, "stats": 
 
 
 def info_dict(core, requested: list[str]) -> dict[str, dict]:
-    """INFO's sections as {section: {field: value}}, for the named ones
-    (INFO's rules: none or "default", "all", "everything", or names)."""
-    if not requested or requested == ["default"]:
-        names = DEFAULT_SECTIONS
-    elif any(r in ("all", "everything") for r in requested):
-        names = ALL_SECTIONS
-    else:
-        names = [n for n in ALL_SECTIONS if n in requested]
+    """INFO's sections as {section: {field: value}}, for the named ones:
+    as Redis 7.0, the union of every name given, where "default" stands
+    for the default sections and "all" and "everything" for all of them
+    (none given is "default"); each section once, in INFO's order."""
+    wanted: set[str] = set()
+    for name in requested or ["default"]:
+        wanted.update(_GROUPS.get(name, (name,)))
+    names = [n for n in ALL_SECTIONS if n in wanted]
     added = core.app.subsystem_info(frozenset(names), frozenset(requested))
     out = {}
     for name in names:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from fastlimit._resp import ReplyError, Verbatim
+from fastlimit._resp import NO_REPLY, ReplyError, Verbatim
 from fastlimit.server.arguments import check_client_name, integer, lowercase
 from fastlimit.server.commands.replies import OK
 
@@ -49,18 +49,26 @@ def _text(value) -> str:
 
 def _flags(c) -> str:
     """Redis's flag letters, in its order; N for none."""
-    flags = "S" * (c.replica is not None) + "P" * c.subscribed + "x" * c.in_multi
+    flags = ("O" * c.monitoring + "S" * (c.replica is not None) + "P" * c.subscribed
+             + "x" * c.in_multi)
     return flags or "N"
 
 
 def client_line(c, now: float) -> str:
+    """One CLIENT LIST line, Redis's fields in its order.  tot-mem is what
+    the client holds: its input buffer and parser, running arguments,
+    queued commands, unsent output and subscriptions."""
+    qbuf, argv_mem, multi_mem = c.query_buffer_len, c.argv_memory, c.multi_memory
+    omem = c.output_buffer_len
+    total = c.input_memory + argv_mem + multi_mem + omem + c.pubsub_bytes
     return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
             f"age={int(now - c.created)} idle={int(now - c.last_interaction)} "
             f"flags={_flags(c)} db=0 sub={len(c.pubsub_channels or ())} "
             f"psub={len(c.pubsub_patterns or ())} ssub=0 "
             f"multi={len(c.multi_queue) if c.in_multi else -1} "
-            f"qbuf={c.query_buffer_len} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 "
-            f"obl=0 oll=0 omem={c.output_buffer_len} tot-mem=0 events=r "
+            f"qbuf={qbuf} qbuf-free={c.query_buffer_free} argv-mem={argv_mem} "
+            f"multi-mem={multi_mem} rbs=0 rbp=0 "
+            f"obl=0 oll=0 omem={omem} tot-mem={total} events=r "
             f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
             f"lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)}")
 
@@ -128,7 +136,7 @@ def cmd_client_kill(conn, args):
         elif option == "laddr":
             victims = [c for c in victims if c.laddr == value.decode(errors="replace")]
         elif option == "skipme":
-            skipme = lowercase(value) == "yes"
+            skipme = _yes_no(value)
         elif option == "type":
             kind = _kind_argument(value)
             victims = [c for c in victims if _client_type(c) == kind]
@@ -139,6 +147,34 @@ def cmd_client_kill(conn, args):
     for c in victims:
         c.close()
     return len(victims)
+
+
+def _yes_no(value: bytes) -> bool:
+    """SKIPME's argument; anything but yes or no is Redis's syntax error
+    (before any client is killed)."""
+    answer = lowercase(value)
+    if answer not in ("yes", "no"):
+        raise ReplyError("ERR syntax error")
+    return answer == "yes"
+
+
+# CLIENT REPLY's modes, as _protocol.pyx numbers them (REPLY_ON ...).
+_REPLY_MODES = {"on": 0, "off": 1, "skip": 3}
+
+
+def cmd_client_reply(conn, args):
+    """CLIENT REPLY ON|OFF|SKIP: the connection silences the replies
+    (Connection.execute_silenced); only ON answers, as in Redis, and SKIP
+    under OFF changes nothing."""
+    mode = _REPLY_MODES.get(lowercase(args[2]))
+    if mode is None:
+        raise ReplyError("ERR syntax error")
+    if mode == 0:
+        conn.reply_mode = 0
+        return OK
+    if not (mode == 3 and conn.reply_mode == 1):
+        conn.reply_mode = mode
+    return NO_REPLY
 
 
 def cmd_client_ok(conn, args):

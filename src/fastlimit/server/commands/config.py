@@ -12,8 +12,8 @@ def cmd_config_get(conn, args):
 
 
 def cmd_config_set(conn, args):
-    if len(args) % 2:
-        raise ReplyError("ERR wrong number of arguments for 'config|set' command")
+    if len(args) % 2:      # Redis 7.0: pairs or a syntax error
+        raise ReplyError("ERR syntax error")
     pairs = [(args[i].decode("utf-8", "replace"), args[i + 1].decode("utf-8", "replace"))
              for i in range(2, len(args), 2)]
     try:

@@ -96,6 +96,9 @@ def cmd_quit(conn, args):
 
 def cmd_reset(conn, args):
     conn.core.app.pubsub.forget(conn)
+    conn.stop_monitor()
+    conn.unwatch()
+    conn.reply_mode = 0
     conn.multi_queue = None
     conn.proto = 2
     conn.name = None

@@ -1,5 +1,6 @@
 """The server's administration: DBSIZE, FLUSHALL, SAVE, BGSAVE, LASTSAVE,
-TIME, INFO, SHUTDOWN and DEBUG (the manual clock, the sweep)."""
+TIME, INFO, SHUTDOWN, DEBUG (the manual clock, the sweep) and FUNCTION
+FLUSH and MONITOR."""
 
 from __future__ import annotations
 
@@ -17,7 +18,25 @@ def cmd_dbsize(conn, args):
 def cmd_flushall(conn, args):
     if len(args) > 2 or (len(args) == 2 and lowercase(args[1]) not in ("sync", "async")):
         raise ReplyError("ERR syntax error")
+    conn.core.touch_all_watched()
     conn.core.app.flush_buckets()
+    return OK
+
+
+def cmd_function_flush(conn, args):
+    """FUNCTION FLUSH [ASYNC|SYNC]: fastlimit has no functions, so there is
+    nothing to remove (Redis's test harness sends it before each block)."""
+    if len(args) > 3 or (len(args) == 3 and lowercase(args[2]) not in ("sync", "async")):
+        raise ReplyError("ERR FUNCTION FLUSH only supports SYNC|ASYNC option")
+    return OK
+
+
+def cmd_monitor(conn, args):
+    """MONITOR: every command's line from now on (see Connection.feed_monitors);
+    a second MONITOR answers nothing, as in Redis."""
+    if conn.monitoring:
+        return NO_REPLY
+    conn.start_monitor()
     return OK
 
 

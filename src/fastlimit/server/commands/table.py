@@ -26,6 +26,7 @@ from fastlimit.server.commands import (
     rls,
     rules,
     server,
+    transactions,
 )
 from fastlimit.server.commands.spec import command, container, ratelimit_command, sub
 
@@ -36,6 +37,8 @@ from fastlimit.server.commands.spec import command, container, ratelimit_command
 
 def build_table() -> dict[bytes, Command]:
     conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
+    # Redis's: admin also keeps CONFIG SET requirepass out of MONITOR
+    config_flags = ("admin", "noscript", "loading", "stale")
     commands = [
         command("cl.check", -4, ("write", "denyoom", "fast"), fast=FAST_CL_CHECK, keys=(1, 1, 1),
              replica_peeks=True,
@@ -98,6 +101,17 @@ def build_table() -> dict[bytes, Command]:
         command("discard", 1, ("noscript", "loading", "stale", "fast", "allow-busy"),
              fast=FAST_DISCARD, acl=("@fast", "@transaction"), group="transactions",
              summary="Discards a transaction."),
+        command("watch", -2, ("noscript", "loading", "stale", "fast", "allow-busy"),
+             transactions.cmd_watch, keys=(1, -1, 1), acl=("@fast", "@transaction"),
+             group="transactions",
+             summary="Watches bucket keys: EXEC aborts if a write names one of them first.",
+             arguments=[("key", "key", {"multiple": True})]),
+        command("unwatch", 1, ("noscript", "loading", "stale", "fast", "allow-busy"),
+             transactions.cmd_unwatch, acl=("@fast", "@transaction"), group="transactions",
+             summary="Forgets about all watched keys."),
+        command("monitor", 1, ("admin", "noscript", "loading", "stale"), server.cmd_monitor,
+             acl=("@admin", "@slow", "@dangerous"), group="server",
+             summary="Listens for all requests received by the server in real time."),
         command("dbsize", 1, ("readonly", "fast"), server.cmd_dbsize,
              acl=("@keyspace", "@read", "@fast"),
              group="server", summary="Returns the number of live buckets."),
@@ -170,6 +184,9 @@ def build_table() -> dict[bytes, Command]:
             sub("client", "info", 2, client.cmd_client_info,
                 "Returns information about this connection."),
             sub("client", "kill", -3, client.cmd_client_kill, "Terminates open connections."),
+            sub("client", "reply", 3, client.cmd_client_reply,
+                "Instructs the server whether to reply to commands.",
+                arguments=[("on|off|skip", "string")]),
             sub("client", "no-evict", 3, client.cmd_client_ok, "Accepted for compatibility."),
             sub("client", "no-touch", 3, client.cmd_client_ok, "Accepted for compatibility."),
         ], {"summary": "A container for client connection commands.", "group": "connection"}),
@@ -191,16 +208,23 @@ def build_table() -> dict[bytes, Command]:
         rls_container(),
         container("config", -2, (), [
             sub("config", "get", -3, config.cmd_config_get,
-                "Returns the effective values of settings.",
+                "Returns the effective values of settings.", config_flags,
                 arguments=[("parameter", "string")]),
             sub("config", "set", -4, config.cmd_config_set, "Sets settings at runtime.",
-                arguments=[("parameter", "string"), ("value", "string")]),
+                config_flags, arguments=[("parameter", "string"), ("value", "string")]),
             sub("config", "rewrite", 2, config.cmd_config_rewrite,
                 "Writes the running settings into the config file.",
                 flags=("admin", "noscript", "loading", "stale")),
             sub("config", "resetstat", 2, config.cmd_config_resetstat,
-                "Resets the server's statistics."),
+                "Resets the server's statistics.", config_flags),
         ], {"summary": "A container for server configuration commands.", "group": "server"}),
+        container("function", -2, (), [
+            sub("function", "flush", -2, server.cmd_function_flush,
+                "Deletes all functions (fastlimit has none).",
+                ("write", "noscript"), [("flush-type", "string", {"optional": True})],
+                acl=("@write", "@slow", "@scripting")),
+        ], {"summary": "A container for function commands.", "group": "scripting"},
+            acl=("@slow",)),
         *pubsub_commands(),
         *cluster_commands(),
     ]
