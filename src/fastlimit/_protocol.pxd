@@ -63,6 +63,7 @@ cdef class Command:
     cdef readonly bint is_write
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
+    cdef public int acl_id            # its byte in an ACL user's permission map (server/acl.py)
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls
@@ -93,6 +94,12 @@ cdef class ServerCore:
     cdef public Clock clock
     cdef public dict commands         # lowercase bytes -> Command
     cdef public object requirepass    # bytes or None
+    # ACL (server/acl.py keeps them): the user new connections start as;
+    # whether they start unauthenticated; protected mode's refusal text
+    # for non-local peers, None while it does not apply.
+    cdef public object default_user
+    cdef public bint auth_required
+    cdef public object protected_refusal
     cdef ParseLimits limits
     cdef public int64_t query_buffer_limit
     cdef public int64_t output_hard_limit
@@ -137,6 +144,11 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
                      size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
                      CheckResult* r, int* nrules)
+
+
+# Whether an ACL grant admits cmd with argv: 0, -1 (the command), or the
+# position of the key it does not (_protocol.pyx).
+cdef int acl_verdict(bytes perm, tuple patterns, Command cmd, const Arg* argv, int argc) except -2
 
 
 # Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
@@ -188,6 +200,14 @@ cdef class Connection:
     cdef public dict pubsub_patterns
     cdef public bint subscribed       # Redis's CLIENT_PUBSUB: a subscription is open
     cdef public int64_t pubsub_bytes  # what its subscriptions hold (estimated)
+    # ACL: the user (server/acl.py's User) and, when it may not run every
+    # command on every key, its permission map (one byte per Command.acl_id)
+    # and key patterns (None: all keys).  The default user is unrestricted,
+    # so its commands pay one bint test.
+    cdef readonly object user
+    cdef bint restricted
+    cdef bytes acl_perm
+    cdef tuple acl_keys
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)
@@ -201,6 +221,7 @@ cdef class Connection:
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
+    cdef bint acl_denied(self, Command cmd, bint at_exec)
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)

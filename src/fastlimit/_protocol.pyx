@@ -272,6 +272,7 @@ cdef class ServerCore:
         self.limits.max_bulk_len = max_bulk_len
         self.limits.max_multibulk_len = max_multibulk_len
         self.limits.unauthenticated = False
+        self.auth_required = requirepass is not None
         self.query_buffer_limit = query_buffer_limit
         self.output_hard_limit = output_hard_limit
         self.output_soft_limit = output_soft_limit
@@ -384,7 +385,7 @@ cdef class Connection:
     def __init__(self, ServerCore core):
         self.core = core
         self.proto = 2
-        self.authenticated = core.requirepass is None
+        self.set_user(core.default_user, not core.auth_required)
         self.created = self.last_interaction = time.monotonic()
         self.addr = self.laddr = ""
 
@@ -405,6 +406,13 @@ cdef class Connection:
         if len(core.clients) >= core.maxclients:
             core.rejected_connections += 1
             transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            self.closed = True
+            return
+        if core.protected_refusal is not None and \
+                not is_local_peer(transport.get_extra_info("peername")):
+            core.rejected_connections += 1      # protected mode, as Redis counts it
+            transport.write(core.protected_refusal)
             transport.close()
             self.closed = True
             return
@@ -683,6 +691,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
+        elif self.restricted and self.acl_denied(cmd, False):
+            pass
         elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
             self.redirect(cmd)
         elif self.core.readonly and cmd.is_write and (
@@ -696,6 +706,60 @@ cdef class Connection:
             self.queue(cmd)
         else:
             self.run(cmd, None)
+
+    cdef bint acl_denied(self, Command cmd, bint at_exec):
+        """For a restricted user: refuses (and logs in ACL LOG) the command
+        in parser.argv if the user may not run it or touch one of its keys,
+        as Redis's ACLCheckAllPerm; a container is judged by its
+        subcommand (CONFIG|SET).  at_exec: EXEC running what MULTI queued,
+        whose reply is Redis's "rules changed" NOPERM."""
+        cdef Command target = cmd
+        cdef Command sub
+        cdef int pos = 0
+        if cmd.no_auth:
+            return False     # AUTH, HELLO, QUIT, RESET: always, as in Redis
+        if cmd.subcommands and self.parser.argc >= 2:
+            sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
+                self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
+            if sub is None or not sub.arity_ok(self.parser.argc):
+                return False     # the container's own error comes next
+            target = sub
+        pos = acl_verdict(self.acl_perm, self.acl_keys, target, self.parser.argv,
+                          self.parser.argc)
+        if pos == 0:
+            return False
+        if pos < 0:
+            reason, obj = "command", target.name
+        else:
+            reason, obj = "key", arg_text(&self.parser.argv[pos], 1 << 30)
+        self.core.app.acl.log_denial(self, reason, obj, at_exec or self.multi_queue is not None)
+        if at_exec:
+            self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
+                             "accumulated and the EXEC call. This command is no longer allowed "
+                             "for the following reason: " + (
+                                 "no permission to execute the command or subcommand"
+                                 if pos < 0 else "no permission to touch the specified keys"))
+        elif pos < 0:
+            self.reject(cmd, f"NOPERM this user has no permissions to run the '{target.name}' "
+                             "command")
+        else:
+            self.reject(cmd, "NOPERM this user has no permissions to access one of the keys "
+                             "used as arguments")
+        return True
+
+    def set_user(self, user, bint authenticated):
+        """Runs as user (server/acl.py's User, or None: unrestricted) from
+        now on; its grant is None when it may run everything on every key,
+        else (permission map, key patterns or None)."""
+        grant = user.grant if user is not None else None
+        self.user = user
+        self.authenticated = authenticated
+        self.restricted = grant is not None
+        self.acl_perm, self.acl_keys = grant if grant is not None else (None, None)
+
+    def refresh_user(self):
+        """Takes its user's new rules (ACL SETUSER changed them)."""
+        self.set_user(self.user, self.authenticated)
 
     cdef void on_replica_link(self, Command cmd):
         """After CL.SYNC the connection carries the replication stream out
@@ -1007,6 +1071,8 @@ cdef class Connection:
                 self.parser.argv[i].ptr = PyBytes_AS_STRING(arg)
                 self.parser.argv[i].len = PyBytes_GET_SIZE(arg)
             self.parser.argc = len(args)
+            if self.restricted and self.acl_denied(cmd, True):
+                continue      # its rules changed since it was queued
             started = fl_mono_ns()
             self.run(cmd, args)
             record_call(cmd, fl_mono_ns() - started)   # each its own call; EXEC's holds them all
@@ -1290,6 +1356,66 @@ cdef str unknown_command_message(const Arg* argv, int argc):
         args += f"'{arg_text(&argv[i], 128 - len(args))}' "
         i += 1
     return f"ERR unknown command '{arg_text(&argv[0])}', with args beginning with: {args}"
+
+
+cdef int acl_verdict(bytes perm, tuple patterns, Command cmd, const Arg* argv, int argc) except -2:
+    """Whether an ACL grant (permission map, key patterns or None for all
+    keys; see server/acl.py) admits cmd (the subcommand, for a container)
+    with argv: 0 when it does, -1 when the command is not allowed, else the
+    position of the first key (first_key..last_key by key_step, as COMMAND
+    shows them) no pattern admits.  Every front asks this."""
+    cdef int i, last, j, n
+    cdef const Arg* key
+    cdef bytes pattern
+    if cmd.acl_id >= PyBytes_GET_SIZE(perm) or not perm[cmd.acl_id]:
+        return -1
+    if patterns is None or cmd.first_key <= 0:
+        return 0
+    last = cmd.last_key if cmd.last_key >= 0 else argc + cmd.last_key
+    if last > argc - 1:
+        last = argc - 1
+    n = len(patterns)
+    i = cmd.first_key
+    while i <= last:
+        key = &argv[i]
+        for j in range(n):
+            pattern = <bytes>patterns[j]
+            if glob_match(PyBytes_AS_STRING(pattern), PyBytes_GET_SIZE(pattern),
+                          key.ptr, key.len):
+                break
+        else:
+            return i
+        i += cmd.key_step if cmd.key_step > 0 else 1
+    return 0
+
+
+def acl_check(grant, Command cmd, list args):
+    """acl_verdict for Python callers (ACL DRYRUN, the HTTP front): args
+    are the command's bytes, args[0] its name.  None: unrestricted."""
+    cdef int i, argc = len(args)
+    cdef Arg* argv
+    cdef bytes a
+    if grant is None:
+        return 0
+    argv = <Arg*>malloc(sizeof(Arg) * (argc if argc > 0 else 1))
+    if argv == NULL:
+        raise MemoryError()
+    try:
+        for i in range(argc):
+            a = args[i]
+            argv[i].ptr = PyBytes_AS_STRING(a)
+            argv[i].len = PyBytes_GET_SIZE(a)
+        return acl_verdict(grant[0], grant[1], cmd, argv, argc)
+    finally:
+        free(argv)
+
+
+def is_local_peer(peername):
+    """Redis's islocalClient: a Unix socket, or a TCP peer whose address is
+    exactly 127.0.0.1 or ::1 (not 127.0.0.2, not ::ffff:127.0.0.1)."""
+    if not isinstance(peername, tuple):
+        return True
+    return peername[0] in ("127.0.0.1", "::1")
 
 
 def _format_addr(addr):

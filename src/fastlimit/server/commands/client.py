@@ -53,6 +53,10 @@ def _flags(c) -> str:
     return flags or "N"
 
 
+def _user_name(c) -> str:
+    return c.user.name if c.user is not None else "default"
+
+
 def client_line(c, now: float) -> str:
     return (f"id={c.id} addr={c.addr} laddr={c.laddr} fd=-1 name={_text(c.name)} "
             f"age={int(now - c.created)} idle={int(now - c.last_interaction)} "
@@ -61,7 +65,7 @@ def client_line(c, now: float) -> str:
             f"multi={len(c.multi_queue) if c.in_multi else -1} "
             f"qbuf={c.query_buffer_len} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 "
             f"obl=0 oll=0 omem={c.output_buffer_len} tot-mem=0 events=r "
-            f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
+            f"cmd={c.last_command} user={_user_name(c)} redir=-1 resp={c.proto} "
             f"lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)}")
 
 
@@ -132,6 +136,11 @@ def cmd_client_kill(conn, args):
         elif option == "type":
             kind = _kind_argument(value)
             victims = [c for c in victims if _client_type(c) == kind]
+        elif option == "user":
+            user = conn.core.app.acl.users.get(value.decode("utf-8", "surrogateescape"))
+            if user is None:
+                raise ReplyError(f"ERR No such user '{value.decode(errors='replace')}'")
+            victims = [c for c in victims if c.user is user]
         else:
             raise ReplyError("ERR syntax error")
     if skipme:
