@@ -187,8 +187,10 @@ def test_ratelimit_users_check_their_own_keys_only(server):
         command_denied = [(("CL.RESET", "tenant-a:1"), "cl.reset"),
                           (("CL.RULE", "SET", "r", "{}"), "cl.rule|set"),
                           (("CL.RULE", "DEL", "r"), "cl.rule|del"),
-                          (("FLUSHALL",), "flushall"), (("CONFIG", "SET", "hz", "10"), "config|set"),
-                          (("DEBUG", "CLOCK", "SET", "0"), "debug"), (("SHUTDOWN",), "shutdown"),
+                          (("FLUSHALL",), "flushall"),
+                          (("CONFIG", "SET", "hz", "10"), "config|set"),
+                          (("DEBUG", "CLOCK", "SET", "0"), "debug"),
+                          (("SHUTDOWN",), "shutdown"),
                           (("REPLICAOF", "NO", "ONE"), "replicaof"),
                           (("CL.CLUSTER", "MAP"), "cl.cluster|map"), (("PING",), "ping")]
         for args, name in command_denied:
