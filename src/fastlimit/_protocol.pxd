@@ -148,7 +148,7 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
 
 # Whether an ACL grant admits cmd with argv: 0, -1 (the command), or the
 # position of the key it does not (_protocol.pyx).
-cdef int acl_verdict(bytes perm, tuple patterns, Command cmd, const Arg* argv, int argc) except -2
+cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2
 
 
 # Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches

@@ -3,7 +3,8 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memmove, memset
+from cpython.ref cimport PyObject
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
@@ -1358,32 +1359,55 @@ cdef str unknown_command_message(const Arg* argv, int argc):
     return f"ERR unknown command '{arg_text(&argv[0])}', with args beginning with: {args}"
 
 
-cdef int acl_verdict(bytes perm, tuple patterns, Command cmd, const Arg* argv, int argc) except -2:
-    """Whether an ACL grant (permission map, key patterns or None for all
-    keys; see server/acl.py) admits cmd (the subcommand, for a container)
-    with argv: 0 when it does, -1 when the command is not allowed, else the
-    position of the first key (first_key..last_key by key_step, as COMMAND
-    shows them) no pattern admits.  Every front asks this."""
-    cdef int i, last, j, n
-    cdef const Arg* key
-    cdef bytes pattern
-    if cmd.acl_id >= PyBytes_GET_SIZE(perm) or not perm[cmd.acl_id]:
+cdef extern from "Python.h":
+    # Borrowed, unchecked: the ACL check reads its own tuples of bytes.
+    PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* t, Py_ssize_t i)
+    Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* t)
+    char* bytes_data "PyBytes_AS_STRING"(PyObject* b)
+    Py_ssize_t bytes_size "PyBytes_GET_SIZE"(PyObject* b)
+
+
+cdef inline bint key_admitted(tuple keys, const Arg* key) noexcept:
+    """Whether keys (server/acl.py's (prefixes, globs): a pattern that is a
+    literal then one "*" is a prefix, compared with memcmp; the others
+    are globs) admit key."""
+    cdef PyObject* group
+    cdef PyObject* p
+    cdef Py_ssize_t j, n
+    group = tuple_item(<PyObject*>keys, 0)
+    for j in range(tuple_size(group)):
+        p = tuple_item(group, j)
+        n = bytes_size(p)
+        # (an empty key matches no pattern, as in stringmatchlen)
+        if key.len > 0 and <Py_ssize_t>key.len >= n and memcmp(bytes_data(p), key.ptr, n) == 0:
+            return True
+    group = tuple_item(<PyObject*>keys, 1)
+    for j in range(tuple_size(group)):
+        p = tuple_item(group, j)
+        if glob_match(bytes_data(p), bytes_size(p), key.ptr, key.len):
+            return True
+    return False
+
+
+cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2:
+    """Whether an ACL grant (permission map, and key patterns as
+    key_admitted reads them or None for all keys; see server/acl.py)
+    admits cmd (the subcommand, for a container) with argv: 0 when it
+    does, -1 when the command is not allowed, else the position of the
+    first key (first_key..last_key by key_step, as COMMAND shows them)
+    no pattern admits.  Every front asks this."""
+    cdef int i, last
+    if cmd.acl_id >= PyBytes_GET_SIZE(perm) or not (<const unsigned char*>PyBytes_AS_STRING(
+            perm))[cmd.acl_id]:
         return -1
-    if patterns is None or cmd.first_key <= 0:
+    if keys is None or cmd.first_key <= 0:
         return 0
     last = cmd.last_key if cmd.last_key >= 0 else argc + cmd.last_key
     if last > argc - 1:
         last = argc - 1
-    n = len(patterns)
     i = cmd.first_key
     while i <= last:
-        key = &argv[i]
-        for j in range(n):
-            pattern = <bytes>patterns[j]
-            if glob_match(PyBytes_AS_STRING(pattern), PyBytes_GET_SIZE(pattern),
-                          key.ptr, key.len):
-                break
-        else:
+        if not key_admitted(keys, &argv[i]):
             return i
         i += cmd.key_step if cmd.key_step > 0 else 1
     return 0

@@ -390,3 +390,23 @@ def test_protected_mode_refuses_other_addresses_as_redis(make_server, redis_serv
     admin.config_set("protected-mode", "no")   # and so does turning it off
     assert _from("127.0.0.2", s.port).call("PING") == b"+PONG\r\n"
     assert admin.config_get("protected-mode") == {"protected-mode": "no"}
+
+
+@pytest.mark.parametrize("pattern", [b"a:*", b"a*", b"**", b"a?*", b"[ab]*", b"a\\*", b"a*b",
+                                     b"a:", b"*:1"])
+def test_prefix_patterns_match_as_the_glob_matcher(pattern):
+    """A pattern like tenant-a:* is compared as a prefix on the hot path
+    (acl.split_patterns): it must admit exactly the keys Redis's
+    stringmatchlen (glob) admits."""
+    from fastlimit._protocol import acl_check, glob
+    from fastlimit.server.acl import Commands, User
+    from fastlimit.server.commands.table import build_table
+    commands = Commands(build_table())
+    user = User("u", commands.size)
+    for rule in (b"on", b"+@ratelimit", b"~" + pattern):
+        user.apply(rule, commands)
+    user.update_grant()
+    check = commands.by_name["cl.check"]
+    for key in (b"", b"a", b"a:", b"a:1", b"b:1", b"a*", b"ab", b"a*b", b"b", b"x:1"):
+        admitted = acl_check(user.grant, check, [b"CL.CHECK", key, b"1", b"1"]) == 0
+        assert admitted == glob(pattern, key), (pattern, key)

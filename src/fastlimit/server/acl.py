@@ -79,6 +79,20 @@ def hash_password(password: bytes) -> str:
     return hashlib.sha256(password).hexdigest()
 
 
+def split_patterns(patterns: list[bytes]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """(prefixes, globs) as the connection checks keys (_protocol's
+    key_admitted): ``tenant-a:*`` is the prefix ``tenant-a:``, compared
+    without the glob matcher; a pattern with any other special is a glob."""
+    prefixes, globs = [], []
+    for p in patterns:
+        body = p[:-1]
+        if p.endswith(b"*") and not any(c in body for c in b"*?[\\"):
+            prefixes.append(body)
+        else:
+            globs.append(p)
+    return tuple(prefixes), tuple(globs)
+
+
 def _valid_hash(text: bytes) -> bool:
     return len(text) == 64 and all(c in b"0123456789abcdef" for c in text)
 
@@ -129,7 +143,7 @@ class User:
         self.channels: list[bytes] = []
         self.allowed = bytearray(size)
         self.command_rules: list[str] = ["-@all"]
-        self.grant: tuple[bytes, tuple[bytes, ...] | None] | None = (bytes(size), ())
+        self.grant: tuple[bytes, tuple | None] | None = (bytes(size), ((), ()))
 
     def copy(self) -> User:
         other = User(self.name, len(self.allowed))
@@ -143,7 +157,8 @@ class User:
         if self.allkeys and all(self.allowed):
             self.grant = None
         else:
-            self.grant = (bytes(self.allowed), None if self.allkeys else tuple(self.patterns))
+            self.grant = (bytes(self.allowed), None if self.allkeys else split_patterns(
+                self.patterns))
 
     def check_password(self, password: bytes) -> bool:
         if not self.enabled:
@@ -554,15 +569,17 @@ class Acl(Subsystem):
     # ---- ACL LOG ------------------------------------------------------------------------
 
     def log_denial(self, conn, reason: str, obj: str, in_multi: bool,
-                   username: str | None = None) -> None:
+                   username: str | None = None, client_info: str | None = None) -> None:
         """One ACL LOG entry (or one more of a recent same one), bounded by
-        acllog-max-len as Redis's addACLLogEntry."""
+        acllog-max-len as Redis's addACLLogEntry; conn is the RESP
+        connection, or None (the HTTP front) with client_info given."""
         from fastlimit.server.commands.client import client_line
         self.denied[reason] += 1
         if self.log_max_len == 0:
             return
         entry = LogEntry(reason, "multi" if in_multi else "toplevel", obj,
                          username if username is not None else conn.user.name,
+                         client_info if client_info is not None else
                          client_line(conn, time.monotonic()))
         for i, current in enumerate(self.entries[:LOG_GROUPING_SCAN]):
             if current.same_event(entry):
