@@ -410,3 +410,68 @@ def test_prefix_patterns_match_as_the_glob_matcher(pattern):
     for key in (b"", b"a", b"a:", b"a:1", b"b:1", b"a*", b"ab", b"a*b", b"b", b"x:1"):
         admitted = acl_check(user.grant, check, [b"CL.CHECK", key, b"1", b"1"]) == 0
         assert admitted == glob(pattern, key), (pattern, key)
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_getuser_and_list_answer_as_redis_for_rules_it_keeps_as_given(both, proto):
+    """Redis 7.0 rebuilds the command rules from its bitmap (7.2 keeps them
+    as written, as fastlimit does): for these users both are the same."""
+    _, admins = both
+    for w in admins:
+        assert w.call("HELLO", proto).startswith(b"%" if proto == 3 else b"*")
+        assert w.call("ACL", "SETUSER", "t", "reset", "on", "nopass", "~a:*", "~b:*", "&ch",
+                      "-@all", "+ping") == b"+OK\r\n"
+    fl, rd = admins
+    for args in (("ACL", "GETUSER", "conn"), ("ACL", "GETUSER", "nodanger"),
+                 ("ACL", "GETUSER", "t"), ("ACL", "GETUSER", "default"), ("ACL", "WHOAMI"),
+                 ("ACL", "LOG", "RESET")):
+        assert fl.call(*args) == rd.call(*args), args
+    for w in admins:
+        w.call("ACL", "DELUSER", "t")
+
+
+@pytest.fixture
+def redis_with_aclfile(tmp_path):
+    """A redis-server and the aclfile it was started with (its users)."""
+    from wire import free_port
+    path = tmp_path / "users.acl"
+    path.write_text("user app on >pw ~tenant-a:* resetchannels -@all +@connection\n"
+                    "user default on nopass ~* &* +@all\n")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                             "--aclfile", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _pings(port), what="redis-server")
+        yield port, path
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pings(port) -> bool:
+    try:
+        return Wire.to(port).call("PING") == b"+PONG\r\n"
+    except OSError:
+        return False
+
+
+def test_acl_load_and_save_answer_as_redis_on_the_same_file(make_server, redis_with_aclfile):
+    rd_port, path = redis_with_aclfile
+    s = make_server("--aclfile", str(path))
+    fl, rd = Wire.to(s.port), Wire.to(rd_port)
+    assert fl.call("ACL", "LIST") == rd.call("ACL", "LIST")
+    good = path.read_text()
+    for bad in (good + "user broken on +nosuchcmd\n",
+                good + "not a user line\n",
+                good + "user x on #abc\n",
+                good + "user app on\n"):
+        path.write_text(bad)
+        assert fl.call("ACL", "LOAD") == rd.call("ACL", "LOAD"), bad
+        assert fl.call("ACL", "LIST") == rd.call("ACL", "LIST")
+    path.write_text(good)
+    assert fl.call("ACL", "SETUSER", "ops", "on", ">po", "~*", "+@admin") == b"+OK\r\n"
+    assert fl.call("ACL", "SAVE") == b"+OK\r\n"
+    assert rd.call("ACL", "LOAD") == b"+OK\r\n"     # what fastlimit saved, as Redis reads it
+    assert fl.call("ACL", "LIST") == rd.call("ACL", "LIST")

@@ -41,7 +41,6 @@ CHANNEL_AFTER_STAR = ("Adding a pattern after the * pattern (or the 'allchannels
 NO_SUCH_PASSWORD = "The password you are trying to remove from the user does not exist"
 BAD_HASH = ("The password hash must be exactly 64 characters and contain only lowercase "
             "hexadecimal characters")
-DUPLICATE_USER = "Duplicate user found. A user can only be defined once in config files"
 SUBCOMMAND_FIRST_ARG = "Allowing first-arg of a subcommand is not supported"
 
 PROTECTED_MODE_TEXT = (
@@ -136,6 +135,9 @@ class User:
         self.name = name
         self.enabled = False
         self.nopass = False
+        # RESTORE's payload checks (there is no RESTORE here): kept to be
+        # shown as Redis shows them, "sanitize-payload" after a reset.
+        self.sanitize: str | None = None
         self.passwords: list[str] = []     # SHA-256 hex, in the order added
         self.allkeys = False
         self.patterns: list[bytes] = []
@@ -171,7 +173,8 @@ class User:
     # ---- what Redis shows ----------------------------------------------------------
 
     def flags(self) -> list[str]:
-        return ["on" if self.enabled else "off"] + ["nopass"] * self.nopass
+        return ["on" if self.enabled else "off"] + ["nopass"] * self.nopass + (
+            [self.sanitize] if self.sanitize else [])
 
     def keys_text(self) -> str:
         if self.allkeys:
@@ -213,7 +216,7 @@ class User:
         elif word == b"off":
             self.enabled = False
         elif word in (b"skip-sanitize-payload", b"sanitize-payload"):
-            pass     # no RESTORE here: nothing to sanitise
+            self.sanitize = word.decode()
         elif word == b"nopass":
             self.nopass, self.passwords = True, []
         elif word == b"resetpass":
@@ -223,7 +226,8 @@ class User:
         elif op[:1] in (b"<", b"!"):
             self._remove_password(op)
         elif word == b"reset":
-            for rule in (b"resetpass", b"resetkeys", b"resetchannels", b"off", b"-@all"):
+            for rule in (b"resetpass", b"resetkeys", b"resetchannels", b"off",
+                         b"sanitize-payload", b"-@all"):
                 self.apply(rule, commands)
         elif op[:1] == b"(" or word == b"clearselectors":
             raise RuleError(SYNTAX)     # selectors (7.0) are not supported
@@ -502,16 +506,22 @@ class Acl(Subsystem):
                 continue
             name = words[1].decode("utf-8", "surrogateescape")
             if name in users:
-                errors.append(f"{path}:{number}: {DUPLICATE_USER}. ")
+                errors.append(f"WARNING: Duplicate user '{name}' found on line {number}. ")
                 continue
             user = self.new_user(name)
+            syntax_error = False
             for rule in words[2:]:
                 try:
                     user.apply(rule, self.commands)
                 except RuleError as e:
-                    errors.append(f"{path}:{number}: Error in applying operation "
-                                  f"'{rule.decode('utf-8', 'surrogateescape')}': {e}. ")
-                    break
+                    # As Redis: an unknown name is shown (it holds no secret),
+                    # other errors only the first in the file, without the rule.
+                    if str(e) == UNKNOWN:
+                        errors.append(f"{path}:{number}: Error in applying operation "
+                                      f"'{rule.decode('utf-8', 'surrogateescape')}': {e}. ")
+                    elif not syntax_error:
+                        errors.append(f"{path}:{number}: {e}. ")
+                        syntax_error = True
             user.update_grant()
             users[name] = user
         if errors:
