@@ -64,6 +64,7 @@ cdef class Command:
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
     cdef public int acl_id            # its byte in an ACL user's permission map (server/acl.py)
+    cdef public bint has_channels     # names Pub/Sub channels ACL rules restrict (PUBLISH...)
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls
@@ -208,6 +209,7 @@ cdef class Connection:
     cdef bint restricted
     cdef bytes acl_perm
     cdef tuple acl_keys
+    cdef object acl_channels          # channel patterns, None for all channels
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)
@@ -222,6 +224,7 @@ cdef class Connection:
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
     cdef bint acl_denied(self, Command cmd, bint at_exec)
+    cdef bint refuse_channel(self, Command cmd, int pos, bint at_exec)
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)

@@ -14,7 +14,7 @@ READONLY_ERROR: str
 LATENCY_BOUNDS: tuple[float, ...]
 
 def glob(pattern: bytes, string: bytes) -> bool: ...
-def acl_check(grant: tuple[bytes, tuple | None] | None, cmd: Command,
+def acl_check(grant: tuple[bytes, tuple | None, tuple | None] | None, cmd: Command,
               args: list[bytes]) -> int:
     """0 if the grant admits cmd with args, -1 if not the command, else the
     position of the key it does not admit."""
@@ -24,6 +24,7 @@ LOG_VERBOSE: int
 
 class Command:
     acl_id: int
+    has_channels: bool
     @property
     def name(self) -> str: ...
     @property

@@ -727,6 +727,11 @@ cdef class Connection:
             target = sub
         pos = acl_verdict(self.acl_perm, self.acl_keys, target, self.parser.argv,
                           self.parser.argc)
+        if pos == 0 and target.has_channels and self.acl_channels is not None:
+            pos = self.core.app.acl.channel_position(self.acl_channels, target,
+                                                     self.args_as_bytes())
+            if pos > 0:
+                return self.refuse_channel(cmd, pos, at_exec)
         if pos == 0:
             return False
         if pos < 0:
@@ -748,6 +753,21 @@ cdef class Connection:
                              "used as arguments")
         return True
 
+    cdef bint refuse_channel(self, Command cmd, int pos, bint at_exec):
+        """acl_denied's answer for a channel (at parser.argv[pos]) the user's
+        channel patterns do not admit, as Redis's."""
+        self.core.app.acl.log_denial(self, "channel", arg_text(&self.parser.argv[pos], 1 << 30),
+                                     at_exec or self.multi_queue is not None)
+        if at_exec:
+            self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
+                             "accumulated and the EXEC call. This command is no longer allowed "
+                             "for the following reason: no permission to access one of the "
+                             "channels used as arguments")
+        else:
+            self.reject(cmd, "NOPERM this user has no permissions to access one of the channels "
+                             "used as arguments")
+        return True
+
     def set_user(self, user, bint authenticated):
         """Runs as user (server/acl.py's User, or None: unrestricted) from
         now on; its grant is None when it may run everything on every key,
@@ -756,7 +776,8 @@ cdef class Connection:
         self.user = user
         self.authenticated = authenticated
         self.restricted = grant is not None
-        self.acl_perm, self.acl_keys = grant if grant is not None else (None, None)
+        self.acl_perm, self.acl_keys, self.acl_channels = \
+            grant if grant is not None else (None, None, None)
 
     def refresh_user(self):
         """Takes its user's new rules (ACL SETUSER changed them)."""
@@ -1429,7 +1450,7 @@ def acl_check(grant, Command cmd, list args):
             a = args[i]
             argv[i].ptr = PyBytes_AS_STRING(a)
             argv[i].len = PyBytes_GET_SIZE(a)
-        return acl_verdict(grant[0], grant[1], cmd, argv, argc)
+        return acl_verdict(grant[0], grant[1], cmd, argv, argc)   # (channels: acl.py's)
     finally:
         free(argv)
 

@@ -475,3 +475,44 @@ def test_acl_load_and_save_answer_as_redis_on_the_same_file(make_server, redis_w
     assert fl.call("ACL", "SAVE") == b"+OK\r\n"
     assert rd.call("ACL", "LOAD") == b"+OK\r\n"     # what fastlimit saved, as Redis reads it
     assert fl.call("ACL", "LIST") == rd.call("ACL", "LIST")
+
+
+def test_channel_patterns_restrict_pubsub_as_redis(both):
+    """&pattern: PUBLISH and SUBSCRIBE channels matched against the
+    patterns, PSUBSCRIBE patterns compared literally; a subscriber whose
+    channels the new rules drop is disconnected (ACLKillPubsubClientsIfNeeded)."""
+    ports, admins = both
+    for w in admins:
+        assert w.call("ACL", "SETUSER", "chan", "reset", "on", ">p-chan", "~*", "&news.*",
+                      "+@all") == b"+OK\r\n"
+    cases = [("PUBLISH", "news.a", "x"), ("PUBLISH", "sports", "x"), ("SUBSCRIBE", "sports"),
+             ("SUBSCRIBE", "news.a", "sports"), ("PSUBSCRIBE", "news.a*"),
+             ("SUBSCRIBE", "news.b"), ("PSUBSCRIBE", "news.*")]
+    got = {}
+    for name, port in ports.items():
+        replies = []
+        for args in cases:
+            w = _as(port, "chan")
+            replies.append(w.call(*args))
+            w.close()
+        got[name] = replies
+    assert got["fastlimit"] == got["redis"]
+    assert got["redis"][1] == (b"-NOPERM this user has no permissions to access one of the "
+                               b"channels used as arguments\r\n")
+    fl, rd = admins
+    for args in (("ACL", "DRYRUN", "chan", "publish", "sports", "x"),
+                 ("ACL", "DRYRUN", "chan", "subscribe", "news.a"),
+                 ("ACL", "DRYRUN", "chan", "psubscribe", "news.a*")):
+        assert fl.call(*args) == rd.call(*args), args
+    subscribers = []
+    for port in ports.values():
+        w = _as(port, "chan")
+        assert w.call("SUBSCRIBE", "news.a").startswith(b"*3\r\n")
+        subscribers.append(w)
+    for w in admins:
+        assert w.call("ACL", "SETUSER", "chan", "resetchannels", "&other") == b"+OK\r\n"
+    for w in subscribers:
+        w.read_until_closed()
+    for w in admins:
+        assert b"$7\r\nchannel\r\n" in w.call("ACL", "LOG", "1")
+        w.call("ACL", "DELUSER", "chan")

@@ -70,6 +70,11 @@ LOG_GROUPING_MS = 60_000
 LOG_GROUPING_SCAN = 10
 
 
+# The commands whose arguments name channels ACL rules restrict, and
+# whether they are patterns (compared literally, as Redis does).
+CHANNEL_COMMANDS = {"subscribe": False, "psubscribe": True, "publish": False}
+
+
 class RuleError(ValueError):
     """A rule ACL SETUSER does not take; str() is Redis's text for it."""
 
@@ -118,6 +123,7 @@ class Commands:
 
     def _number(self, cmd: Command) -> None:
         cmd.acl_id = len(self.by_name) + 1
+        cmd.has_channels = cmd.name in CHANNEL_COMMANDS
         self.by_name[cmd.name] = cmd
         for category in cmd.acl_categories:
             self.categories.setdefault(category.lstrip("@"), []).append(cmd)
@@ -145,7 +151,8 @@ class User:
         self.channels: list[bytes] = []
         self.allowed = bytearray(size)
         self.command_rules: list[str] = ["-@all"]
-        self.grant: tuple[bytes, tuple | None] | None = (bytes(size), ((), ()))
+        self.grant: tuple[bytes, tuple | None, tuple | None] | None = (
+            bytes(size), ((), ()), ())
 
     def copy(self) -> User:
         other = User(self.name, len(self.allowed))
@@ -156,11 +163,11 @@ class User:
 
     def update_grant(self) -> None:
         """The map the connection checks: None when nothing is denied."""
-        if self.allkeys and all(self.allowed):
+        if self.allkeys and self.allchannels and all(self.allowed):
             self.grant = None
         else:
             self.grant = (bytes(self.allowed), None if self.allkeys else split_patterns(
-                self.patterns))
+                self.patterns), None if self.allchannels else tuple(self.channels))
 
     def check_password(self, password: bytes) -> bool:
         if not self.enabled:
@@ -349,9 +356,10 @@ class Acl(Subsystem):
         self.app = app
         self.log = log
         self.commands = Commands(app.core.commands)
+        self._subscribe = self.commands.by_name["subscribe"]
         self.users: dict[str, User] = {}
         self.entries: list[LogEntry] = []     # newest first
-        self.denied = {"command": 0, "key": 0, "auth": 0}
+        self.denied = {"command": 0, "key": 0, "channel": 0, "auth": 0}
         self.version = 0        # moves on at each change of the users
         settings = app.settings
         self.aclfile: str | None = settings.aclfile
@@ -427,8 +435,22 @@ class Acl(Subsystem):
         user.update_grant()
         self.users[name] = user
         for conn in self.connections_of(old):
-            conn.set_user(user, conn.authenticated)
+            if conn.subscribed and not self.may_keep_subscriptions(user, conn):
+                self.disconnect(old, only=conn)
+            else:
+                conn.set_user(user, conn.authenticated)
         self.users_changed()
+
+    def may_keep_subscriptions(self, user: User, conn) -> bool:
+        """Redis's ACLKillPubsubClientsIfNeeded: a subscriber whose channels
+        or patterns the user's new rules no longer admit is disconnected."""
+        if user.allchannels:
+            return True
+        channels = (conn.pubsub_channels or {}).keys()
+        patterns = (conn.pubsub_patterns or {}).keys()
+        return not self.channel_position(tuple(user.channels), self._subscribe,
+                                         [b"subscribe", *channels]) and \
+            all(p in user.channels for p in patterns)
 
     def deluser(self, names: list[str]) -> int:
         if "default" in names:
@@ -447,11 +469,12 @@ class Acl(Subsystem):
             return []
         return [c for c in self.app.core.clients.values() if c.user is user]
 
-    def disconnect(self, user: User) -> None:
-        """Closes the user's connections as Redis's ACLFreeUserAndKillClients:
-        back to the default user, unauthenticated, closed after the reply
-        of the command running (when it is one of them)."""
-        for conn in self.connections_of(user):
+    def disconnect(self, user: User | None, only=None) -> None:
+        """Closes the user's connections (or only that one) as Redis's
+        ACLFreeUserAndKillClients: back to the default user,
+        unauthenticated, closed after the reply of the command running
+        (when it is one of them)."""
+        for conn in self.connections_of(user) if only is None else [only]:
             conn.set_user(self.default, False)
             conn.close()
 
@@ -467,10 +490,30 @@ class Acl(Subsystem):
             raise ReplyError(f"ERR wrong number of arguments for '{cmd.name}' command")
         return self.refusal(user, cmd, args)
 
+    def channel_position(self, channels: tuple[bytes, ...], cmd: Command,
+                         args: list[bytes]) -> int:
+        """0 if the channel patterns admit every channel cmd names in args,
+        else the position of the first they do not (Redis's
+        ACLCheckChannelAgainstList: a channel is matched against the
+        patterns, a PSUBSCRIBE pattern compared literally)."""
+        from fastlimit._protocol import glob
+        literal = CHANNEL_COMMANDS[cmd.name]
+        names = args[1:2] if cmd.name == "publish" else args[1:]
+        for pos, name in enumerate(names, 1):
+            if not any(name == p if literal else glob(p, name) for p in channels):
+                return pos
+        return 0
+
     def refusal(self, user: User, cmd: Command, args: list[bytes]) -> str | None:
         """None if user may run cmd (a subcommand, for a container) with
         args, else ACL DRYRUN's sentence why."""
         pos = 0 if cmd.no_auth else acl_check(user.grant, cmd, args)
+        if pos == 0 and cmd.has_channels and user.grant is not None and \
+                user.grant[2] is not None:
+            channel = self.channel_position(user.grant[2], cmd, args)
+            if channel:
+                return (f"This user has no permissions to access the "
+                        f"'{args[channel].decode('utf-8', 'surrogateescape')}' channel")
         if pos < 0:
             return f"This user has no permissions to run the '{cmd.name}' command"
         if pos > 0:
@@ -605,7 +648,8 @@ class Acl(Subsystem):
         out: dict[str, dict] = {}
         if "stats" in sections:
             out["stats"] = {"acl_access_denied_cmd": self.denied["command"],
-                            "acl_access_denied_key": self.denied["key"]}
+                            "acl_access_denied_key": self.denied["key"],
+                            "acl_access_denied_channel": self.denied["channel"]}
         if "memory" in sections:
             out["memory"] = {"acl_users": len(self.users), "acl_log_entries": len(self.entries),
                              "acllog_max_len": self.log_max_len}
