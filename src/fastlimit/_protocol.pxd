@@ -224,7 +224,6 @@ cdef class Connection:
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
     cdef bint acl_denied(self, Command cmd, bint at_exec)
-    cdef bint refuse_channel(self, Command cmd, int pos, bint at_exec)
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)

@@ -727,61 +727,41 @@ cdef class Connection:
             target = sub
         pos = acl_verdict(self.acl_perm, self.acl_keys, target, self.parser.argv,
                           self.parser.argc)
+        reason = "key"
         if pos == 0 and target.has_channels and self.acl_channels is not None:
             pos = self.core.app.acl.channel_position(self.acl_channels, target,
                                                      self.args_as_bytes())
-            if pos > 0:
-                return self.refuse_channel(cmd, pos, at_exec)
+            reason = "channel"
         if pos == 0:
             return False
         if pos < 0:
             reason, obj = "command", target.name
         else:
-            reason, obj = "key", arg_text(&self.parser.argv[pos], 1 << 30)
+            obj = arg_text(&self.parser.argv[pos], 1 << 30)
         self.core.app.acl.log_denial(self, reason, obj, at_exec or self.multi_queue is not None)
         if at_exec:
             self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
                              "accumulated and the EXEC call. This command is no longer allowed "
-                             "for the following reason: " + (
-                                 "no permission to execute the command or subcommand"
-                                 if pos < 0 else "no permission to touch the specified keys"))
+                             "for the following reason: " + EXEC_DENIALS[reason])
         elif pos < 0:
             self.reject(cmd, f"NOPERM this user has no permissions to run the '{target.name}' "
                              "command")
         else:
-            self.reject(cmd, "NOPERM this user has no permissions to access one of the keys "
-                             "used as arguments")
-        return True
-
-    cdef bint refuse_channel(self, Command cmd, int pos, bint at_exec):
-        """acl_denied's answer for a channel (at parser.argv[pos]) the user's
-        channel patterns do not admit, as Redis's."""
-        self.core.app.acl.log_denial(self, "channel", arg_text(&self.parser.argv[pos], 1 << 30),
-                                     at_exec or self.multi_queue is not None)
-        if at_exec:
-            self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
-                             "accumulated and the EXEC call. This command is no longer allowed "
-                             "for the following reason: no permission to access one of the "
-                             "channels used as arguments")
-        else:
-            self.reject(cmd, "NOPERM this user has no permissions to access one of the channels "
-                             "used as arguments")
+            self.reject(cmd, f"NOPERM this user has no permissions to access one of the "
+                             f"{reason}s used as arguments")
         return True
 
     def set_user(self, user, bint authenticated):
         """Runs as user (server/acl.py's User, or None: unrestricted) from
-        now on; its grant is None when it may run everything on every key,
-        else (permission map, key patterns or None)."""
+        now on; its grant is None when it may run everything on every key
+        and channel, else (permission map, key patterns or None, channel
+        patterns or None)."""
         grant = user.grant if user is not None else None
         self.user = user
         self.authenticated = authenticated
         self.restricted = grant is not None
         self.acl_perm, self.acl_keys, self.acl_channels = \
             grant if grant is not None else (None, None, None)
-
-    def refresh_user(self):
-        """Takes its user's new rules (ACL SETUSER changed them)."""
-        self.set_user(self.user, self.authenticated)
 
     cdef void on_replica_link(self, Command cmd):
         """After CL.SYNC the connection carries the replication stream out
@@ -1239,6 +1219,10 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
+# Redis's reasons (multi.c) when EXEC finds a queued command no longer allowed.
+EXEC_DENIALS = {"command": "no permission to execute the command or subcommand",
+                "key": "no permission to touch the specified keys",
+                "channel": "no permission to access one of the channels used as arguments"}
 # The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
 LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
 
