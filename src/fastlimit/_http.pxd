@@ -63,7 +63,8 @@ cdef class HttpConnection:
     cdef bint closed
     # the Authorization value last accepted, and the password it matched
     cdef bytes authorized_header
-    cdef object authorized_for
+    cdef object authorized_for    # (ACL version, user) the cached header is of
+    cdef object user              # the ACL user of the request being answered
 
     cdef void refuse(self, int status, str title, str detail)
     cdef void reset_request(self)
@@ -71,6 +72,7 @@ cdef class HttpConnection:
     cdef void dispatch(self, bytes method, bint keep)
     cdef void run_endpoint(self, int endpoint, bytes query, bint keep)
     cdef bint authorized(self, bytes path)
+    cdef void permit(self, bytes name, int position, bytes key)
     cdef dict json_body(self)
     cdef void one_check(self, int endpoint, bint enforce, bint keep)
     cdef uint32_t decide(self, int endpoint, dict doc, CheckResult* r)

@@ -4,14 +4,15 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStri
 from libc.stdint cimport int64_t, uint32_t
 
 from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
-from fastlimit._protocol cimport ServerCore, Command, check_bucket, check_limit, record_call
+from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit, record_call,
+                                  acl_verdict)
+from fastlimit._resp cimport Arg
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
@@ -35,7 +36,7 @@ REASONS = {200: "OK", 201: "Created", 204: "No Content", 304: "Not Modified",
 
 # The RESP error code of a decision's error, as an HTTP status.
 ERROR_STATUS = {"ERR": 400, "READONLY": 503, "OOM": 503, "MOVED": 421, "CLUSTERDOWN": 503,
-                "TRYAGAIN": 503}
+                "TRYAGAIN": 503, "NOPERM": 403}
 
 # The endpoints that run here, without a Python handler.
 cdef enum Endpoint:
@@ -129,21 +130,30 @@ cdef inline void write_bytes(Writer* w, bytes b) noexcept:
     write_raw(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
 
 
-def credentials_match(bytes header, bytes password):
-    """Authorization: "Bearer <password>", or Basic with any user name
-    (the password is requirepass, the default user's)."""
+def credentials(bytes header):
+    """(user name, password) of an Authorization header: Basic
+    base64(user:password), whose empty user name is the default user, or
+    "Bearer <password>", the default user's password (requirepass); None
+    for anything else."""
     scheme, _, value = header.strip().partition(b" ")
     value = value.strip()
     scheme = scheme.lower()
     if scheme == b"bearer":
-        return hmac.compare_digest(value, password)
+        return "default", value
     if scheme == b"basic":
         try:
             decoded = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            return False
-        return hmac.compare_digest(decoded.partition(b":")[2], password)
-    return False
+            return None
+        user, _, password = decoded.partition(b":")
+        return user.decode("utf-8", "surrogateescape") or "default", password
+    return None
+
+
+def _peer_text(peer):
+    if isinstance(peer, tuple):
+        return f"[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"{peer[0]}:{peer[1]}"
+    return ""
 
 
 cdef str text_field(dict doc, str name, bint required):
@@ -367,8 +377,11 @@ cdef class HttpConnection:
                                                                   self.out.len - mark))
                     self.out.len = mark
             else:
-                self.send_python(self.shared.front.route(method, path, query, self.headers,
-                                                         b"".join(self.body)), keep, method)
+                response = self.shared.front.route_refusal(self.user, method, path)
+                if response is None:
+                    response = self.shared.front.route(method, path, query, self.headers,
+                                                       b"".join(self.body))
+                self.send_python(response, keep, method)
         except Exception:
             # A bug, not the client's fault: it gets a 500, the log the trace.
             self.out.len = mark
@@ -399,21 +412,63 @@ cdef class HttpConnection:
         record_call(stats, fl_mono_ns() - t0)
 
     cdef bint authorized(self, bytes path):
+        """Whether the request may go on, and as which ACL user (self.user):
+        the one its Authorization header names, else the default user.
+        With no password on the default user, a request needs none (a
+        header that fails is ignored, as before users existed)."""
         cdef HttpShared shared = self.shared
-        password = self.core.requirepass
-        if password is None or path in OPEN_PATHS or \
-                (path == b"/metrics" and not shared.metrics_auth):
-            return True
+        cdef ServerCore core = self.core
+        acl = core.app.acl
         header = self.authorization
+        self.user = core.default_user
+        may_pass = not core.auth_required or path in OPEN_PATHS or \
+            (path == b"/metrics" and not shared.metrics_auth)
         if header is None:
-            return False
-        if password is self.authorized_for and header == self.authorized_header:
+            return may_pass
+        cached = self.authorized_for
+        if header == self.authorized_header and cached is not None and cached[0] == acl.version:
+            self.user = cached[1]
             return True
-        if not credentials_match(header, password):
-            return False
-        self.authorized_for = password
-        self.authorized_header = header
+        pair = credentials(header)
+        # A Basic user name that is no ACL user is the default user, as
+        # before users existed (any name went with requirepass).
+        user = acl.authenticate(pair[0] if pair[0] in acl.users else "default", pair[1]) \
+            if pair is not None else None
+        if user is None:
+            if not may_pass:
+                core.app.auth_failures += 1
+            return may_pass
+        self.authorized_header, self.authorized_for = header, (acl.version, user)
+        self.user = user
         return True
+
+    cdef void permit(self, bytes name, int position, bytes key):
+        """Refuses (403, NOPERM, in ACL LOG) a check of key as command name
+        (the key at position) that the request's ACL user may not make,
+        as the RESP connection refuses it (_protocol's acl_verdict)."""
+        cdef Arg argv[3]
+        cdef Command cmd
+        cdef int i, pos
+        grant = self.user.grant if self.user is not None else None
+        if grant is None:
+            return
+        cmd = self.core.commands[name]
+        argv[0].ptr, argv[0].len = PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)
+        for i in range(1, 3):
+            argv[i].ptr, argv[i].len = PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)
+        pos = acl_verdict(grant[0], grant[1], cmd, argv, position + 1)
+        if pos == 0:
+            return
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        self.core.app.acl.log_denial(None, "command" if pos < 0 else "key",
+                                     cmd.name if pos < 0 else key.decode("utf-8",
+                                                                         "surrogateescape"),
+                                     False, username=self.user.name,
+                                     client_info=f"http addr={_peer_text(peer)}")
+        if pos < 0:
+            raise Refused(f"NOPERM this user has no permissions to run the '{cmd.name}' command")
+        raise Refused("NOPERM this user has no permissions to access one of the keys used as "
+                      "arguments")
 
     cdef dict json_body(self):
         doc = parse_json(self.body[0] if len(self.body) == 1 else b"".join(self.body))
@@ -448,6 +503,7 @@ cdef class HttpConnection:
         tier_text = text_field(doc, "tier", False)
         cdef bytes tier = utf8(tier_text) if tier_text is not None else None
         cdef int64_t cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        self.permit(b"cl.limit", 1, client)
         self.route(client)
         error = check_limit(self.core, PyBytes_AS_STRING(client), PyBytes_GET_SIZE(client),
                             PyBytes_AS_STRING(resource), PyBytes_GET_SIZE(resource),
@@ -475,6 +531,7 @@ cdef class HttpConnection:
             if num is None:
                 raise BadField("rule_id", f"no such rule '{rule_id}'", 404)
             nums.append(num)
+        self.permit(b"cl.apply", 2, key)
         self.route(key)
         if self.core.readonly and cost != 0:
             raise Refused("READONLY You can't write against a read only replica.")
@@ -499,6 +556,7 @@ cdef class HttpConnection:
             raise BadField("capacity", "capacity is required")
         if "refill_per_sec" not in doc:
             raise BadField("refill_per_sec", "refill_per_sec is required")
+        self.permit(b"cl.check", 1, key)
         self.route(key)
         error = check_bucket(self.core, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &bp,
                              self.core.clock.now_ms(), r)

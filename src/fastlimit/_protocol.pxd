@@ -64,6 +64,8 @@ cdef class Command:
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
     cdef readonly bint not_queued     # runs at once inside MULTI, as Redis runs WATCH (to refuse it)
+    cdef public int acl_id            # its byte in an ACL user's permission map (server/acl.py)
+    cdef public bint has_channels     # names Pub/Sub channels ACL rules restrict (PUBLISH...)
     cdef public int64_t calls
     cdef public int64_t nsec
     cdef public int64_t failed_calls
@@ -94,6 +96,12 @@ cdef class ServerCore:
     cdef public Clock clock
     cdef public dict commands         # lowercase bytes -> Command
     cdef public object requirepass    # bytes or None
+    # ACL (server/acl.py keeps them): the user new connections start as;
+    # whether they start unauthenticated; protected mode's refusal text
+    # for non-local peers, None while it does not apply.
+    cdef public object default_user
+    cdef public bint auth_required
+    cdef public object protected_refusal
     cdef ParseLimits limits
     cdef public int64_t query_buffer_limit
     cdef public int64_t output_hard_limit
@@ -144,6 +152,11 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
                      size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
                      CheckResult* r, int* nrules)
+
+
+# Whether an ACL grant admits cmd with argv: 0, -1 (the command), or the
+# position of the key it does not (_protocol.pyx).
+cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2
 
 
 # Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
@@ -202,6 +215,15 @@ cdef class Connection:
     cdef readonly bint monitoring     # in MONITOR mode
     cdef readonly dict watching       # WATCHed keys -> None; None when there are none
     cdef readonly bint watch_dirty    # a watched key changed: EXEC aborts
+    # ACL: the user (server/acl.py's User) and, when it may not run every
+    # command on every key, its permission map (one byte per Command.acl_id)
+    # and key patterns (None: all keys).  The default user is unrestricted,
+    # so its commands pay one bint test.
+    cdef readonly object user
+    cdef bint restricted
+    cdef bytes acl_perm
+    cdef tuple acl_keys
+    cdef object acl_channels          # channel patterns, None for all channels
 
     cdef void receive(self, bytes data)
     cdef void hold_input(self)
@@ -219,6 +241,7 @@ cdef class Connection:
     cdef void run_observed(self, Command cmd, list args)
     cdef void dispatch(self, Command cmd, list args)
     cdef void feed_monitors(self, Command cmd, list args)
+    cdef bint acl_denied(self, Command cmd, bint at_exec)
     cdef void on_replica_link(self, Command cmd)
     cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)

@@ -14,9 +14,17 @@ READONLY_ERROR: str
 LATENCY_BOUNDS: tuple[float, ...]
 
 def glob(pattern: bytes, string: bytes) -> bool: ...
+def acl_check(grant: tuple[bytes, tuple | None, tuple | None] | None, cmd: Command,
+              args: list[bytes]) -> int:
+    """0 if the grant admits cmd with args, -1 if not the command, else the
+    position of the key it does not admit."""
+def is_local_peer(peername: Any) -> bool:
+    """Redis's islocalClient: a Unix socket, 127.0.0.1 or ::1."""
 LOG_VERBOSE: int
 
 class Command:
+    acl_id: int
+    has_channels: bool
     @property
     def name(self) -> str: ...
     @property
@@ -87,6 +95,9 @@ class ServerCore:
     clock: Clock
     commands: dict[bytes, Command]
     requirepass: bytes | None
+    default_user: Any
+    auth_required: bool
+    protected_refusal: bytes | None
     query_buffer_limit: int
     output_hard_limit: int
     output_soft_limit: int
@@ -181,8 +192,11 @@ class Connection:
     def argv_memory(self) -> int: ...
     @property
     def multi_memory(self) -> int: ...
+    @property
+    def user(self) -> Any: ...
 
     def __init__(self, core: ServerCore) -> None: ...
+    def set_user(self, user: Any, authenticated: bool) -> None: ...
     def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
     def connection_lost(self, exc: Exception | None) -> None: ...
     def eof_received(self) -> bool | None: ...

@@ -3,7 +3,8 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memmove, memset
+from cpython.ref cimport PyObject
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
@@ -281,6 +282,7 @@ cdef class ServerCore:
         self.limits.max_bulk_len = max_bulk_len
         self.limits.max_multibulk_len = max_multibulk_len
         self.limits.unauthenticated = False
+        self.auth_required = requirepass is not None
         self.query_buffer_limit = query_buffer_limit
         self.output_hard_limit = output_hard_limit
         self.output_soft_limit = output_soft_limit
@@ -410,7 +412,7 @@ cdef class Connection:
     def __init__(self, ServerCore core):
         self.core = core
         self.proto = 2
-        self.authenticated = core.requirepass is None
+        self.set_user(core.default_user, not core.auth_required)
         self.created = self.last_interaction = time.monotonic()
         self.addr = self.laddr = ""
 
@@ -431,6 +433,13 @@ cdef class Connection:
         if len(core.clients) >= core.maxclients:
             core.rejected_connections += 1
             transport.write(b"-ERR max number of clients reached\r\n")
+            transport.close()
+            self.closed = True
+            return
+        if core.protected_refusal is not None and \
+                not is_local_peer(transport.get_extra_info("peername")):
+            core.rejected_connections += 1      # protected mode, as Redis counts it
+            transport.write(core.protected_refusal)
             transport.close()
             self.closed = True
             return
@@ -719,6 +728,8 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
+        elif self.restricted and self.acl_denied(cmd, False):
+            pass
         elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
             self.redirect(cmd)
         elif self.core.readonly and cmd.is_write and (
@@ -757,6 +768,60 @@ cdef class Connection:
                 self.sliced_silent = True
         if before == REPLY_SKIP and self.reply_mode == REPLY_SKIP:
             self.reply_mode = REPLY_ON       # the skipped command is done
+    cdef bint acl_denied(self, Command cmd, bint at_exec):
+        """For a restricted user: refuses (and logs in ACL LOG) the command
+        in parser.argv if the user may not run it or touch one of its keys,
+        as Redis's ACLCheckAllPerm; a container is judged by its
+        subcommand (CONFIG|SET).  at_exec: EXEC running what MULTI queued,
+        whose reply is Redis's "rules changed" NOPERM."""
+        cdef Command target = cmd
+        cdef Command sub
+        cdef int pos = 0
+        if cmd.no_auth:
+            return False     # AUTH, HELLO, QUIT, RESET: always, as in Redis
+        if cmd.subcommands and self.parser.argc >= 2:
+            sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
+                self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
+            if sub is None or not sub.arity_ok(self.parser.argc):
+                return False     # the container's own error comes next
+            target = sub
+        pos = acl_verdict(self.acl_perm, self.acl_keys, target, self.parser.argv,
+                          self.parser.argc)
+        reason = "key"
+        if pos == 0 and target.has_channels and self.acl_channels is not None:
+            pos = self.core.app.acl.channel_position(self.acl_channels, target,
+                                                     self.args_as_bytes())
+            reason = "channel"
+        if pos == 0:
+            return False
+        if pos < 0:
+            reason, obj = "command", target.name
+        else:
+            obj = arg_text(&self.parser.argv[pos], 1 << 30)
+        self.core.app.acl.log_denial(self, reason, obj, at_exec or self.multi_queue is not None)
+        if at_exec:
+            self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
+                             "accumulated and the EXEC call. This command is no longer allowed "
+                             "for the following reason: " + EXEC_DENIALS[reason])
+        elif pos < 0:
+            self.reject(cmd, f"NOPERM this user has no permissions to run the '{target.name}' "
+                             "command")
+        else:
+            self.reject(cmd, f"NOPERM this user has no permissions to access one of the "
+                             f"{reason}s used as arguments")
+        return True
+
+    def set_user(self, user, bint authenticated):
+        """Runs as user (server/acl.py's User, or None: unrestricted) from
+        now on; its grant is None when it may run everything on every key
+        and channel, else (permission map, key patterns or None, channel
+        patterns or None)."""
+        grant = user.grant if user is not None else None
+        self.user = user
+        self.authenticated = authenticated
+        self.restricted = grant is not None
+        self.acl_perm, self.acl_keys, self.acl_channels = \
+            grant if grant is not None else (None, None, None)
 
     cdef void on_replica_link(self, Command cmd):
         """After CL.SYNC the connection carries the replication stream out
@@ -1162,6 +1227,8 @@ cdef class Connection:
                 self.parser.argv[i].ptr = PyBytes_AS_STRING(arg)
                 self.parser.argv[i].len = PyBytes_GET_SIZE(arg)
             self.parser.argc = len(args)
+            if self.restricted and self.acl_denied(cmd, True):
+                continue      # its rules changed since it was queued
             started = fl_mono_ns()
             self.run(cmd, args)
             record_call(cmd, fl_mono_ns() - started)   # each its own call; EXEC's holds them all
@@ -1394,6 +1461,12 @@ def quoted(bytes a):
             out += b"\\x%02x" % c
     out.append(0x22)
     return bytes(out)
+
+
+# Redis's reasons (multi.c) when EXEC finds a queued command no longer allowed.
+EXEC_DENIALS = {"command": "no permission to execute the command or subcommand",
+                "key": "no permission to touch the specified keys",
+                "channel": "no permission to access one of the channels used as arguments"}
 # The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
 LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
 
@@ -1533,6 +1606,89 @@ cdef str unknown_command_message(const Arg* argv, int argc):
         args += f"'{arg_text(&argv[i], 128 - len(args))}' "
         i += 1
     return f"ERR unknown command '{arg_text(&argv[0])}', with args beginning with: {args}"
+
+
+cdef extern from "Python.h":
+    # Borrowed, unchecked: the ACL check reads its own tuples of bytes.
+    PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* t, Py_ssize_t i)
+    Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* t)
+    char* bytes_data "PyBytes_AS_STRING"(PyObject* b)
+    Py_ssize_t bytes_size "PyBytes_GET_SIZE"(PyObject* b)
+
+
+cdef inline bint key_admitted(tuple keys, const Arg* key) noexcept:
+    """Whether keys (server/acl.py's (prefixes, globs): a pattern that is a
+    literal then one "*" is a prefix, compared with memcmp; the others
+    are globs) admit key."""
+    cdef PyObject* group
+    cdef PyObject* p
+    cdef Py_ssize_t j, n
+    group = tuple_item(<PyObject*>keys, 0)
+    for j in range(tuple_size(group)):
+        p = tuple_item(group, j)
+        n = bytes_size(p)
+        # (an empty key matches no pattern, as in stringmatchlen)
+        if key.len > 0 and <Py_ssize_t>key.len >= n and memcmp(bytes_data(p), key.ptr, n) == 0:
+            return True
+    group = tuple_item(<PyObject*>keys, 1)
+    for j in range(tuple_size(group)):
+        p = tuple_item(group, j)
+        if glob_match(bytes_data(p), bytes_size(p), key.ptr, key.len):
+            return True
+    return False
+
+
+cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2:
+    """Whether an ACL grant (permission map, and key patterns as
+    key_admitted reads them or None for all keys; see server/acl.py)
+    admits cmd (the subcommand, for a container) with argv: 0 when it
+    does, -1 when the command is not allowed, else the position of the
+    first key (first_key..last_key by key_step, as COMMAND shows them)
+    no pattern admits.  Every front asks this."""
+    cdef int i, last
+    if cmd.acl_id >= PyBytes_GET_SIZE(perm) or not (<const unsigned char*>PyBytes_AS_STRING(
+            perm))[cmd.acl_id]:
+        return -1
+    if keys is None or cmd.first_key <= 0:
+        return 0
+    last = cmd.last_key if cmd.last_key >= 0 else argc + cmd.last_key
+    if last > argc - 1:
+        last = argc - 1
+    i = cmd.first_key
+    while i <= last:
+        if not key_admitted(keys, &argv[i]):
+            return i
+        i += cmd.key_step if cmd.key_step > 0 else 1
+    return 0
+
+
+def acl_check(grant, Command cmd, list args):
+    """acl_verdict for Python callers (ACL DRYRUN, the HTTP front): args
+    are the command's bytes, args[0] its name.  None: unrestricted."""
+    cdef int i, argc = len(args)
+    cdef Arg* argv
+    cdef bytes a
+    if grant is None:
+        return 0
+    argv = <Arg*>malloc(sizeof(Arg) * (argc if argc > 0 else 1))
+    if argv == NULL:
+        raise MemoryError()
+    try:
+        for i in range(argc):
+            a = args[i]
+            argv[i].ptr = PyBytes_AS_STRING(a)
+            argv[i].len = PyBytes_GET_SIZE(a)
+        return acl_verdict(grant[0], grant[1], cmd, argv, argc)   # (channels: acl.py's)
+    finally:
+        free(argv)
+
+
+def is_local_peer(peername):
+    """Redis's islocalClient: a Unix socket, or a TCP peer whose address is
+    exactly 127.0.0.1 or ::1 (not 127.0.0.2, not ::ffff:127.0.0.1)."""
+    if not isinstance(peername, tuple):
+        return True
+    return peername[0] in ("127.0.0.1", "::1")
 
 
 def _format_addr(addr):

@@ -161,7 +161,8 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
     path = os.path.join(workdir, "all.toml")
     open(path, "w").close()
     argv = ["--config", path, "--port", "7001", "--bind", "127.0.0.1", "::1",
-            "--requirepass", "pw", "--shards", "64", "--manual-clock", "--maxclients", "50",
+            "--requirepass", "pw", "--aclfile", "users.acl", "--acllog-max-len", "7",
+            "--protected-mode", "no", "--shards", "64", "--manual-clock", "--maxclients", "50",
             "--proto-max-bulk-len", "2mb", "--max-multibulk-len", "5000",
             "--client-query-buffer-limit", "3mb",
             "--client-output-buffer-limit", "1000", "500", "9", "--hz", "20",

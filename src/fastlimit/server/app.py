@@ -20,6 +20,7 @@ from fastlimit._rules import RuleEngine
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.server import config as cfg
+from fastlimit.server.acl import Acl
 from fastlimit.server.cluster import Cluster
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
@@ -59,6 +60,9 @@ class Server:
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
+        # The users (and the aclfile: raises ConfigError, the server refuses
+        # to start, if it cannot be used), before any connection.
+        self.acl = Acl(self, log)
         self.expiry = Expiry([self.store, self.rule_engine])
         self.pubsub = PubSub(self.core)
         self.port = settings.port
@@ -78,7 +82,7 @@ class Server:
         # or from rls-xds-server, once the loop runs (the start never waits for it)
         self.rls_xds = RlsXdsSubsystem(self.rls, settings, log)
         self.subsystems: list[Subsystem] = [
-            self.expiry, rules_subsystem,
+            self.acl, self.expiry, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         self._apply_limits(settings)
@@ -216,6 +220,7 @@ class Server:
         core.total_error_replies = core.net_input_bytes = core.net_output_bytes = 0
         core.error_counts.clear()
         self.auth_failures = 0
+        self.acl.reset_stats()
         self.tls.handshake_failures = 0
         self.replication.reset_stats()
         for cmd in core.commands.values():

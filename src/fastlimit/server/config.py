@@ -181,6 +181,9 @@ class Settings:
     bind: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     port: int = DEFAULT_PORT
     requirepass: str | None = None
+    aclfile: str | None = None
+    acllog_max_len: int = 128
+    protected_mode: bool = True
     shards: int = 256
     manual_clock: bool = False
     maxclients: int = 10000
@@ -286,7 +289,10 @@ LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
 _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
     "port": (lambda v: parse_int(v, 0, 65535), str),
-    "requirepass": (lambda v: str(v) or None, lambda v: v or ""),
+"requirepass": (lambda v: str(v) or None, lambda v: v or ""),
+    "aclfile": (lambda v: str(v) or None, lambda v: v or ""),
+    "acllog-max-len": (lambda v: parse_int(v, 0, 2**31 - 1), str),
+    "protected-mode": (parse_bool, lambda v: "yes" if v else "no"),
     "shards": (parse_shards, str),
     "manual-clock": (parse_bool, lambda v: "yes" if v else "no"),
     "maxclients": (lambda v: parse_int(v, 1, 1_000_000), str),
@@ -446,6 +452,7 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "proto-max-bulk-len", "max-multibulk-len",
                     "client-query-buffer-limit", "client-output-buffer-limit",
                     "hz", "sweep-budget-ms", "loglevel", "requirepass", "masterauth",
+                    "acllog-max-len", "protected-mode",
                     "masteruser", "replica-priority", "replica-announce-ip",
                     "replica-announce-port", "replica-announced", "repl-user",
                     "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
@@ -465,7 +472,6 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
 # buckets in memory only (snapshots come with replication).
 FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
          "maxmemory": "0", "maxmemory-policy": "noeviction",
-         "protected-mode": "no",
          "daemonize": "no"}   # never: CONFIG SET daemonize yes is Redis's immutable error
 
 
@@ -838,7 +844,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--bind", nargs="+", metavar="ADDR",
                    help="addresses to listen on (default 127.0.0.1)")
-    p.add_argument("--requirepass", metavar="PW", help="password clients must AUTH with")
+    p.add_argument("--requirepass", metavar="PW",
+                   help="the default user's password, which clients AUTH with")
+    p.add_argument("--aclfile", metavar="PATH",
+                   help="ACL users, one 'user <name> <rules>' line each (Redis's format), "
+                        "loaded at start and by ACL LOAD, written by ACL SAVE")
+    p.add_argument("--acllog-max-len", metavar="N",
+                   help="entries ACL LOG keeps (default 128)")
+    p.add_argument("--protected-mode", metavar="yes|no",
+                   help="while the default user has no password, refuse clients from other "
+                        "addresses than 127.0.0.1 and ::1 (default yes)")
     p.add_argument("--shards", metavar="N",
                    help="bucket table shards, a power of two (default 256)")
     p.add_argument("--manual-clock", action="store_true", default=None,

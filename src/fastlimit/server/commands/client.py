@@ -54,6 +54,10 @@ def _flags(c) -> str:
     return flags or "N"
 
 
+def _user_name(c) -> str:
+    return c.user.name if c.user is not None else "default"
+
+
 def client_line(c, now: float) -> str:
     """One CLIENT LIST line, Redis's fields in its order.  tot-mem is what
     the client holds: its input buffer and parser, running arguments,
@@ -69,7 +73,7 @@ def client_line(c, now: float) -> str:
             f"qbuf={qbuf} qbuf-free={c.query_buffer_free} argv-mem={argv_mem} "
             f"multi-mem={multi_mem} rbs=0 rbp=0 "
             f"obl=0 oll=0 omem={omem} tot-mem={total} events=r "
-            f"cmd={c.last_command} user=default redir=-1 resp={c.proto} "
+            f"cmd={c.last_command} user={_user_name(c)} redir=-1 resp={c.proto} "
             f"lib-name={_text(c.lib_name)} lib-ver={_text(c.lib_ver)}")
 
 
@@ -140,6 +144,11 @@ def cmd_client_kill(conn, args):
         elif option == "type":
             kind = _kind_argument(value)
             victims = [c for c in victims if _client_type(c) == kind]
+        elif option == "user":
+            user = conn.core.app.acl.users.get(value.decode("utf-8", "surrogateescape"))
+            if user is None:
+                raise ReplyError(f"ERR No such user '{value.decode(errors='replace')}'")
+            victims = [c for c in victims if c.user is user]
         else:
             raise ReplyError("ERR syntax error")
     if skipme:

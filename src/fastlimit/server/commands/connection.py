@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
-
 from fastlimit import __version__
 from fastlimit._resp import ReplyError, SimpleString
 from fastlimit.server.arguments import check_client_name, integer, lowercase
@@ -15,33 +13,33 @@ def cmd_echo(conn, args):
     return args[1]
 
 
-def _password_ok(conn, username: bytes | None, password: bytes) -> bool:
-    expected = conn.core.requirepass
-    if expected is None:
-        return False
-    user_ok = username is None or username == b"default"
-    return hmac.compare_digest(password, expected) and user_ok
-
-
-def _wrong_password(conn):
-    """Counted (INFO stats acl_access_denied_auth), not logged, as in Redis:
-    a client could otherwise write log lines as fast as it can send AUTH."""
-    conn.core.app.auth_failures += 1
-    raise ReplyError(WRONGPASS)
+def _authenticate(conn, username: bytes, password: bytes, args) -> None:
+    """Redis's ACLAuthenticateUser: the connection runs as the user from
+    now on, or WRONGPASS, counted (INFO stats acl_access_denied_auth) and
+    in ACL LOG, not in the server's log: a client could otherwise write
+    log lines as fast as it can send AUTH."""
+    acl = conn.core.app.acl
+    name = username.decode("utf-8", "surrogateescape")
+    user = acl.authenticate(name, password)
+    if user is None:
+        conn.core.app.auth_failures += 1
+        acl.log_denial(conn, "auth", args[0].decode("utf-8", "surrogateescape"),
+                       conn.in_multi, username=name)
+        raise ReplyError(WRONGPASS)
+    conn.set_user(user, True)
 
 
 def cmd_auth(conn, args):
     if len(args) > 3:
         raise ReplyError("ERR syntax error")
-    if conn.core.requirepass is None:
-        raise ReplyError("ERR AUTH <password> called without any password configured "
-                         "for the default user. Are you sure your configuration is correct?")
-    username, password = (None, args[1]) if len(args) == 2 else (args[1], args[2])
-    if not _password_ok(conn, username, password):
-        _wrong_password(conn)
-    conn.authenticated = True
+    if len(args) == 2:
+        if conn.core.default_user.nopass:
+            raise ReplyError("ERR AUTH <password> called without any password configured "
+                             "for the default user. Are you sure your configuration is correct?")
+        _authenticate(conn, b"default", args[1], args)
+    else:
+        _authenticate(conn, args[1], args[2], args)
     return OK
-
 
 
 def cmd_hello(conn, args):
@@ -50,15 +48,11 @@ def cmd_hello(conn, args):
         proto = integer(args[1], "Protocol version")
         if proto not in (2, 3):
             raise ReplyError("NOPROTO unsupported protocol version")
-    i, name, authed = 2, None, False
+    i, name = 2, None
     while i < len(args):
         option = lowercase(args[i])
         if option == "auth" and i + 2 < len(args):
-            if conn.core.requirepass is None and args[i + 1] == b"default":
-                authed = True   # Redis accepts any password when none is set
-            elif not _password_ok(conn, args[i + 1], args[i + 2]):
-                _wrong_password(conn)
-            authed = True
+            _authenticate(conn, args[i + 1], args[i + 2], args)
             i += 3
         elif option == "setname" and i + 1 < len(args):
             name = args[i + 1]
@@ -67,13 +61,11 @@ def cmd_hello(conn, args):
         else:
             option = args[i].decode(errors="replace")
             raise ReplyError(f"ERR Syntax error in HELLO option '{option}'")
-    if not conn.authenticated and not authed:
+    if not conn.authenticated:
         raise ReplyError("NOAUTH HELLO must be called with the client already authenticated, "
                          "otherwise the HELLO AUTH <user> <pass> option can be used "
                          "to authenticate the client and select the RESP protocol version "
                          "at the same time")
-    if authed:
-        conn.authenticated = True
     if name is not None:
         conn.name = name or None
     conn.proto = proto
@@ -102,5 +94,5 @@ def cmd_reset(conn, args):
     conn.multi_queue = None
     conn.proto = 2
     conn.name = None
-    conn.authenticated = conn.core.requirepass is None
+    conn.set_user(conn.core.default_user, not conn.core.auth_required)
     return SimpleString("RESET")

@@ -11,9 +11,11 @@ from fastlimit._resp import ReplyError, SimpleString
 
 
 def container(name: str, arity: int, flags, subcommands, doc, default=None,
-              acl=()) -> Command:
+              acl=(), help_acl=("@slow",)) -> Command:
     """A command whose second argument names a subcommand (CLIENT LIST);
-    `default` answers the bare command, where Redis allows one."""
+    `default` answers the bare command, where Redis allows one.  ACL
+    permissions of a subcommand are checked before this runs (Connection.
+    acl_denied reads the subcommand as this does)."""
     holder: list[Command] = []
 
     def dispatch(conn, args):
@@ -47,7 +49,8 @@ def container(name: str, arity: int, flags, subcommands, doc, default=None,
 
     subs = list(subcommands) + [
         Command(f"{name}|help", 2, ("loading", "stale"), help_lines,
-                doc={"summary": "Shows helpful text about the different subcommands."})]
+                doc={"summary": "Shows helpful text about the different subcommands."},
+                acl_categories=help_acl)]
     cmd = Command(name, arity, flags, dispatch, subcommands=subs, doc=doc, acl_categories=acl)
     holder.append(cmd)
     return cmd

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from fastlimit._protocol import Command
 from fastlimit.server.commands import (
+    acl,
     buckets,
     client,
     cluster,
@@ -49,7 +50,7 @@ def build_table() -> dict[bytes, Command]:
                         ("cost", "integer", {"token": "COST", "optional": True}),
                         ("period", "integer", {"token": "PERIOD", "optional": True})]),
         command("cl.reset", 2, ("write", "fast"), buckets.cmd_cl_reset,
-             keys=(1, 1, 1), acl=("@write", "@fast", "@ratelimit"), group="ratelimit",
+             keys=(1, 1, 1), acl=("@write", "@admin", "@fast", "@dangerous"), group="ratelimit",
              summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
              arguments=[("key", "key")]),
         command("cl.limit", -3, ("write", "denyoom", "fast"), fast=FAST_CL_LIMIT, keys=(1, 1, 1),
@@ -116,11 +117,11 @@ def build_table() -> dict[bytes, Command]:
              acl=("@keyspace", "@read", "@fast"),
              group="server", summary="Returns the number of live buckets."),
         command("flushall", -1, ("write",), server.cmd_flushall,
-             acl=("@keyspace", "@write", "@slow"),
+             acl=("@keyspace", "@write", "@slow", "@dangerous"),
              group="server", summary="Removes every bucket.",
              arguments=[("flush-type", "string", {"optional": True})]),
         command("flushdb", -1, ("write",), server.cmd_flushall,
-             acl=("@keyspace", "@write", "@slow"),
+             acl=("@keyspace", "@write", "@slow", "@dangerous"),
              group="server", summary="Removes every bucket (there is one database).",
              arguments=[("flush-type", "string", {"optional": True})]),
         command("time", 1, ("loading", "stale", "fast"), server.cmd_time, acl=("@fast",),
@@ -137,7 +138,7 @@ def build_table() -> dict[bytes, Command]:
              acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="Writes the snapshot from a forked child."),
         command("lastsave", 1, ("loading", "stale", "fast"), server.cmd_lastsave,
-             acl=("@fast", "@dangerous"), group="server",
+             acl=("@admin", "@fast", "@dangerous"), group="server",
              summary="The Unix time of the last successful snapshot."),
         command("shutdown", -1, ("admin", "noscript", "loading", "stale", "no-multi", "sentinel"),
              server.cmd_shutdown, acl=("@admin", "@slow", "@dangerous"), group="server",
@@ -171,52 +172,35 @@ def build_table() -> dict[bytes, Command]:
                      "stream of changes.",
              arguments=[("repl-user", "string", {"optional": True}),
                         ("repl-password", "string", {"optional": True})]),
-        container("client", -2, ("sentinel",), [
-            sub("client", "id", 2, client.cmd_client_id, "Returns the connection's unique ID."),
-            sub("client", "getname", 2, client.cmd_client_getname,
-                "Returns the connection's name."),
-            sub("client", "setname", 3, client.cmd_client_setname, "Sets the connection's name.",
-                arguments=[("connection-name", "string")]),
-            sub("client", "setinfo", 4, client.cmd_client_setinfo,
-                "Sets information specific to the client library.",
-                arguments=[("attr", "string"), ("value", "string")]),
-            sub("client", "list", -2, client.cmd_client_list, "Lists open connections."),
-            sub("client", "info", 2, client.cmd_client_info,
-                "Returns information about this connection."),
-            sub("client", "kill", -3, client.cmd_client_kill, "Terminates open connections."),
-            sub("client", "reply", 3, client.cmd_client_reply,
-                "Instructs the server whether to reply to commands.",
-                arguments=[("on|off|skip", "string")]),
-            sub("client", "no-evict", 3, client.cmd_client_ok, "Accepted for compatibility."),
-            sub("client", "no-touch", 3, client.cmd_client_ok, "Accepted for compatibility."),
-        ], {"summary": "A container for client connection commands.", "group": "connection"}),
+        client_container(),
         container("command", -1, ("loading", "stale"), [
             sub("command", "count", 2, introspection.cmd_command_count,
-                "Returns a count of commands."),
+                "Returns a count of commands.", acl=CONNECTION),
             sub("command", "info", -2, introspection.cmd_command_info,
-                "Returns information about commands."),
+                "Returns information about commands.", acl=CONNECTION),
             sub("command", "docs", -2, introspection.cmd_command_docs,
-                "Returns documentary information about commands."),
+                "Returns documentary information about commands.", acl=CONNECTION),
             sub("command", "list", -2, introspection.cmd_command_list,
-                "Returns a list of command names."),
+                "Returns a list of command names.", acl=CONNECTION),
             sub("command", "getkeys", -3, introspection.cmd_command_getkeys,
-                "Extracts the key names from a command."),
+                "Extracts the key names from a command.", acl=CONNECTION),
         ], {"summary": "Returns detailed information about all commands.", "group": "server"},
-            default=introspection.cmd_command),
+            default=introspection.cmd_command, acl=CONNECTION, help_acl=CONNECTION),
         *rule_check_commands(),
         rule_container(),
         rls_container(),
         container("config", -2, (), [
             sub("config", "get", -3, config.cmd_config_get,
                 "Returns the effective values of settings.", config_flags,
-                arguments=[("parameter", "string")]),
+                arguments=[("parameter", "string")], acl=ADMIN),
             sub("config", "set", -4, config.cmd_config_set, "Sets settings at runtime.",
-                config_flags, arguments=[("parameter", "string"), ("value", "string")]),
+                config_flags, arguments=[("parameter", "string"), ("value", "string")],
+                acl=ADMIN),
             sub("config", "rewrite", 2, config.cmd_config_rewrite,
                 "Writes the running settings into the config file.",
-                flags=("admin", "noscript", "loading", "stale")),
+                flags=("admin", "noscript", "loading", "stale"), acl=ADMIN),
             sub("config", "resetstat", 2, config.cmd_config_resetstat,
-                "Resets the server's statistics.", config_flags),
+                "Resets the server's statistics.", config_flags, acl=ADMIN),
         ], {"summary": "A container for server configuration commands.", "group": "server"}),
         container("function", -2, (), [
             sub("function", "flush", -2, server.cmd_function_flush,
@@ -225,10 +209,82 @@ def build_table() -> dict[bytes, Command]:
                 acl=("@write", "@slow", "@scripting")),
         ], {"summary": "A container for function commands.", "group": "scripting"},
             acl=("@slow",)),
+        acl_container(),
         *pubsub_commands(),
         *cluster_commands(),
     ]
     return {c.name.encode(): c for c in commands}
+
+
+ADMIN = ("@admin", "@slow", "@dangerous")
+CONNECTION = ("@slow", "@connection")
+
+
+def client_container() -> Command:
+    """CLIENT, with Redis 7.0's categories per subcommand."""
+    admin = ADMIN + ("@connection",)
+    return container("client", -2, ("sentinel",), [
+        sub("client", "id", 2, client.cmd_client_id, "Returns the connection's unique ID.",
+            acl=CONNECTION),
+        sub("client", "getname", 2, client.cmd_client_getname,
+            "Returns the connection's name.", acl=CONNECTION),
+        sub("client", "setname", 3, client.cmd_client_setname, "Sets the connection's name.",
+            arguments=[("connection-name", "string")], acl=CONNECTION),
+        sub("client", "setinfo", 4, client.cmd_client_setinfo,
+            "Sets information specific to the client library.",
+            arguments=[("attr", "string"), ("value", "string")], acl=CONNECTION),
+        sub("client", "list", -2, client.cmd_client_list, "Lists open connections.", acl=admin),
+        sub("client", "info", 2, client.cmd_client_info,
+            "Returns information about this connection.", acl=CONNECTION),
+        sub("client", "kill", -3, client.cmd_client_kill, "Terminates open connections.",
+            acl=admin),
+        sub("client", "reply", 3, client.cmd_client_reply,
+            "Instructs the server whether to reply to commands.",
+            arguments=[("on|off|skip", "string")], acl=CONNECTION),
+        sub("client", "no-evict", 3, client.cmd_client_ok, "Accepted for compatibility.",
+            acl=admin),
+        sub("client", "no-touch", 3, client.cmd_client_ok, "Accepted for compatibility.",
+            acl=CONNECTION),
+    ], {"summary": "A container for client connection commands.", "group": "connection"},
+        help_acl=CONNECTION)
+
+
+def acl_container() -> Command:
+    """ACL, with Redis 7.0's arity, flags and categories."""
+    admin_flags = ("admin", "noscript", "loading", "stale", "sentinel")
+    flags = ("noscript", "loading", "stale", "sentinel")
+    slow = ("@slow",)
+
+    def admin(name, arity, handler, summary, arguments=()):
+        return sub("acl", name, arity, handler, summary, admin_flags, arguments, acl=ADMIN)
+
+    return container("acl", -2, ("sentinel",), [
+        sub("acl", "cat", -2, acl.cmd_acl_cat,
+            "Lists the ACL categories, or the commands inside a category.", flags,
+            [("category", "string", {"optional": True})], acl=slow),
+        admin("deluser", -3, acl.cmd_acl_deluser, "Deletes ACL users, and terminates their "
+              "connections.", [("username", "string")]),
+        admin("dryrun", -4, acl.cmd_acl_dryrun, "Simulates the execution of a command by a "
+              "user, without executing the command.",
+              [("username", "string"), ("command", "string")]),
+        sub("acl", "genpass", -2, acl.cmd_acl_genpass, "Generates a pseudorandom, secure "
+            "password that can be used to identify ACL users.", flags,
+            [("bits", "integer", {"optional": True})], acl=slow),
+        admin("getuser", 3, acl.cmd_acl_getuser, "Lists the ACL rules of a user.",
+              [("username", "string")]),
+        admin("list", 2, acl.cmd_acl_list, "Dumps the effective rules in ACL file format."),
+        admin("load", 2, acl.cmd_acl_load, "Reloads the rules from the configured ACL file."),
+        admin("log", -2, acl.cmd_acl_log, "Lists recent security events generated due to ACL "
+              "rules.", [("count", "integer", {"optional": True})]),
+        admin("save", 2, acl.cmd_acl_save, "Saves the effective ACL rules in the configured "
+              "ACL file."),
+        admin("setuser", -3, acl.cmd_acl_setuser, "Creates and modifies an ACL user and its "
+              "rules.", [("username", "string"), ("rule", "string", {"optional": True})]),
+        admin("users", 2, acl.cmd_acl_users, "Lists all ACL users."),
+        sub("acl", "whoami", 2, acl.cmd_acl_whoami,
+            "Returns the authenticated username of the current connection.", flags, acl=slow),
+    ], {"summary": "A container for Access List Control commands.", "group": "server",
+        "since": "0.7.0"})
 
 
 def cluster_commands() -> list[Command]:
@@ -367,24 +423,29 @@ def rule_subcommands() -> list[Command]:
 
     write = ("write", "noscript")
     read = ("readonly", "loading", "stale")
+    # Rule changes are the operators' (as CONFIG SET); reading them is
+    # anyone's; denials name other clients' keys, so they are the operators'.
+    change = ("@write", "@admin", "@slow", "@dangerous")
+    look = ("@read", "@slow")
     return [
         sub("cl.rule", "set", 4, cluster.cluster_wide(rules.cmd_rule_set),
             "Creates or replaces a named rule from its JSON document.", write,
-            [("id", "string"), ("rule", "string")]),
+            [("id", "string"), ("rule", "string")], acl=change),
         sub("cl.rule", "get", 3, rules.cmd_rule_get,
-            "Returns a rule's JSON document, or null.", read, [("id", "string")]),
+            "Returns a rule's JSON document, or null.", read, [("id", "string")], acl=look),
         sub("cl.rule", "del", 3, cluster.cluster_wide(rules.cmd_rule_del),
             "Deletes a rule and drops its buckets. Replies 1 if it existed.", write,
-            [("id", "string")]),
-        sub("cl.rule", "list", 2, rules.cmd_rule_list, "Returns the ids of all rules.", read),
+            [("id", "string")], acl=change),
+        sub("cl.rule", "list", 2, rules.cmd_rule_list, "Returns the ids of all rules.", read,
+            acl=look),
         sub("cl.rule", "reload", 2, cluster.cluster_wide(rules.cmd_rule_reload),
-            "Re-reads the rules file, all or nothing.", write),
+            "Re-reads the rules file, all or nothing.", write, acl=change),
         sub("cl.rule", "stats", -2, rules.cmd_rule_stats,
             "Returns allowed, denied and shadow-denied counts per rule.", read,
-            [("id", "string", {"optional": True})]),
+            [("id", "string", {"optional": True})], acl=look),
         sub("cl.rule", "denials", -2, rules.cmd_rule_denials,
             "Returns recent denials: [time_ms, rule_id, key, cost], newest first.", read,
-            [("count", "integer", {"optional": True})]),
+            [("count", "integer", {"optional": True})], acl=ADMIN),
     ]
 
 
@@ -401,9 +462,9 @@ def rls_container() -> Command:
     return container("cl.rls", -2, (), [
         sub("cl.rls", "list", -2, rls.cmd_rls_list,
             "Lists the rate limit service's limits, of one domain or all.", read,
-            [("domain", "string", {"optional": True})]),
+            [("domain", "string", {"optional": True})], acl=("@read", "@slow")),
         sub("cl.rls", "describe", -4, rls.cmd_rls_describe,
             "Answers as ShouldRateLimit would for one descriptor, without counting it.",
-            read, [("domain", "string"), ("entry", "string")]),
+            read, [("domain", "string"), ("entry", "string")], acl=("@read", "@slow")),
     ], {"summary": "A container for the Envoy rate limit service's commands.",
         "group": "ratelimit", "since": "0.6.0"})

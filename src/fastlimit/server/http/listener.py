@@ -11,7 +11,14 @@ import logging
 import time
 from typing import cast
 
-from fastlimit._http import ERROR_STATUS, REASONS, HttpConnection, HttpShared, status_line
+from fastlimit._http import (
+    ERROR_STATUS,
+    OPEN_PATHS,
+    REASONS,
+    HttpConnection,
+    HttpShared,
+    status_line,
+)
 from fastlimit._protocol import Command
 from fastlimit.server.http.routes import (
     Request,
@@ -117,6 +124,27 @@ class HttpFront(Subsystem):
 
     # ---- what fastlimit._http asks of the event-loop layer ------------------------------
 
+    def route_refusal(self, user, method: bytes, path: bytes) -> Response | None:
+        """A 403 for a restricted ACL user (see server/acl.py) asking for a
+        route whose RESP equivalent it may not run (the rules API as
+        CL.RULE's subcommands, metrics and status as INFO); routes without
+        one are for unrestricted users only.  None: go on."""
+        if user is None or user.grant is None or path in OPEN_PATHS:
+            return None
+        words = route_command(method.decode("latin-1"), path.decode("latin-1")) or ()
+        acl = self.server.acl
+        cmd = self.server.core.commands.get(words[0]) if words else None
+        if cmd is not None and len(words) > 1:
+            cmd = cmd.subcommands.get(words[1])
+        why = acl.refusal(user, cmd, list(words)) if cmd is not None else \
+            f"This user may not use {path.decode('latin-1')[:200]} (ACL users with limits " \
+            f"may use the check endpoints, the rules API and metrics, by their commands)"
+        if why is None:
+            return None
+        acl.log_denial(None, "command", cmd.name if cmd is not None else "http", False,
+                       username=user.name, client_info="http")
+        return problem(403, "forbidden", why, code="NOPERM")
+
     def route(self, method: bytes, path: bytes, query: bytes, headers: list, body: bytes):
         """The response of a handler (or an awaitable of one)."""
         method_text, raw_path = method.decode("latin-1"), path.decode("latin-1")
@@ -171,8 +199,9 @@ class HttpFront(Subsystem):
         return problem(status, title, detail)
 
     def unauthorized(self) -> Response:
-        return problem(401, "unauthorized", "this server needs its password: "
-                       "Authorization: Bearer <password>, or Basic with any user name",
+        return problem(401, "unauthorized", "this server needs a user's password: "
+                       "Authorization: Basic base64(user:password), or Bearer <password> "
+                       "of the default user",
                        code="NOAUTH",
                        headers=[("WWW-Authenticate", 'Basic realm="fastlimit", '
                                                      'Bearer realm="fastlimit"')])
@@ -242,3 +271,17 @@ def policy_numbers(rule) -> tuple:
     if rule.algorithm == "concurrency":
         return p["limit"], 0, 0
     return None, 0, 0
+
+
+def route_command(method: str, path: str) -> tuple[bytes, ...] | None:
+    """The RESP command a route stands for in ACL rules, as its words."""
+    if path.startswith("/v1/"):
+        path = path[3:]
+    if path == "/rules":
+        return (b"cl.rule", b"list") if method == "GET" else None
+    if path.startswith("/rules/"):
+        sub = {"GET": b"get", "PUT": b"set", "DELETE": b"del"}.get(method)
+        return (b"cl.rule", sub) if sub else None
+    if path in ("/metrics", "/info") or path.startswith("/status"):
+        return (b"info",)
+    return None
