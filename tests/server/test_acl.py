@@ -58,9 +58,11 @@ def _name(args) -> str:
 
 @pytest.fixture
 def both(server, redis_server):
-    """The users on both servers (RESP2 admin clients), removed after."""
+    """The users on both servers (RESP2 admin clients), removed after;
+    both flushed, as they are shared with other tests (DBSIZE is compared)."""
     admins = [Wire.to(server.port), Wire.to(redis_server.port)]
     for w in admins:
+        w.call("FLUSHALL")
         w.call("ACL", "LOG", "RESET")
         for name, rules in USERS.items():
             assert w.call("ACL", "SETUSER", name, "reset", *rules) == b"+OK\r\n"

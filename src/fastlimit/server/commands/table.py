@@ -221,8 +221,10 @@ CONNECTION = ("@slow", "@connection")
 
 
 def client_container() -> Command:
-    """CLIENT, with Redis 7.0's categories per subcommand."""
+    """CLIENT, with Redis 7.0's flags and categories per subcommand (the
+    admin ones stay out of MONITOR, as in Redis)."""
     admin = ADMIN + ("@connection",)
+    admin_flags = ("admin", "noscript", "loading", "stale")
     return container("client", -2, ("sentinel",), [
         sub("client", "id", 2, client.cmd_client_id, "Returns the connection's unique ID.",
             acl=CONNECTION),
@@ -233,16 +235,17 @@ def client_container() -> Command:
         sub("client", "setinfo", 4, client.cmd_client_setinfo,
             "Sets information specific to the client library.",
             arguments=[("attr", "string"), ("value", "string")], acl=CONNECTION),
-        sub("client", "list", -2, client.cmd_client_list, "Lists open connections.", acl=admin),
+        sub("client", "list", -2, client.cmd_client_list, "Lists open connections.",
+            admin_flags, acl=admin),
         sub("client", "info", 2, client.cmd_client_info,
             "Returns information about this connection.", acl=CONNECTION),
         sub("client", "kill", -3, client.cmd_client_kill, "Terminates open connections.",
-            acl=admin),
+            admin_flags, acl=admin),
         sub("client", "reply", 3, client.cmd_client_reply,
             "Instructs the server whether to reply to commands.",
             arguments=[("on|off|skip", "string")], acl=CONNECTION),
         sub("client", "no-evict", 3, client.cmd_client_ok, "Accepted for compatibility.",
-            acl=admin),
+            admin_flags, acl=admin),
         sub("client", "no-touch", 3, client.cmd_client_ok, "Accepted for compatibility.",
             acl=CONNECTION),
     ], {"summary": "A container for client connection commands.", "group": "connection"},
