@@ -8,7 +8,9 @@ from libc.string cimport memcpy, memmove, memset
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
-                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
+                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
+                              FL_EOOM)
+from fastlimit._core import OOM_ERROR
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parser_release,
                               parser_memory, parse_command,
@@ -1169,6 +1171,8 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
     rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
     if rc == FL_EKEYLEN:
         return "ERR key is longer than 65535 bytes"
+    if rc == FL_EOOM:
+        return OOM_ERROR
     if rc != FL_OK:
         return "OOM out of memory: the bucket could not be stored"
     return None
@@ -1190,6 +1194,8 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
         return f"ERR {e}"
     if rc == FL_EKEYLEN:
         return "ERR client key and resource are longer than 65535 bytes"
+    if rc == FL_EOOM:
+        return OOM_ERROR
     if rc != FL_OK:
         return "OOM out of memory: the bucket could not be stored"
     return None

@@ -6,7 +6,7 @@
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
 
-from fastlimit._core cimport Table, CheckResult, BucketParams, Clock
+from fastlimit._core cimport Table, CheckResult, BucketParams, Clock, MemoryBound
 
 
 cdef enum Algorithm:
@@ -87,6 +87,7 @@ cdef class RuleEngine:
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
     cdef size_t change_limit      # replication: change-log bytes per table, 0 = off
+    cdef MemoryBound bound        # maxmemory, or None
     cdef uint32_t order[MAX_RULES_PER_CHECK]
     # The number of the rule whose numbers the last evaluate() gave (0: none
     # applied), which the HTTP front names and describes in its headers.

@@ -18,7 +18,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               drain_section, oldest_note, log_overflowed, value_check,
                               in_range, bucket_value_ok, fl_get_u16, route_key,
                               SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
-                              walk_slots, filter_section, whole_key)
+                              walk_slots, filter_section, whole_key, MemoryBound,
+                              set_table_bound, raise_for)
 from fastlimit._core import checked_slot
 
 import collections
@@ -559,7 +560,15 @@ cdef class RuleEngine:
         if self.change_limit and table_track(compiled.leases, self.change_limit) != FL_OK:
             release_lease_table(compiled)
             raise MemoryError()
+        set_table_bound(compiled.leases, self.bound)
         return 0
+
+    def set_bound(self, MemoryBound bound):
+        """Puts every table under a memory bound, or none (None); tables
+        made later (a new concurrency rule's) join it too."""
+        self.bound = bound
+        for t in self.all_tables():
+            set_table_bound(<Table*><size_t>t, bound)
 
     def forget(self, uint32_t num):
         """Retires rule `num`: its buckets can never be read again (numbers
@@ -864,7 +873,7 @@ cdef class RuleEngine:
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
         if rc != FL_OK:
-            raise MemoryError()
+            raise_for(rc)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
         return (five, self.last_detail(n)) if detail else five
 
@@ -886,10 +895,12 @@ cdef class RuleEngine:
         cdef RuleSpec* r = self.concurrency_rule(num)
         cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
         cdef int64_t now = self.checked_now(now_ms)
+        cdef int rc
         if keylen > FL_MAX_KEY_LEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
-        if concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out) != FL_OK:
-            raise MemoryError()
+        rc = concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out)
+        if rc != FL_OK:
+            raise_for(rc)
         if out.allowed:
             r.allowed += 1
         else:
@@ -949,7 +960,9 @@ cdef class RuleEngine:
         rc = self.throttle_c(key, len(key), burst, count, period_s * 1000, quantity,
                              self.checked_now(now_ms), &out)
         if rc != FL_OK:
-            raise ValueError("key longer than 65535 bytes") if rc == FL_EKEYLEN else MemoryError()
+            if rc == FL_EKEYLEN:
+                raise ValueError("key longer than 65535 bytes")
+            raise_for(rc)
         return throttle_reply(&out)
 
     # ---- upkeep ------------------------------------------------------------------
