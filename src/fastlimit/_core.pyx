@@ -51,6 +51,8 @@ cdef enum:
     EVICT_SHARE = 16
     # Rounds one new key may run before its command is refused.
     INSERT_ROUNDS = 4
+    # Random slots tried for an occupied one before walking to the next.
+    RANDOM_TRIES = 32
 
 
 # ---- slot arithmetic --------------------------------------------------------
@@ -450,15 +452,29 @@ cdef inline uint64_t bound_random(MemBound* b) noexcept nogil:
     return b.rng
 
 
+cdef uint32_t random_occupied(MemBound* b, const Shard* s) noexcept nogil:
+    """A uniformly random occupied slot of a non-empty shard: random slots
+    until one is occupied (a shard's load stays above a fifth).  Not the
+    first occupied slot after a random one: that favours slots after long
+    empty runs, and a bucket there would be sampled again and again until
+    some eviction drew only it."""
+    cdef uint32_t tries, i = 0
+    for tries in range(RANDOM_TRIES):
+        i = <uint32_t>(bound_random(b) % s.nslots)
+        if s.slots[i].off != 0:
+            return i
+    while s.slots[i].off == 0:      # a very sparse shard: any will do
+        i = next_slot(i, s.nslots)
+    return i
+
+
 cdef uint32_t pick_victim(MemBound* b, const Table* t, const Shard* s) noexcept nogil:
-    """The slot of the best of `samples` occupied slots of a non-empty
-    shard: each sample is the first occupied slot from a random one."""
+    """The slot of the best of `samples` random occupied slots of a
+    non-empty shard."""
     cdef uint32_t k, i, best = 0
     cdef uint32_t expiry, best_expiry = UINT32_MAX
     for k in range(b.samples):
-        i = <uint32_t>(bound_random(b) % s.nslots)
-        while s.slots[i].off == 0:
-            i = next_slot(i, s.nslots)
+        i = random_occupied(b, s)
         if b.policy == EVICT_RANDOM:
             return i
         expiry = fl_get_u32(s.arena + s.slots[i].off)
@@ -523,6 +539,16 @@ cdef inline size_t round_goal(const Shard* s, size_t need) noexcept nogil:
     return share if share > need else need
 
 
+cdef void give_back(Table* t, Shard* s) noexcept nogil:
+    """Returns a shard's dead bytes, and its slots when few are in use (as
+    the sweep's shard_maintain would, later): a bound lowered far must not
+    empty shards whose slot arrays still hold the bytes."""
+    cdef size_t before = slot_bytes(s)
+    if wants_shrink(s) and shard_shrink(s) == FL_OK:
+        account(t, <ssize_t>slot_bytes(s) - <ssize_t>before)
+    shard_compact(t, s)
+
+
 cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
                        int64_t deadline_ns) noexcept nogil:
     """Rounds over the biggest attached table: compact its shard with the
@@ -544,7 +570,7 @@ cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
             if s == NULL:
                 break
             shard_evict(b, t, s, round_goal(s, need))
-        shard_compact(t, s)
+        give_back(t, s)
         if deadline_ns != INT64_MAX and fl_mono_ns() > deadline_ns:
             break
     if b.used + need <= b.limit or before >= b.used + need:
