@@ -91,8 +91,14 @@ cdef struct MemBound:
     uint64_t rng            # xorshift state for the samples
     Table* tables           # attached tables, linked through Table.bound_next
 
+# What a record holds back, for eviction among records expiring in the
+# same second (a fixed window's count: every key of a rule's window ends
+# together); larger keeps the record longer.
+ctypedef int64_t (*record_weight)(const char* value, uint32_t value_size) noexcept nogil
+
 cdef struct Table:
     ChangeLog* log      # NULL while no replica is attached
+    record_weight weight  # NULL: the expiry alone ranks records for eviction
     MemBound* bound     # NULL unless maxmemory is set
     Table* bound_next
     size_t mem          # table_memory(), kept while bound is set

@@ -217,6 +217,7 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
                     const uint8_t* seed) noexcept nogil:
     cdef uint32_t i
     t.log = NULL
+    t.weight = NULL
     t.bound = NULL
     t.bound_next = NULL
     t.mem = 0
@@ -473,13 +474,18 @@ cdef uint32_t pick_victim(MemBound* b, const Table* t, const Shard* s) noexcept 
     non-empty shard."""
     cdef uint32_t k, i, best = 0
     cdef uint32_t expiry, best_expiry = UINT32_MAX
+    cdef int64_t weight = 0, best_weight = 0
+    cdef const char* rec
     for k in range(b.samples):
         i = random_occupied(b, s)
         if b.policy == EVICT_RANDOM:
             return i
-        expiry = fl_get_u32(s.arena + s.slots[i].off)
-        if k == 0 or expiry < best_expiry:
-            best, best_expiry = i, expiry
+        rec = s.arena + s.slots[i].off
+        expiry = fl_get_u32(rec)
+        if t.weight != NULL:
+            weight = t.weight(rec + RECORD_HEADER, t.value_size)
+        if k == 0 or expiry < best_expiry or (expiry == best_expiry and weight < best_weight):
+            best, best_expiry, best_weight = i, expiry, weight
     return best
 
 

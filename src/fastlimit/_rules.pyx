@@ -85,6 +85,27 @@ cdef bint lease_value_ok(const char* v, uint32_t size) noexcept nogil:
     return True
 
 
+# Eviction weights (see _core.pxd's record_weight): a window's record
+# expires when its window does, whatever its count, so among records
+# expiring together the one counting least goes first; a token bucket's and
+# a GCRA record's expiry is already when they are full again.
+cdef int64_t fixed_window_weight(const char* v, uint32_t size) noexcept nogil:
+    return fl_get_i64(v)
+
+
+cdef int64_t sliding_window_weight(const char* v, uint32_t size) noexcept nogil:
+    return fl_get_i64(v) + fl_get_i64(v + 8)
+
+
+cdef int64_t lease_weight(const char* v, uint32_t size) noexcept nogil:
+    """Leases not released (some may have run out: no clock here)."""
+    cdef int64_t held = 0
+    cdef uint32_t i
+    for i in range(size // LEASE_SLOT):
+        held += fl_get_i64(v + i * LEASE_SLOT) != 0
+    return held
+
+
 cdef value_check VALUE_CHECKS[N_SHARED_TABLES]
 VALUE_CHECKS[<int>ALG_TOKEN_BUCKET] = bucket_value_ok
 VALUE_CHECKS[<int>ALG_FIXED_WINDOW] = fixed_window_value_ok
@@ -487,6 +508,8 @@ cdef class RuleEngine:
         if table_init(&self.throttle_table, shards, GCRA_VALUE,
                       <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
+        self.tables[<int>ALG_FIXED_WINDOW].weight = fixed_window_weight
+        self.tables[<int>ALG_SLIDING_WINDOW].weight = sliding_window_weight
         self.rules = NULL
         self.nrules = 0
         self.keybuf = <char*>malloc(256)
@@ -560,6 +583,7 @@ cdef class RuleEngine:
         if self.change_limit and table_track(compiled.leases, self.change_limit) != FL_OK:
             release_lease_table(compiled)
             raise MemoryError()
+        compiled.leases.weight = lease_weight
         set_table_bound(compiled.leases, self.bound)
         return 0
 

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import redis
-
 from wire import Wire, command, wait_until
 
 OOM = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
