@@ -12,7 +12,10 @@ change shows that it costs the check path nothing:
 and divide Connection.data_received's inclusive count by N, for the build
 before and after the change.  With a second argument ``cluster`` the
 connection routes as a cluster node serving every slot (each command's
-slot is computed and looked up, nothing is redirected).
+slot is computed and looked up, nothing is redirected).  With
+``maxmemory BYTES`` the tables are under that bound (default policy): a
+bound far above the N buckets costs only its bookkeeping, one below them
+makes each new key past it evict.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from fastlimit._core import BucketStore, Clock
+from fastlimit._core import BucketStore, Clock, MemoryBound
 from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
 from fastlimit.server.commands.table import build_table
@@ -65,9 +68,15 @@ async def feed(conn: Connection, reads: list[bytes]) -> None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
     clock = Clock(manual=True)
-    core = ServerCore(BucketStore(clock=clock), RuleEngine(clock=clock), build_table())
+    store, engine = BucketStore(clock=clock), RuleEngine(clock=clock)
+    core = ServerCore(store, engine, build_table())
     if sys.argv[2:] == ["cluster"]:
         core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:1"])
+    if sys.argv[2:3] == ["maxmemory"]:
+        bound = MemoryBound()
+        bound.configure(int(sys.argv[3]), "nearest-full", 5)
+        store.set_bound(bound)
+        engine.set_bound(bound)
     conn = Connection(core)
     conn.connection_made(Transport())
     reads = [b"".join(check(j) for j in range(i, i + 16)) for i in range(0, n, 16)]

@@ -345,20 +345,21 @@ cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
     return table_append(t, p, key, keylen, expire_s, value)
 
 
-cdef int table_append(Table* t, Probe* p, const char* key, size_t keylen,
-                      uint32_t expire_s, const char* value) noexcept nogil:
+cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
+                             uint32_t expire_s, const char* value) noexcept nogil:
     """table_insert without the bound: what loads use (a replica follows
     its primary's evictions instead of making its own, and a snapshot or
     an imported slot is taken whole, as Redis loads an RDB)."""
     cdef Shard* s = p.shard
     cdef size_t n = RECORD_HEADER + t.value_size + keylen
-    cdef size_t slots_before = slot_bytes(s)
+    cdef size_t slots_before
     cdef char* rec
     if keylen > FL_MAX_KEY_LEN:
         return FL_EKEYLEN
     if shard_reserve(s, n) != FL_OK:
         return FL_ENOMEM
     if needs_growth(s):
+        slots_before = slot_bytes(s)
         if shard_grow(s) != FL_OK:
             return FL_ENOMEM
         probe_free_slot(p)
