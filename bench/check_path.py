@@ -15,7 +15,9 @@ connection routes as a cluster node serving every slot (each command's
 slot is computed and looked up, nothing is redirected).  With
 ``maxmemory BYTES`` the tables are under that bound (default policy): a
 bound far above the N buckets costs only its bookkeeping, one below them
-makes each new key past it evict.
+makes each new key past it evict.  With ``existing`` the N commands go
+to 1,000 keys (the buckets exist after the first thousand): the path of a
+check of a stored bucket rather than of a new one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from fastlimit._core import BucketStore, Clock, MemoryBound
+from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
 from fastlimit.server.commands.table import build_table
@@ -53,8 +55,11 @@ class Transport:
     abort = close
 
 
+KEYS = 1_000_000
+
+
 def check(i: int) -> bytes:
-    key = b"key:%012d" % (i * 7919 % 1_000_000)
+    key = b"key:%012d" % (i * 7919 % KEYS)
     return b"*4\r\n$8\r\nCL.CHECK\r\n$%d\r\n%s\r\n$3\r\n100\r\n$2\r\n10\r\n" % (len(key), key)
 
 
@@ -66,15 +71,19 @@ async def feed(conn: Connection, reads: list[bytes]) -> None:
 
 
 def main() -> None:
+    global KEYS
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
+    if "existing" in sys.argv[2:]:
+        KEYS = 1000
     clock = Clock(manual=True)
     store, engine = BucketStore(clock=clock), RuleEngine(clock=clock)
     core = ServerCore(store, engine, build_table())
-    if sys.argv[2:] == ["cluster"]:
+    if "cluster" in sys.argv[2:]:
         core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:1"])
-    if sys.argv[2:3] == ["maxmemory"]:
+    if "maxmemory" in sys.argv[2:]:
+        from fastlimit._core import MemoryBound  # not in builds before it
         bound = MemoryBound()
-        bound.configure(int(sys.argv[3]), "nearest-full", 5)
+        bound.configure(int(sys.argv[sys.argv.index("maxmemory") + 1]), "nearest-full", 5)
         store.set_bound(bound)
         engine.set_bound(bound)
     conn = Connection(core)
