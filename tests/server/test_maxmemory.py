@@ -200,3 +200,18 @@ def test_standby_drops_the_buckets_its_primary_evicted(make_server):
         return pipe.execute()
     assert peeks(r) == peeks(p)
     assert all(x[2] == 0 for x in peeks(r)[:100])      # the exhausted kept on both
+
+
+def test_a_snapshot_larger_than_the_bound_loads_whole_then_is_evicted(make_server, tmp_path):
+    snap = str(tmp_path / "big.snap")
+    srv, c = started(make_server, "--snapshot-file", snap)
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(c, victims)
+    flood(srv.port, "before", 60_000)
+    c.execute_command("SAVE")
+    srv.stop()
+    srv, c = started(make_server, "--snapshot-file", snap, "--maxmemory", "1mb")
+    wait_until(lambda: c.info("memory")["used_memory_dataset"] <= MB, WAIT,
+               "the loaded tables never came down to the bound")
+    assert c.info("stats")["evicted_keys"] > 30_000
+    assert still_exhausted(c, victims) == 100
