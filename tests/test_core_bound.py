@@ -132,3 +132,18 @@ def test_a_table_without_a_bound_is_never_evicted(clock):
     for i in range(10_000):
         store.check(b"k:%d" % i, 10, 1)
     assert len(store) == 10_000 and bound.used == 0 and bound.evicted == 0
+
+
+def test_a_refused_bucket_leaves_every_rule_of_the_check_unspent(clock):
+    # CL.LIMIT is all or nothing: the commit of several rules makes room
+    # for all their new buckets first, so a refusal spends nothing.
+    store, engine, bound = bounded(clock, 1 << 30, "noeviction")
+    tb = {"algorithm": "token_bucket", "capacity": 5, "refill": 1, "period_ms": 1000}
+    engine.define(1, tb)
+    engine.define(2, tb)
+    assert engine.apply([1], b"c") == (1, 5, 4, 0, 1000)      # rule 1's bucket exists
+    bound.configure(bound.used, "noeviction", 5)               # no byte more
+    with pytest.raises(OutOfMemory):
+        engine.apply([1, 2], b"c")                             # rule 2's would be new
+    assert engine.apply([1], b"c", cost=0)[:3] == (1, 5, 4)    # rule 1 not spent
+    assert engine.apply([1], b"c")[:3] == (1, 5, 3)            # an existing bucket: checked

@@ -140,6 +140,11 @@ cdef void bound_detach(Table* t) noexcept nogil
 # were freed, else FL_EOOM.
 cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
                        int64_t deadline_ns) noexcept nogil
+# What a new record of keylen bytes in shard s would add to the count
+# (itself, and the larger slot array when the shard must grow for it).
+cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil
+cdef enum:
+    INSERT_ROUNDS = 4       # rounds one new key may run before it is refused
 cdef uint64_t table_count(const Table* t) noexcept nogil
 cdef size_t table_memory(const Table* t) noexcept nogil
 cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,

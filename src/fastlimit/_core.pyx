@@ -49,8 +49,6 @@ cdef enum:
     # compacts it): large enough that compactions are rare, small enough
     # that a round stays short (a 200mb bound: ~50 KB, ~900 buckets).
     EVICT_SHARE = 16
-    # Rounds one new key may run before its command is refused.
-    INSERT_ROUNDS = 4
     # Random slots tried for an occupied one before walking to the next.
     RANDOM_TRIES = 32
 
@@ -320,7 +318,7 @@ cdef inline void probe_free_slot(Probe* p) noexcept nogil:
     p.slot = i
 
 
-cdef inline size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil:
+cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil:
     """Bytes a new record adds to the bound's count: itself, and the
     larger slot array when the shard must grow for it."""
     cdef size_t n = RECORD_HEADER + t.value_size + keylen

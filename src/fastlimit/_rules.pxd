@@ -105,6 +105,8 @@ cdef class RuleEngine:
     cdef int select_ids(self, list nums) except -1
     cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
                             const char* resource, size_t rlen) except? 0
+    cdef int make_room(self, const char* client, size_t clen, const char* resource,
+                       size_t rlen, int n, int64_t now_ms) except? -100
     cdef bint selected(self, uint32_t num, int n) noexcept
     cdef int64_t checked_now(self, now_ms) except? -1
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1

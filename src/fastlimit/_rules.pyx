@@ -1,7 +1,7 @@
 """Named rules in the engine; see _rules.pxd for the contract."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, INT64_MAX
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
@@ -19,7 +19,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               in_range, bucket_value_ok, fl_get_u16, route_key,
                               SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
                               walk_slots, filter_section, whole_key, MemoryBound,
-                              set_table_bound, raise_for)
+                              set_table_bound, raise_for, MemBound, bound_reclaim,
+                              insert_cost, INSERT_ROUNDS, FL_EOOM)
 from fastlimit._core import checked_slot
 
 import collections
@@ -767,6 +768,28 @@ cdef class RuleEngine:
                             commit, out)
         return rc
 
+    cdef int make_room(self, const char* client, size_t clen, const char* resource,
+                       size_t rlen, int n, int64_t now_ms) except? -100:
+        """Under maxmemory, room for every bucket the commit of n rules
+        would add, made at once before any is spent, so that a refused
+        (or evicting) insert can neither leave the rules before it charged
+        nor evict what they just wrote."""
+        cdef MemBound* b = &self.bound.b
+        cdef size_t need = 0, keylen
+        cdef RuleSpec* r
+        cdef Table* t
+        cdef Probe p
+        cdef int i
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            keylen = self.compose_key(self.order[i], client, clen, resource, rlen)
+            t = &self.tables[r.algorithm]
+            if keylen <= FL_MAX_KEY_LEN and not table_lookup(t, self.keybuf, keylen, &p):
+                need += insert_cost(t, p.shard, keylen)
+        if need == 0 or b.used + need <= b.limit:
+            return FL_OK
+        return bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX)
+
     cdef bint selected(self, uint32_t num, int n) noexcept:
         cdef int i
         for i in range(n):
@@ -828,6 +851,9 @@ cdef class RuleEngine:
             if not self.results[i].allowed and not self.rules[self.order[i]].shadow:
                 passed = False
         if passed and cost > 0:    # a peek reads and never writes (on a replica too)
+            if self.bound is not None and self.make_room(client, clen, resource, rlen, n,
+                                                         now_ms) != FL_OK:
+                return FL_EOOM     # before anything is spent: all or nothing holds
             for i in range(n):
                 r = &self.rules[self.order[i]]
                 if r.shadow and not self.results[i].allowed:
