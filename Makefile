@@ -1,4 +1,4 @@
-.PHONY: serve test test-debug-serial bench soak ha cluster cluster-stop build clean redis-tcl-suite
+.PHONY: serve test test-debug-serial bench soak keyflood ha cluster cluster-stop build clean redis-tcl-suite
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -24,6 +24,10 @@ bench:          ## fastlimit vs redis-server, the clients vs the limits library,
 soak:           ## every attack of the hardening review at once, a good client's latency and memory (bench/soak.py)
 	scripts/bootstrap.sh
 	.venv/bin/python bench/soak.py
+
+keyflood:       ## tens of millions of new keys against maxmemory 200mb and against no bound: memory, throughput, a real client (bench/keyflood.py, ~3 min)
+	scripts/bootstrap.sh
+	.venv/bin/python bench/keyflood.py
 
 ha:             ## a local HA set: primary, two standbys, three redis-sentinels on 127.0.0.1 (scripts/ha.py)
 	scripts/bootstrap.sh

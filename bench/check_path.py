@@ -12,7 +12,12 @@ change shows that it costs the check path nothing:
 and divide Connection.data_received's inclusive count by N, for the build
 before and after the change.  With a second argument ``cluster`` the
 connection routes as a cluster node serving every slot (each command's
-slot is computed and looked up, nothing is redirected).
+slot is computed and looked up, nothing is redirected).  With
+``maxmemory BYTES`` the tables are under that bound (default policy): a
+bound far above the N buckets costs only its bookkeeping, one below them
+makes each new key past it evict.  With ``existing`` the N commands go
+to 1,000 keys (the buckets exist after the first thousand): the path of a
+check of a stored bucket rather than of a new one.
 """
 
 from __future__ import annotations
@@ -50,8 +55,11 @@ class Transport:
     abort = close
 
 
+KEYS = 1_000_000
+
+
 def check(i: int) -> bytes:
-    key = b"key:%012d" % (i * 7919 % 1_000_000)
+    key = b"key:%012d" % (i * 7919 % KEYS)
     return b"*4\r\n$8\r\nCL.CHECK\r\n$%d\r\n%s\r\n$3\r\n100\r\n$2\r\n10\r\n" % (len(key), key)
 
 
@@ -63,11 +71,21 @@ async def feed(conn: Connection, reads: list[bytes]) -> None:
 
 
 def main() -> None:
+    global KEYS
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
+    if "existing" in sys.argv[2:]:
+        KEYS = 1000
     clock = Clock(manual=True)
-    core = ServerCore(BucketStore(clock=clock), RuleEngine(clock=clock), build_table())
-    if sys.argv[2:] == ["cluster"]:
+    store, engine = BucketStore(clock=clock), RuleEngine(clock=clock)
+    core = ServerCore(store, engine, build_table())
+    if "cluster" in sys.argv[2:]:
         core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:1"])
+    if "maxmemory" in sys.argv[2:]:
+        from fastlimit._core import MemoryBound  # not in builds before it
+        bound = MemoryBound()
+        bound.configure(int(sys.argv[sys.argv.index("maxmemory") + 1]), "nearest-full", 5)
+        store.set_bound(bound)
+        engine.set_bound(bound)
     conn = Connection(core)
     conn.connection_made(Transport())
     reads = [b"".join(check(j) for j in range(i, i + 16)) for i in range(0, n, 16)]

@@ -45,6 +45,7 @@ cdef enum:
     FL_OK = 0
     FL_ENOMEM = -1
     FL_EKEYLEN = -2
+    FL_EOOM = -6       # maxmemory is reached and the policy frees nothing
     FL_MAX_KEY_LEN = 65535
 
 cdef struct Slot:
@@ -72,8 +73,36 @@ cdef struct ChangeLog:
     bint overflowed     # the log lost changes: replicas need a full copy
     int64_t first_ms    # wall time of the oldest note (lag is measured from it)
 
+# maxmemory: one bound over every table attached to it (both stores'),
+# kept in table_memory's measure (slots and the used part of each arena),
+# updated incrementally while a table is attached.  A table with no bound
+# (maxmemory 0) pays one NULL test per new key and nothing per check.
+cdef enum EvictPolicy:
+    EVICT_NONE = 0           # noeviction: -OOM to a command adding a bucket
+    EVICT_NEAREST_FULL = 1   # the sampled bucket soonest full again
+    EVICT_RANDOM = 2         # any sampled bucket
+
+cdef struct MemBound:
+    size_t limit            # bytes, > 0 while tables are attached
+    size_t used             # bytes of the attached tables
+    uint64_t evicted        # records evicted, ever
+    int policy              # EvictPolicy
+    uint32_t samples        # records looked at per eviction
+    uint64_t rng            # xorshift state for the samples
+    Table* tables           # attached tables, linked through Table.bound_next
+
+# What a record holds back, for eviction among records expiring in the
+# same second (a fixed window's count: every key of a rule's window ends
+# together); larger keeps the record longer.
+ctypedef int64_t (*record_weight)(const char* value, uint32_t value_size) noexcept nogil
+
 cdef struct Table:
     ChangeLog* log      # NULL while no replica is attached
+    record_weight weight  # NULL: the expiry alone ranks records for eviction
+    MemBound* bound     # NULL unless maxmemory is set
+    Table* bound_next
+    size_t mem          # table_memory(), kept while bound is set
+    uint32_t evict_shard  # where the next eviction round starts
     Shard* shards
     uint32_t nshards    # power of two
     uint32_t value_size
@@ -101,6 +130,21 @@ cdef char* probe_value(Table* t, const Probe* p) noexcept nogil
 cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
                       uint32_t expire_s, const char* value) noexcept nogil
 cdef void table_delete(Table* t, Probe* p) noexcept nogil
+# Attaches a table to a bound (or moves it to another); detach is a no-op
+# for a table without one.
+cdef void bound_attach(MemBound* b, Table* t) noexcept nogil
+cdef void bound_detach(Table* t) noexcept nogil
+# Frees memory in the attached tables until `need` more bytes fit under
+# the limit or `rounds` rounds are done (each evicts a sixteenth of one
+# shard then compacts it): FL_OK when they fit or at least `need` bytes
+# were freed, else FL_EOOM.
+cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
+                       int64_t deadline_ns) noexcept nogil
+# What a new record of keylen bytes in shard s would add to the count
+# (itself, and the larger slot array when the shard must grow for it).
+cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil
+cdef enum:
+    INSERT_ROUNDS = 4       # rounds one new key may run before it is refused
 cdef uint64_t table_count(const Table* t) noexcept nogil
 cdef size_t table_memory(const Table* t) noexcept nogil
 cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
@@ -300,6 +344,16 @@ cdef class Decision:
     cdef readonly int64_t retry_after_ms
     cdef readonly int64_t reset_after_ms
     cdef readonly str source
+
+
+cdef class MemoryBound:
+    """maxmemory and its policy, over the tables of the stores given
+    it (BucketStore.set_bound, RuleEngine.set_bound)."""
+    cdef MemBound b
+
+
+cdef void set_table_bound(Table* t, MemoryBound bound) noexcept
+cdef object raise_for(int rc)
 
 
 cdef class BucketStore:

@@ -40,6 +40,29 @@ class Clock:
     def advance(self, ms: int) -> None:
         """Moves a manual clock forward by ms (ValueError on the wall clock)."""
 
+OOM_ERROR: str
+POLICIES: dict[str, int]
+
+
+class OutOfMemory(MemoryError):
+    """A new bucket refused under maxmemory; str() is Redis's OOM text."""
+
+
+class MemoryBound:
+    """maxmemory over the tables of the stores attached to it."""
+
+    def configure(self, limit: int, policy: str, samples: int) -> None: ...
+    def evict(self, budget_ms: float = 1.0) -> int:
+        """Evicts until under the limit or budget_ms passed; how many."""
+    @property
+    def limit(self) -> int: ...
+    @property
+    def used(self) -> int:
+        """Bytes of the attached tables, compared with the limit."""
+    @property
+    def evicted(self) -> int: ...
+
+
 class BucketStore:
     """Token buckets in sharded C tables, with the server's arithmetic."""
 
@@ -47,6 +70,7 @@ class BucketStore:
 
     def __init__(self, shards: int = 256, clock: Clock | None = None,
                  seed: bytes | None = None) -> None: ...
+    def set_bound(self, bound: MemoryBound | None) -> None: ...
     def check(self, key: bytes, capacity: int, refill_per_sec: int, cost: int = 1,
               period_ms: int = 1000, now_ms: int | None = None
               ) -> tuple[int, int, int, int, int]:

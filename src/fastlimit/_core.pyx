@@ -5,7 +5,7 @@ token bucket, and the incremental sweep that drops full buckets.
 Layout and contracts are documented in _core.pxd.
 """
 
-from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, UINT32_MAX
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, UINT32_MAX, INT64_MAX
 from libc.errno cimport errno, EINTR
 from libc.stdlib cimport malloc, calloc, realloc, free
 from libc.string cimport memcpy, memcmp, memset
@@ -18,6 +18,26 @@ from fastlimit._cluster cimport key_slot, CLUSTER_SLOTS
 import os
 import struct
 
+from fastlimit._resp import ReplyError
+
+# Redis's words for a write refused under maxmemory.
+OOM_ERROR = "OOM command not allowed when used memory > 'maxmemory'."
+
+
+class OutOfMemory(ReplyError, MemoryError):
+    """A new bucket refused under maxmemory (noeviction, or nothing left to
+    evict); a command handler's reply is Redis's OOM error."""
+
+    def __init__(self):
+        super().__init__(OOM_ERROR)
+
+
+cdef object raise_for(int rc):
+    """The exception for a table call's failure code."""
+    if rc == FL_EOOM:
+        raise OutOfMemory()
+    raise MemoryError()
+
 cdef enum:
     MIN_SLOTS = 8
     MIN_ARENA = 256
@@ -25,6 +45,12 @@ cdef enum:
     ARENA_START = 8
     # Deadline is checked every this many slots visited by the sweep.
     SWEEP_CHECK_EVERY = 32
+    # An eviction round frees this share of one shard's arena (then
+    # compacts it): large enough that compactions are rare, small enough
+    # that a round stays short (a 200mb bound: ~50 KB, ~900 buckets).
+    EVICT_SHARE = 16
+    # Random slots tried for an occupied one before walking to the next.
+    RANDOM_TRIES = 32
 
 
 # ---- slot arithmetic --------------------------------------------------------
@@ -135,6 +161,7 @@ cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
             pos += n
     invariant(pos == live)   # live counts the reserved start too
     t.relocations += 1       # arena cursors (ArenaCursor) walk this shard again
+    account(t, <ssize_t>pos - <ssize_t>s.arena_len)
     fl_mem_free(s.arena, s.arena_cap)
     s.arena = fresh
     s.arena_cap = cap
@@ -159,11 +186,25 @@ cdef int shard_reserve(Shard* s, size_t n) noexcept nogil:
     return FL_OK
 
 
+cdef inline size_t slot_bytes(const Shard* s) noexcept nogil:
+    return s.nslots * sizeof(Slot)
+
+
+cdef inline void account(Table* t, ssize_t delta) noexcept nogil:
+    """Keeps the bound's count of the table's bytes (table_memory's
+    measure) when there is a bound."""
+    if t.bound != NULL:
+        t.mem += delta
+        t.bound.used += delta
+
+
 cdef void shard_maintain(Table* t, Shard* s) noexcept nogil:
     # Failures here only mean the memory is not returned yet; the shard
     # stays valid either way.
+    cdef size_t before = slot_bytes(s)
     if wants_shrink(s):
         shard_shrink(s)
+        account(t, <ssize_t>slot_bytes(s) - <ssize_t>before)
     if s.dead * 2 > s.arena_len:
         shard_compact(t, s)
 
@@ -174,6 +215,11 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
                     const uint8_t* seed) noexcept nogil:
     cdef uint32_t i
     t.log = NULL
+    t.weight = NULL
+    t.bound = NULL
+    t.bound_next = NULL
+    t.mem = 0
+    t.evict_shard = 0
     t.nshards = nshards
     t.value_size = value_size
     memcpy(t.seed, seed, 16)
@@ -194,6 +240,7 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
 cdef void table_free(Table* t) noexcept nogil:
     cdef uint32_t i
     table_untrack(t)
+    bound_detach(t)
     if t.shards == NULL:
         return
     for i in range(t.nshards):
@@ -212,6 +259,8 @@ cdef int table_clear(Table* t) noexcept nogil:
     t.sweep_shard = 0
     t.sweep_slot = 0
     t.relocations += 1
+    if t.bound != NULL:
+        account(t, <ssize_t>table_memory(t) - <ssize_t>t.mem)
     return rc
 
 
@@ -260,24 +309,59 @@ cdef char* probe_value(Table* t, const Probe* p) noexcept nogil:
     return p.shard.arena + p.shard.slots[p.slot].off + RECORD_HEADER
 
 
+cdef inline void probe_free_slot(Probe* p) noexcept nogil:
+    """Finds the slot again for an absent key after its shard changed."""
+    cdef Shard* s = p.shard
+    cdef uint32_t i = home_slot(p.hash, s.nslots)
+    while s.slots[i].off != 0:
+        i = next_slot(i, s.nslots)
+    p.slot = i
+
+
+cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil:
+    """Bytes a new record adds to the bound's count: itself, and the
+    larger slot array when the shard must grow for it."""
+    cdef size_t n = RECORD_HEADER + t.value_size + keylen
+    if needs_growth(s):
+        n += slot_bytes(s) // 2 + sizeof(Slot)
+    return n
+
+
 cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
                       uint32_t expire_s, const char* value) noexcept nogil:
-    """Adds a record for a key that `p` says is absent."""
+    """Adds a record for a key that `p` says is absent, first making room
+    under the table's memory bound when it has one (FL_EOOM when none can
+    be made)."""
+    cdef size_t need
+    cdef MemBound* b = t.bound
+    if b != NULL and keylen <= FL_MAX_KEY_LEN:
+        need = insert_cost(t, p.shard, keylen)
+        if b.used + need > b.limit:
+            if bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX) != FL_OK:
+                return FL_EOOM
+            probe_free_slot(p)     # evictions may have shifted the shard's slots
+    return table_append(t, p, key, keylen, expire_s, value)
+
+
+cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
+                             uint32_t expire_s, const char* value) noexcept nogil:
+    """table_insert without the bound: what loads use (a replica follows
+    its primary's evictions instead of making its own, and a snapshot or
+    an imported slot is taken whole, as Redis loads an RDB)."""
     cdef Shard* s = p.shard
     cdef size_t n = RECORD_HEADER + t.value_size + keylen
+    cdef size_t slots_before
     cdef char* rec
-    cdef uint32_t i
     if keylen > FL_MAX_KEY_LEN:
         return FL_EKEYLEN
     if shard_reserve(s, n) != FL_OK:
         return FL_ENOMEM
     if needs_growth(s):
+        slots_before = slot_bytes(s)
         if shard_grow(s) != FL_OK:
             return FL_ENOMEM
-        i = home_slot(p.hash, s.nslots)
-        while s.slots[i].off != 0:
-            i = next_slot(i, s.nslots)
-        p.slot = i
+        probe_free_slot(p)
+        account(t, <ssize_t>slot_bytes(s) - <ssize_t>slots_before)
     invariant(not p.found and s.slots[p.slot].off == 0)
     rec = s.arena + s.arena_len
     fl_put_u32(rec, expire_s)
@@ -289,6 +373,7 @@ cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
     s.arena_len += n
     s.count += 1
     p.found = True
+    account(t, n)
     return FL_OK
 
 
@@ -319,6 +404,183 @@ cdef void table_delete(Table* t, Probe* p) noexcept nogil:
     s.slots[hole].off = 0
     s.slots[hole].hash = 0
     p.found = False
+
+
+# ---- the memory bound (maxmemory) ------------------------------------------------
+#
+# A bucket's record expires when the bucket is full again (its writer's
+# parameters), and a full bucket is the same as no bucket: forgetting a
+# record grants at most what it would have refilled by then.  So the
+# bucket whose loss costs the least protection is the one soonest full:
+# the smallest expiry second among the samples (an expired record not yet
+# swept is the best of all).  Exhausted buckets, the ones that limit
+# someone, are the furthest from full and the last to go.  The expiry is
+# the one measure every kind of record has (token bucket, windows, GCRA,
+# leases): no capacity or rate is stored with a record.
+
+cdef void bound_attach(MemBound* b, Table* t) noexcept nogil:
+    if t.bound == b:
+        return
+    bound_detach(t)
+    t.mem = table_memory(t)
+    t.bound = b
+    t.bound_next = b.tables
+    b.tables = t
+    b.used += t.mem
+
+
+cdef void bound_detach(Table* t) noexcept nogil:
+    cdef Table** link
+    if t.bound == NULL:
+        return
+    link = &t.bound.tables
+    while link[0] != NULL and link[0] != t:
+        link = &link[0].bound_next
+    if link[0] == t:
+        link[0] = t.bound_next
+    t.bound.used -= t.mem
+    t.bound = NULL
+    t.bound_next = NULL
+    t.mem = 0
+
+
+cdef inline uint64_t bound_random(MemBound* b) noexcept nogil:
+    # xorshift64: the samples need spread, not secrecy
+    b.rng ^= b.rng << 13
+    b.rng ^= b.rng >> 7
+    b.rng ^= b.rng << 17
+    return b.rng
+
+
+cdef uint32_t random_occupied(MemBound* b, const Shard* s) noexcept nogil:
+    """A uniformly random occupied slot of a non-empty shard: random slots
+    until one is occupied (a shard's load stays above a fifth).  Not the
+    first occupied slot after a random one: that favours slots after long
+    empty runs, and a bucket there would be sampled again and again until
+    some eviction drew only it."""
+    cdef uint32_t tries, i = 0
+    for tries in range(RANDOM_TRIES):
+        i = <uint32_t>(bound_random(b) % s.nslots)
+        if s.slots[i].off != 0:
+            return i
+    while s.slots[i].off == 0:      # a very sparse shard: any will do
+        i = next_slot(i, s.nslots)
+    return i
+
+
+cdef uint32_t pick_victim(MemBound* b, const Table* t, const Shard* s) noexcept nogil:
+    """The slot of the best of `samples` random occupied slots of a
+    non-empty shard."""
+    cdef uint32_t k, i, best = 0
+    cdef uint32_t expiry, best_expiry = UINT32_MAX
+    cdef int64_t weight = 0, best_weight = 0
+    cdef const char* rec
+    for k in range(b.samples):
+        i = random_occupied(b, s)
+        if b.policy == EVICT_RANDOM:
+            return i
+        rec = s.arena + s.slots[i].off
+        expiry = fl_get_u32(rec)
+        if t.weight != NULL:
+            weight = t.weight(rec + RECORD_HEADER, t.value_size)
+        if k == 0 or expiry < best_expiry or (expiry == best_expiry and weight < best_weight):
+            best, best_expiry, best_weight = i, expiry, weight
+    return best
+
+
+cdef uint64_t shard_evict(MemBound* b, Table* t, Shard* s, size_t goal) noexcept nogil:
+    """Evicts sampled records until `goal` bytes of the shard are dead or
+    it is empty.  Each is noted as a change, so standbys drop it too (the
+    drain ships a tombstone for a key that is gone)."""
+    cdef uint64_t evicted = 0
+    cdef const char* rec
+    cdef Probe p
+    p.shard = s
+    while s.dead < goal and s.count > 0:
+        p.slot = pick_victim(b, t, s)
+        p.hash = s.slots[p.slot].hash
+        p.found = True
+        rec = s.arena + s.slots[p.slot].off
+        table_delete(t, &p)     # the record stays readable in the arena until compaction
+        note_change(t, &p, record_key(t, rec), fl_get_u16(rec + 4))
+        evicted += 1
+    b.evicted += evicted
+    return evicted
+
+
+cdef Table* biggest_table(const MemBound* b) noexcept nogil:
+    cdef Table* t = b.tables
+    cdef Table* big = t
+    while t != NULL:
+        if t.mem > big.mem:
+            big = t
+        t = t.bound_next
+    return big
+
+
+cdef Shard* deadest_shard(Table* t) noexcept nogil:
+    cdef Shard* best = &t.shards[0]
+    cdef uint32_t i
+    for i in range(1, t.nshards):
+        if t.shards[i].dead > best.dead:
+            best = &t.shards[i]
+    return best
+
+
+cdef Shard* next_evict_shard(Table* t) noexcept nogil:
+    """The next non-empty shard round the table (NULL: all are empty)."""
+    cdef uint32_t k
+    cdef Shard* s
+    for k in range(t.nshards):
+        s = &t.shards[t.evict_shard]
+        t.evict_shard = (t.evict_shard + 1) & (t.nshards - 1)
+        if s.count > 0:
+            return s
+    return NULL
+
+
+cdef inline size_t round_goal(const Shard* s, size_t need) noexcept nogil:
+    cdef size_t share = s.arena_len // EVICT_SHARE
+    return share if share > need else need
+
+
+cdef void give_back(Table* t, Shard* s) noexcept nogil:
+    """Returns a shard's dead bytes, and its slots when few are in use (as
+    the sweep's shard_maintain would, later): a bound lowered far must not
+    empty shards whose slot arrays still hold the bytes."""
+    cdef size_t before = slot_bytes(s)
+    if wants_shrink(s) and shard_shrink(s) == FL_OK:
+        account(t, <ssize_t>slot_bytes(s) - <ssize_t>before)
+    shard_compact(t, s)
+
+
+cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
+                       int64_t deadline_ns) noexcept nogil:
+    """Rounds over the biggest attached table: compact its shard with the
+    most dead bytes when that frees a round's worth, else (unless the
+    policy is noeviction) evict a round's worth from its next shard and
+    compact that.  Compacting is what gives bytes back: an arena is
+    append-only, a deleted record's bytes stay until then."""
+    cdef size_t before = b.used
+    cdef Table* t
+    cdef Shard* s
+    while b.used + need > b.limit and rounds > 0 and b.tables != NULL:
+        rounds -= 1
+        t = biggest_table(b)
+        s = deadest_shard(t)
+        if s.dead < round_goal(s, need):
+            if b.policy == EVICT_NONE:
+                break
+            s = next_evict_shard(t)
+            if s == NULL:
+                break
+            shard_evict(b, t, s, round_goal(s, need))
+        give_back(t, s)
+        if deadline_ns != INT64_MAX and fl_mono_ns() > deadline_ns:
+            break
+    if b.used + need <= b.limit or before >= b.used + need:
+        return FL_OK
+    return FL_EOOM
 
 
 cdef uint64_t table_count(const Table* t) noexcept nogil:
@@ -521,7 +783,7 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
     elif deletes and expire_s == 0:
         return FL_OK
     else:
-        rc = table_insert(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+        rc = table_append(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
     if rc == FL_OK:
         note_change(t, &p, key, keylen)
     return rc
@@ -1147,6 +1409,68 @@ cdef class Clock:
             raise RuntimeError("the clock is not manual")
 
 
+POLICIES = {"noeviction": EVICT_NONE, "nearest-full": EVICT_NEAREST_FULL,
+            "allkeys-random": EVICT_RANDOM}
+
+
+cdef class MemoryBound:
+    """maxmemory over the tables of the stores attached to it: a new
+    bucket that would take the tables past `limit` bytes first evicts
+    (policy nearest-full or allkeys-random, `samples` records looked at
+    per eviction) or is refused (noeviction).  A store attaches with
+    set_bound(bound) and detaches with set_bound(None): with no bound a
+    table pays nothing."""
+
+    def __cinit__(self):
+        memset(&self.b, 0, sizeof(MemBound))
+        self.b.samples = 5
+        self.b.rng = int.from_bytes(os.urandom(8), "little") | 1
+        self.b.policy = EVICT_NEAREST_FULL
+
+    def __dealloc__(self):
+        while self.b.tables != NULL:
+            bound_detach(self.b.tables)
+
+    def configure(self, size_t limit, str policy, uint32_t samples):
+        """ValueError for a policy it does not know or samples out of 1..64."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown maxmemory-policy {policy!r}")
+        if not 1 <= samples <= 64:
+            raise ValueError("maxmemory-samples must be from 1 to 64")
+        self.b.limit = limit
+        self.b.policy = POLICIES[policy]
+        self.b.samples = samples
+
+    def evict(self, double budget_ms=1.0):
+        """Brings the tables back under the limit (after it was lowered),
+        for at most budget_ms; returns how many records were evicted."""
+        cdef uint64_t before = self.b.evicted
+        cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
+        if self.b.limit and self.b.used > self.b.limit:
+            bound_reclaim(&self.b, 0, 1 << 30, deadline)
+        return self.b.evicted - before
+
+    @property
+    def limit(self):
+        return self.b.limit
+
+    @property
+    def used(self):
+        """Bytes of the attached tables: what is compared with the limit."""
+        return self.b.used
+
+    @property
+    def evicted(self):
+        return self.b.evicted
+
+
+cdef void set_table_bound(Table* t, MemoryBound bound) noexcept:
+    if bound is None:
+        bound_detach(t)
+    else:
+        bound_attach(&bound.b, t)
+
+
 cdef class BucketStore:
     def __cinit__(self, uint32_t shards=256, Clock clock=None, bytes seed=None):
         if shards == 0 or shards & (shards - 1) or shards > 65536:
@@ -1202,8 +1526,12 @@ cdef class BucketStore:
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than 65535 bytes")
         if rc != FL_OK:
-            raise MemoryError()
+            raise_for(rc)
         return 0
+
+    def set_bound(self, MemoryBound bound):
+        """Puts the table under a memory bound, or none (None)."""
+        set_table_bound(&self.table, bound)
 
     def reset(self, bytes key):
         """Forgets a bucket; True if there was one."""

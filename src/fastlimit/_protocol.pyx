@@ -9,7 +9,9 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
-                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN)
+                              bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
+                              FL_EOOM)
+from fastlimit._core import OOM_ERROR
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parser_release,
                               parser_memory, parse_command,
@@ -1483,9 +1485,11 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
     if core.readonly and bp.cost != 0:
         return READONLY_ERROR    # a replica answers peeks only
     rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
-    if rc == FL_EKEYLEN:
-        return "ERR key is longer than 65535 bytes"
-    if rc != FL_OK:
+    if rc != FL_OK:    # one test on the way of an answer
+        if rc == FL_EKEYLEN:
+            return "ERR key is longer than 65535 bytes"
+        if rc == FL_EOOM:
+            return OOM_ERROR
         return "OOM out of memory: the bucket could not be stored"
     return None
 
@@ -1504,9 +1508,11 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
         rc = rules.evaluate(client, clen, resource, rlen, nrules[0], cost, now_ms, r)
     except ValueError as e:
         return f"ERR {e}"
-    if rc == FL_EKEYLEN:
-        return "ERR client key and resource are longer than 65535 bytes"
-    if rc != FL_OK:
+    if rc != FL_OK:    # one test on the way of an answer
+        if rc == FL_EKEYLEN:
+            return "ERR client key and resource are longer than 65535 bytes"
+        if rc == FL_EOOM:
+            return OOM_ERROR
         return "OOM out of memory: the bucket could not be stored"
     return None
 LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)

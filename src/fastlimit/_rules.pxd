@@ -6,7 +6,7 @@
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
 
-from fastlimit._core cimport Table, CheckResult, BucketParams, Clock
+from fastlimit._core cimport Table, CheckResult, BucketParams, Clock, MemoryBound
 
 
 cdef enum Algorithm:
@@ -87,6 +87,7 @@ cdef class RuleEngine:
     cdef readonly object recent_denials   # deque of (time_ms, num, key, cost)
     cdef readonly uint64_t denials_total  # denials and shadow denials, ever
     cdef size_t change_limit      # replication: change-log bytes per table, 0 = off
+    cdef MemoryBound bound        # maxmemory, or None
     cdef uint32_t order[MAX_RULES_PER_CHECK]
     # The number of the rule whose numbers the last evaluate() gave (0: none
     # applied), which the HTTP front names and describes in its headers.
@@ -104,6 +105,8 @@ cdef class RuleEngine:
     cdef int select_ids(self, list nums) except -1
     cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
                             const char* resource, size_t rlen) except? 0
+    cdef int make_room(self, const char* client, size_t clen, const char* resource,
+                       size_t rlen, int n, int64_t now_ms) except? -100
     cdef bint selected(self, uint32_t num, int n) noexcept
     cdef int64_t checked_now(self, now_ms) except? -1
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1

@@ -1,7 +1,7 @@
 """Named rules in the engine; see _rules.pxd for the contract."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, INT64_MAX
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
@@ -18,7 +18,9 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               drain_section, oldest_note, log_overflowed, value_check,
                               in_range, bucket_value_ok, fl_get_u16, route_key,
                               SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
-                              walk_slots, filter_section, whole_key)
+                              walk_slots, filter_section, whole_key, MemoryBound,
+                              set_table_bound, raise_for, MemBound, bound_reclaim,
+                              insert_cost, INSERT_ROUNDS, FL_EOOM)
 from fastlimit._core import checked_slot
 
 import collections
@@ -82,6 +84,27 @@ cdef bint lease_value_ok(const char* v, uint32_t size) noexcept nogil:
         if not in_range(fl_get_i64(v + i * LEASE_SLOT), 0, MAX_NOW_MS + MAX_LEASE_MS):
             return False
     return True
+
+
+# Eviction weights (see _core.pxd's record_weight): a window's record
+# expires when its window does, whatever its count, so among records
+# expiring together the one counting least goes first; a token bucket's and
+# a GCRA record's expiry is already when they are full again.
+cdef int64_t fixed_window_weight(const char* v, uint32_t size) noexcept nogil:
+    return fl_get_i64(v)
+
+
+cdef int64_t sliding_window_weight(const char* v, uint32_t size) noexcept nogil:
+    return fl_get_i64(v) + fl_get_i64(v + 8)
+
+
+cdef int64_t lease_weight(const char* v, uint32_t size) noexcept nogil:
+    """Leases not released (some may have run out: no clock here)."""
+    cdef int64_t held = 0
+    cdef uint32_t i
+    for i in range(size // LEASE_SLOT):
+        held += fl_get_i64(v + i * LEASE_SLOT) != 0
+    return held
 
 
 cdef value_check VALUE_CHECKS[N_SHARED_TABLES]
@@ -486,6 +509,8 @@ cdef class RuleEngine:
         if table_init(&self.throttle_table, shards, GCRA_VALUE,
                       <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
+        self.tables[<int>ALG_FIXED_WINDOW].weight = fixed_window_weight
+        self.tables[<int>ALG_SLIDING_WINDOW].weight = sliding_window_weight
         self.rules = NULL
         self.nrules = 0
         self.keybuf = <char*>malloc(256)
@@ -559,7 +584,16 @@ cdef class RuleEngine:
         if self.change_limit and table_track(compiled.leases, self.change_limit) != FL_OK:
             release_lease_table(compiled)
             raise MemoryError()
+        compiled.leases.weight = lease_weight
+        set_table_bound(compiled.leases, self.bound)
         return 0
+
+    def set_bound(self, MemoryBound bound):
+        """Puts every table under a memory bound, or none (None); tables
+        made later (a new concurrency rule's) join it too."""
+        self.bound = bound
+        for t in self.all_tables():
+            set_table_bound(<Table*><size_t>t, bound)
 
     def forget(self, uint32_t num):
         """Retires rule `num`: its buckets can never be read again (numbers
@@ -734,6 +768,28 @@ cdef class RuleEngine:
                             commit, out)
         return rc
 
+    cdef int make_room(self, const char* client, size_t clen, const char* resource,
+                       size_t rlen, int n, int64_t now_ms) except? -100:
+        """Under maxmemory, room for every bucket the commit of n rules
+        would add, made at once before any is spent, so that a refused
+        (or evicting) insert can neither leave the rules before it charged
+        nor evict what they just wrote."""
+        cdef MemBound* b = &self.bound.b
+        cdef size_t need = 0, keylen
+        cdef RuleSpec* r
+        cdef Table* t
+        cdef Probe p
+        cdef int i
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            keylen = self.compose_key(self.order[i], client, clen, resource, rlen)
+            t = &self.tables[r.algorithm]
+            if keylen <= FL_MAX_KEY_LEN and not table_lookup(t, self.keybuf, keylen, &p):
+                need += insert_cost(t, p.shard, keylen)
+        if need == 0 or b.used + need <= b.limit:
+            return FL_OK
+        return bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX)
+
     cdef bint selected(self, uint32_t num, int n) noexcept:
         cdef int i
         for i in range(n):
@@ -795,6 +851,9 @@ cdef class RuleEngine:
             if not self.results[i].allowed and not self.rules[self.order[i]].shadow:
                 passed = False
         if passed and cost > 0:    # a peek reads and never writes (on a replica too)
+            if self.bound is not None and self.make_room(client, clen, resource, rlen, n,
+                                                         now_ms) != FL_OK:
+                return FL_EOOM     # before anything is spent: all or nothing holds
             for i in range(n):
                 r = &self.rules[self.order[i]]
                 if r.shadow and not self.results[i].allowed:
@@ -864,7 +923,7 @@ cdef class RuleEngine:
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
         if rc != FL_OK:
-            raise MemoryError()
+            raise_for(rc)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
         return (five, self.last_detail(n)) if detail else five
 
@@ -886,10 +945,12 @@ cdef class RuleEngine:
         cdef RuleSpec* r = self.concurrency_rule(num)
         cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
         cdef int64_t now = self.checked_now(now_ms)
+        cdef int rc
         if keylen > FL_MAX_KEY_LEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
-        if concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out) != FL_OK:
-            raise MemoryError()
+        rc = concurrency_acquire(r.leases, self.keybuf, keylen, r, now, &out)
+        if rc != FL_OK:
+            raise_for(rc)
         if out.allowed:
             r.allowed += 1
         else:
@@ -949,7 +1010,9 @@ cdef class RuleEngine:
         rc = self.throttle_c(key, len(key), burst, count, period_s * 1000, quantity,
                              self.checked_now(now_ms), &out)
         if rc != FL_OK:
-            raise ValueError("key longer than 65535 bytes") if rc == FL_EKEYLEN else MemoryError()
+            if rc == FL_EKEYLEN:
+                raise ValueError("key longer than 65535 bytes")
+            raise_for(rc)
         return throttle_reply(&out)
 
     # ---- upkeep ------------------------------------------------------------------

@@ -26,6 +26,7 @@ from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
 from fastlimit.server.grpc.listener import GrpcFront
 from fastlimit.server.http.listener import HttpFront
+from fastlimit.server.maxmemory import MaxMemory
 from fastlimit.server.pubsub import PubSub
 from fastlimit.server.replication import Replication
 from fastlimit.server.reshard import Reshard
@@ -64,6 +65,7 @@ class Server:
         # to start, if it cannot be used), before any connection.
         self.acl = Acl(self, log)
         self.expiry = Expiry([self.store, self.rule_engine])
+        self.maxmemory = MaxMemory(self)
         self.pubsub = PubSub(self.core)
         self.port = settings.port
         # Reads the slot map; raises MapError (the server refuses to start)
@@ -82,7 +84,7 @@ class Server:
         # or from rls-xds-server, once the loop runs (the start never waits for it)
         self.rls_xds = RlsXdsSubsystem(self.rls, settings, log)
         self.subsystems: list[Subsystem] = [
-            self.acl, self.expiry, rules_subsystem,
+            self.acl, self.expiry, self.maxmemory, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         self._apply_limits(settings)

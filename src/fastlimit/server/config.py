@@ -169,6 +169,23 @@ def parse_shards(value) -> int:
     return n
 
 
+# maxmemory-policy: fastlimit's own, and Redis's names that mean the same
+# here (every bucket has an expiry, the moment it is full again: Redis's
+# "volatile" keys are all of them, and the nearest expiry is the nearest
+# full); the LRU and LFU policies need access times no record keeps.
+MAXMEMORY_POLICIES = {"nearest-full": "nearest-full", "volatile-ttl": "nearest-full",
+                      "allkeys-random": "allkeys-random", "volatile-random": "allkeys-random",
+                      "noeviction": "noeviction"}
+
+
+def parse_policy(value) -> str:
+    policy = str(value).lower()
+    if policy not in MAXMEMORY_POLICIES:
+        raise ConfigError("argument(s) must be one of the following: "
+                          + ", ".join(MAXMEMORY_POLICIES))
+    return policy
+
+
 def parse_loglevel(value) -> str:
     level = str(value).lower()
     if level not in LOGLEVELS:
@@ -215,6 +232,9 @@ class Settings:
     repl_flush_ms: float = 2.0
     repl_buffer_limit: int = 256 * 1024**2
     rules_cache_size: int = 16 * 1024**2
+    maxmemory: int = 0
+    maxmemory_policy: str = "nearest-full"
+    maxmemory_samples: int = 5
     cluster_enabled: bool = False
     cluster_config_file: str | None = None
     cluster_announce_ip: str | None = None
@@ -322,6 +342,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
     "repl-buffer-limit": (lambda v: parse_memory(v, 1024), str),
     "rules-cache-size": (lambda v: parse_memory(v, 0, 2**40), str),
+    "maxmemory": (parse_memory, str),
+    "maxmemory-policy": (lambda v: parse_policy(v), str),
+    "maxmemory-samples": (lambda v: parse_int(v, 1, 64), str),
     "cluster-enabled": (parse_bool, lambda v: "yes" if v else "no"),
     "cluster-config-file": (lambda v: str(v) or None, lambda v: v or ""),
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
@@ -456,7 +479,8 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "masteruser", "replica-priority", "replica-announce-ip",
                     "replica-announce-port", "replica-announced", "repl-user",
                     "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
-                    "repl-buffer-limit", "rules-cache-size", "cluster-announce-ip",
+                    "repl-buffer-limit", "rules-cache-size", "maxmemory", "maxmemory-policy",
+                    "maxmemory-samples", "cluster-announce-ip",
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
@@ -471,7 +495,6 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
 # Redis settings that clients ask about; fixed, because fastlimit keeps
 # buckets in memory only (snapshots come with replication).
 FIXED = {"save": "", "appendonly": "no", "databases": "1", "timeout": "0",
-         "maxmemory": "0", "maxmemory-policy": "noeviction",
          "daemonize": "no"}   # never: CONFIG SET daemonize yes is Redis's immutable error
 
 
@@ -916,6 +939,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "past which it is dropped and resyncs (default 256mb)")
     p.add_argument("--rules-cache-size", metavar="SIZE",
                    help="bytes the CL.LIMIT match cache may hold (default 16mb; 0: no cache)")
+    p.add_argument("--maxmemory", metavar="SIZE",
+                   help="bytes the bucket tables may hold (e.g. 200mb; default 0: no bound)")
+    p.add_argument("--maxmemory-policy", metavar="POLICY",
+                   help="at the bound: nearest-full evicts the sampled bucket soonest full "
+                        "again (the default), allkeys-random any, noeviction refuses new "
+                        "buckets with -OOM")
+    p.add_argument("--maxmemory-samples", metavar="N",
+                   help="buckets looked at per eviction (default 5)")
     p.add_argument("--cluster-enabled", metavar="yes|no",
                    help="serve the hash slots the slot map gives this node's shard, "
                         "and redirect the others with -MOVED (default no)")

@@ -67,18 +67,23 @@ def _memory(core, app) -> dict:
     tables = core.store.memory_bytes + core.rules.memory_bytes
     rss = rss_bytes()
     app.peak_rss = max(app.peak_rss, rss)
+    mm = app.maxmemory
+    used = mm.used_memory()
     keys = app.bucket_count()
     clients = {False: 0, True: 0}     # is a replica -> query buffers, argv and output
     for c in core.clients.values():
         clients[c.replica is not None] += c.input_memory + c.output_buffer_len
-    return {"used_memory": rss, "used_memory_human": human_bytes(rss),
+    s = app.settings
+    return {"used_memory": used, "used_memory_human": human_bytes(used),
             "used_memory_rss": rss, "used_memory_rss_human": human_bytes(rss),
-            "used_memory_peak": app.peak_rss, "used_memory_peak_human": human_bytes(app.peak_rss),
+            "used_memory_peak": mm.peak, "used_memory_peak_human": human_bytes(mm.peak),
             "used_memory_dataset": tables, "used_memory_dataset_human": human_bytes(tables),
             "bucket_table_bytes_per_key": round(tables / keys, 1) if keys else 0,
+            "mem_fragmentation_ratio": f"{rss / used:.2f}" if used else "0.00",
+            "mem_not_counted_for_evict": used - mm.counted(),
             "mem_clients_slaves": clients[True], "mem_clients_normal": clients[False],
-            "maxmemory": 0, "maxmemory_human": "0B", "maxmemory_policy": "noeviction",
-            "mem_allocator": "libc+mmap"}
+            "maxmemory": s.maxmemory, "maxmemory_human": human_bytes(s.maxmemory),
+            "maxmemory_policy": s.maxmemory_policy, "mem_allocator": "libc+mmap"}
 
 
 def _stats(core, app) -> dict:
@@ -89,7 +94,7 @@ def _stats(core, app) -> dict:
             "total_net_output_bytes": core.net_output_bytes,
             "rejected_connections": core.rejected_connections,
             "expired_keys": core.store.expired_total + core.rules.expired_total,
-            "evicted_keys": 0, "keyspace_hits": 0, "keyspace_misses": 0,
+            "evicted_keys": app.maxmemory.evicted, "keyspace_hits": 0, "keyspace_misses": 0,
             "total_error_replies": core.total_error_replies,
             "acl_access_denied_auth": app.auth_failures,
             "log_lines_suppressed": REPEAT_LIMIT.suppressed_total}

@@ -1,0 +1,217 @@
+"""maxmemory between real processes: noeviction's -OOM as redis-server
+words it, the default policy keeping exhausted buckets through a flood of
+new keys, the INFO figures, the bound lowered at runtime, and a standby
+that drops what its primary evicted.  Manual clocks: nothing expires by
+itself, so only eviction makes room."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from wire import Wire, command, wait_until
+
+OOM = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+T0 = 1_000_000
+MB = 1024**2
+# A check that spends one token of ten (a refill of one a second): a
+# bucket one second from full, what a flood of new keys leaves behind.
+FLOOD_CHECK = (10, 1)
+WAIT = 20.0
+
+
+def flood(port: int, prefix: str, n: int, chunk: int = 5000) -> None:
+    """n new keys, pipelined in chunks; every reply read (and not an error)."""
+    with Wire.to(port) as w:
+        for start in range(0, n, chunk):
+            count = min(chunk, n - start)
+            w.send(b"".join(command("CL.CHECK", f"{prefix}:{i}", *FLOOD_CHECK)
+                            for i in range(start, start + count)))
+            for _ in range(count):
+                reply = w.read_reply()
+                assert reply.startswith(b"*5"), reply
+
+
+def exhaust(c, keys) -> None:
+    pipe = c.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command("CL.CHECK", k, 10, 1, "COST", 10)
+    assert all(reply[0] == 1 for reply in pipe.execute())
+
+
+def still_exhausted(c, keys) -> int:
+    """How many of keys answer denied (their bucket kept, still empty)."""
+    pipe = c.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command("CL.CHECK", k, 10, 1)
+    return sum(reply[0] == 0 for reply in pipe.execute())
+
+
+def started(make_server, *args):
+    srv = make_server("--manual-clock", *args)
+    c = srv.client()
+    c.execute_command("DEBUG", "CLOCK", "SET", T0)
+    return srv, c
+
+
+# ---- noeviction ------------------------------------------------------------------------
+
+def test_noeviction_refuses_new_buckets_with_redis_text(make_server, redis_server):
+    rc = redis_server.client()
+    rc.config_set("maxmemory-policy", "noeviction")
+    rc.config_set("maxmemory", "1")
+    try:
+        with Wire.to(redis_server.port) as w:
+            redis_reply = w.call("SET", "k", "v")
+    finally:
+        rc.config_set("maxmemory", "0")
+    assert redis_reply == OOM
+
+    srv, c = started(make_server, "--maxmemory-policy", "noeviction")
+    c.execute_command("CL.CHECK", "old", 10, 1)
+    c.execute_command("CL.RULE", "SET", "r", json.dumps(
+        {"match": {"resource": "GET /x"}, "algorithm": "token_bucket", "capacity": 5,
+         "refill_per_second": 1}))
+    c.execute_command("CL.LIMIT", "old-client", "GET /x")
+    c.config_set("maxmemory", "1")
+    with Wire.to(srv.port) as w:
+        assert w.call("CL.CHECK", "new", 10, 1) == OOM
+        assert w.call("CL.LIMIT", "new-client", "GET /x") == OOM
+        assert w.call("CL.THROTTLE", "new", 5, 10, 60) == OOM
+        # buckets that exist are still checked, and a peek adds nothing
+        assert w.call("CL.CHECK", "old", 10, 1).startswith(b"*5\r\n:1\r\n:10\r\n:8\r\n")
+        assert w.call("CL.LIMIT", "old-client", "GET /x").startswith(b"*5\r\n:1\r\n:5\r\n:3\r\n")
+        assert w.call("CL.CHECK", "new", 10, 1, "COST", 0).startswith(b"*5\r\n:1\r\n")
+    assert c.dbsize() == 2
+    assert c.info("stats")["evicted_keys"] == 0
+    assert c.info("errorstats")["errorstat_OOM"]["count"] == 3
+    c.config_set("maxmemory", "0")
+    assert c.execute_command("CL.CHECK", "new", 10, 1)[0] == 1
+
+
+# ---- the default policy under a flood -----------------------------------------------------
+
+def test_flood_of_new_keys_evicts_them_and_keeps_the_exhausted(make_server):
+    srv, c = started(make_server, "--maxmemory", "2mb")
+    assert c.config_get("maxmemory-policy") == {"maxmemory-policy": "nearest-full"}
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(c, victims)
+    flood(srv.port, "attack", 150_000)      # about 4 times what 2mb holds
+    info = c.info()
+    assert info["used_memory_dataset"] <= 2 * MB
+    assert 20_000 < c.dbsize() < 60_000
+    assert info["evicted_keys"] == 150_100 - c.dbsize()
+    assert still_exhausted(c, victims) == 100
+
+
+def test_random_eviction_loses_exhausted_keys_the_default_keeps(make_server):
+    # The same flood under allkeys-random forgets most of them: the default
+    # keeps them because of the choice it makes, not by luck.
+    srv, c = started(make_server, "--maxmemory", "1mb", "--maxmemory-policy",
+                     "allkeys-random")
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(c, victims)
+    flood(srv.port, "attack", 60_000)
+    assert c.info()["used_memory_dataset"] <= MB
+    assert still_exhausted(c, victims) < 50
+
+
+# ---- INFO and CONFIG ---------------------------------------------------------------------------
+
+def test_info_memory_and_config(make_server):
+    srv, c = started(make_server, "--maxmemory", "3mb", "--maxmemory-samples", "7")
+    exhaust(c, ["a", "b"])
+    mem = c.info("memory")
+    assert mem["maxmemory"] == 3 * MB and mem["maxmemory_human"] == "3.00M"
+    assert mem["maxmemory_policy"] == "nearest-full"
+    assert mem["used_memory"] == mem["used_memory_dataset"] + mem["mem_not_counted_for_evict"]
+    assert 0 < mem["used_memory_dataset"] <= mem["used_memory"] <= mem["used_memory_peak"]
+    assert mem["used_memory_rss"] > mem["used_memory"]
+    assert mem["mem_fragmentation_ratio"] == pytest.approx(
+        mem["used_memory_rss"] / mem["used_memory"], rel=0.2)
+    assert c.info("stats")["evicted_keys"] == 0
+    assert c.config_get("maxmemory*") == {"maxmemory": str(3 * MB),
+                                           "maxmemory-policy": "nearest-full",
+                                           "maxmemory-samples": "7"}
+    c.config_set("maxmemory", "1gb")
+    c.config_set("maxmemory-policy", "volatile-ttl")     # Redis's name for the same order
+    assert c.info("memory")["maxmemory_human"] == "1.00G"
+    with pytest.raises(redis.ResponseError) as e:
+        c.config_set("maxmemory-policy", "allkeys-lru")
+    assert str(e.value) == (
+        "CONFIG SET failed (possibly related to argument 'maxmemory-policy') - argument(s) "
+        "must be one of the following: nearest-full, volatile-ttl, allkeys-random, "
+        "volatile-random, noeviction")
+    with pytest.raises(redis.ResponseError, match="argument must be a memory value"):
+        c.config_set("maxmemory", "lots")
+    with pytest.raises(redis.ResponseError, match="between 1 and 64"):
+        c.config_set("maxmemory-samples", "0")
+    assert c.config_get("maxmemory-policy") == {"maxmemory-policy": "volatile-ttl"}
+
+
+def test_config_file_sets_the_bound(make_server, tmp_path):
+    path = tmp_path / "fastlimit.toml"
+    path.write_text('maxmemory = "5mb"\nmaxmemory-policy = "noeviction"\n')
+    srv = make_server("--config", str(path))
+    c = srv.client()
+    assert c.config_get("maxmemory") == {"maxmemory": str(5 * MB)}
+    assert c.info("memory")["maxmemory_policy"] == "noeviction"
+
+
+def test_lowering_maxmemory_evicts_down_to_it(make_server):
+    srv, c = started(make_server)
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(c, victims)
+    flood(srv.port, "before", 60_000)
+    assert c.info("memory")["used_memory_dataset"] > 2 * MB
+    c.config_set("maxmemory", "1mb")      # the ticks evict, no command needed
+    wait_until(lambda: c.info("memory")["used_memory_dataset"] <= MB, WAIT,
+               "the tables never came down to the lowered bound")
+    assert still_exhausted(c, victims) == 100
+    assert c.info("stats")["evicted_keys"] > 30_000
+
+
+# ---- replication ---------------------------------------------------------------------------------
+
+def test_standby_drops_the_buckets_its_primary_evicted(make_server):
+    primary, p = started(make_server, "--maxmemory", "1mb")
+    replica, r = started(make_server, "--replicaof", "127.0.0.1", str(primary.port),
+                         "--maxmemory", "1mb")
+    wait_until(lambda: r.info("replication").get("master_link_status") == "up", WAIT,
+               "replica link never came up")
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(p, victims)
+    flood(primary.port, "attack", 60_000)
+
+    def caught_up():
+        return (r.info("replication")["slave_repl_offset"]
+                >= p.info("replication")["master_repl_offset"])
+    wait_until(caught_up, WAIT, "replica never caught up")
+    assert p.info("stats")["evicted_keys"] > 30_000
+    assert r.info("stats")["evicted_keys"] == 0       # it follows, it does not choose
+    assert r.dbsize() == p.dbsize()
+    sample = victims + [f"attack:{i}" for i in range(0, 60_000, 97)]
+
+    def peeks(c):
+        pipe = c.pipeline(transaction=False)
+        for k in sample:
+            pipe.execute_command("CL.CHECK", k, *FLOOD_CHECK, "COST", 0)
+        return pipe.execute()
+    assert peeks(r) == peeks(p)
+    assert all(x[2] == 0 for x in peeks(r)[:100])      # the exhausted kept on both
+
+
+def test_a_snapshot_larger_than_the_bound_loads_whole_then_is_evicted(make_server, tmp_path):
+    snap = str(tmp_path / "big.snap")
+    srv, c = started(make_server, "--snapshot-file", snap)
+    victims = [f"real:{i}" for i in range(100)]
+    exhaust(c, victims)
+    flood(srv.port, "before", 60_000)
+    c.execute_command("SAVE")
+    srv.stop()
+    srv, c = started(make_server, "--snapshot-file", snap, "--maxmemory", "1mb")
+    wait_until(lambda: c.info("memory")["used_memory_dataset"] <= MB, WAIT,
+               "the loaded tables never came down to the bound")
+    assert c.info("stats")["evicted_keys"] > 30_000
+    assert still_exhausted(c, victims) == 100
