@@ -220,6 +220,8 @@ cdef struct Stream:
     uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message
                               # is then UNIMPLEMENTED, not malformed)
     uint8_t authorized        # its authorization header carries requirepass
+    Buf authorization         # any other authorization header: an ACL user's (checked
+                              # when the call runs)
     int status                # a gRPC status decided before the call ran; 0: none
     const char* message       # its grpc-message
     size_t header_bytes
@@ -285,11 +287,19 @@ cdef class GrpcConnection:
     cdef Writer out
     cdef bint closed
     cdef bint paused
+    # The last authorization header an ACL user was found for, with the
+    # users' version then: Envoy sends the same one on every call.
+    cdef bytes known_authorization
+    cdef object known_user
+    cdef int64_t known_version
 
     cdef void release(self) noexcept
     cdef void process_ready(self)
     cdef void answer(self, Stream* s, int64_t now)
-    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n) except -1
+    cdef object caller(self, Stream* s)
+    cdef object user_of(self, bytes header)
+    cdef bint may_check(self, Stream* s, object user, bytes domain) except -1
+    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1
     cdef void reply(self, Stream* s)
     cdef void fail(self, Stream* s, int status, const char* message, int http_status=*)

@@ -7,6 +7,8 @@ from libc.string cimport memcmp, memcpy, memmove, memset, strlen
 
 from fastlimit._core cimport fl_mono_ns
 from fastlimit._protocol cimport Command, ServerCore, record_call
+from fastlimit._http import credentials, peer_text
+from fastlimit._protocol import acl_check
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
 
 # gRPC status codes (grpc/doc/statuscodes.md)
@@ -15,6 +17,7 @@ cdef enum:
     GRPC_UNKNOWN = 2
     GRPC_DEADLINE_EXCEEDED = 4
     GRPC_NOT_FOUND = 5
+    GRPC_PERMISSION_DENIED = 7
     GRPC_RESOURCE_EXHAUSTED = 8
     GRPC_UNIMPLEMENTED = 12
     GRPC_INTERNAL = 13
@@ -624,6 +627,9 @@ cdef int on_header(nghttp2_session* session, const nghttp2_frame* frame, const u
                 s.deadline_status = GRPC_DEADLINE_EXCEEDED
     elif equals(name, namelen, "authorization", 13):
         s.authorized = bearer_matches(<Conn*>ud, value, valuelen)
+        if not s.authorized and s.authorization.len == 0 and buf_append(
+                <Conn*>ud, &s.authorization, value, valuelen) != 0:
+            return NGHTTP2_ERR_CALLBACK_FAILURE
     elif equals(name, namelen, "grpc-encoding", 13):
         s.compressed_ok = not equals(value, valuelen, "identity", 8)
     return 0
@@ -714,6 +720,7 @@ cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
     c.buffered -= s.body.len
     buf_free(c, &s.body)
     buf_free(c, &s.reply)
+    buf_free(c, &s.authorization)
     conn_free(s, c)
 
 
@@ -998,9 +1005,9 @@ cdef class GrpcConnection:
             self.fail(s, GRPC_INTERNAL, "content-type must be application/grpc", 415)
         elif s.route == ROUTE_UNKNOWN:
             self.fail(s, GRPC_UNIMPLEMENTED, "unknown service or method")
-        elif s.route == ROUTE_RLS and shared.limits.bearer != NULL and not s.authorized:
-            self.fail(s, GRPC_UNAUTHENTICATED, "NOAUTH this server needs its password: "
-                      "authorization: Bearer <password>")
+        elif s.route == ROUTE_RLS and (user := self.caller(s)) is None:
+            self.fail(s, GRPC_UNAUTHENTICATED, "NOAUTH this server needs a password: "
+                      "authorization: Bearer <password> or Basic <user:password>")
         elif n == 0:
             self.fail(s, GRPC_INTERNAL, "the request has no message")
         elif n < 5:
@@ -1020,7 +1027,7 @@ cdef class GrpcConnection:
             else:
                 try:
                     if s.route == ROUTE_RLS:
-                        self.rate_limit(s, body + 5, length)
+                        self.rate_limit(s, body + 5, length, user)
                     else:
                         self.health(s, body + 5, length)
                 except Exception:
@@ -1032,13 +1039,66 @@ cdef class GrpcConnection:
         if s.status:
             stats.failed_calls += 1
 
-    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n) except -1:
+    cdef object caller(self, Stream* s):
+        """The ACL user a ShouldRateLimit call runs as, as the HTTP front
+        finds it: "Bearer <the default user's password>" or Basic
+        base64(user:password) (a name that is no user is the default
+        user's); None if it needs a password and gave none that works.
+        With no password on the default user, a call needs none."""
+        core = self.shared.core
+        if s.authorized:
+            return core.default_user
+        user = self.user_of(s.authorization.data[:s.authorization.len]) \
+            if s.authorization.len else None
+        if user is None and not core.auth_required:
+            return core.default_user
+        return user
+
+    cdef object user_of(self, bytes header):
+        acl = self.shared.app.acl
+        if header == self.known_authorization and self.known_version == acl.version:
+            return self.known_user
+        pair = credentials(header)
+        user = acl.authenticate(pair[0] if pair[0] in acl.users else "default", pair[1]) \
+            if pair is not None else None
+        if user is None:
+            self.shared.app.auth_failures += 1
+        self.known_authorization, self.known_user, self.known_version = \
+            header, user, acl.version
+        return user
+
+    cdef bint may_check(self, Stream* s, object user, bytes domain) except -1:
+        """Whether user may have a descriptor of domain counted: as CL.LIMIT
+        on the key domain (+@ratelimit, and a key pattern such as ~edge*),
+        refused with PERMISSION_DENIED and logged in ACL LOG otherwise."""
+        grant = user.grant
+        if grant is None:
+            return True
+        core = self.shared.core
+        cmd = core.commands[b"cl.limit"]
+        pos = acl_check(grant, cmd, [b"cl.limit", domain])
+        if pos == 0:
+            return True
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        reason, obj = ("command", cmd.name) if pos < 0 else \
+            ("key", domain.decode("utf-8", "surrogateescape"))
+        self.shared.app.acl.log_denial(None, reason, obj, False, username=user.name,
+                                       client_info=f"addr={peer_text(peer)} front=grpc")
+        self.fail_text(s, GRPC_PERMISSION_DENIED,
+                       "NOPERM this user has no permissions to run the 'cl.limit' command"
+                       if pos < 0 else "NOPERM this user has no permissions to access one "
+                       "of the keys used as arguments")
+        return False
+
+    cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1:
         cdef GrpcShared shared = self.shared
         cdef uint8_t* frame
         cdef size_t frame_length
         request = decode_request(msg, n)
         if request is None:
             self.fail(s, GRPC_INTERNAL, "the RateLimitRequest cannot be parsed")
+            return 0
+        if not self.may_check(s, user, request[0]):
             return 0
         try:
             overall, statuses, headers = shared.app.rls.service.should_rate_limit(*request)

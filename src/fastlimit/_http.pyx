@@ -150,7 +150,8 @@ def credentials(bytes header):
     return None
 
 
-def _peer_text(peer):
+def peer_text(peer):
+    """A transport's peername as ACL LOG's client info (addr=) writes it."""
     if isinstance(peer, tuple):
         return f"[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"{peer[0]}:{peer[1]}"
     return ""
@@ -464,7 +465,7 @@ cdef class HttpConnection:
                                      cmd.name if pos < 0 else key.decode("utf-8",
                                                                          "surrogateescape"),
                                      False, username=self.user.name,
-                                     client_info=f"http addr={_peer_text(peer)}")
+                                     client_info=f"addr={peer_text(peer)} front=http")
         if pos < 0:
             raise Refused(f"NOPERM this user has no permissions to run the '{cmd.name}' command")
         raise Refused("NOPERM this user has no permissions to access one of the keys used as "

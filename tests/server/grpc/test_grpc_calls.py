@@ -4,6 +4,8 @@ rls layer at all."""
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 from rls_messages import (
     DAY,
@@ -209,3 +211,53 @@ def test_with_requirepass_a_call_needs_it_as_a_bearer_token_and_health_does_not(
     code, _ = error_of(lambda: gs.should_rate_limit(
         message, metadata=[("authorization", "Bearer s3cret")]))
     assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def basic(user: str, password: str) -> list[tuple[str, str]]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return [("authorization", f"Basic {token}")]
+
+
+def test_acl_users_call_with_basic_auth_and_count_only_the_domains_their_keys_allow(
+        make_grpc_server):
+    gs = make_grpc_server("--manual-clock", "--requirepass", "s3cret",
+                          standin_rules=["api_key=3/minute"])
+    admin = gs.client(password="s3cret")
+    admin.execute_command("ACL", "SETUSER", "edge", "on", ">pw", "~rig*", "+@ratelimit")
+    admin.execute_command("ACL", "SETUSER", "viewer", "on", ">pw", "allkeys", "+info")
+    assert gs.should_rate_limit(request(b"rig", KEY), metadata=basic("edge", "pw"))["statuses"][
+        0]["remaining"] == 2
+    code, details = error_of(lambda: gs.should_rate_limit(request(b"rig", KEY),
+                                                          metadata=basic("edge", "wrong")))
+    assert (code, details.split()[0]) == (grpc.StatusCode.UNAUTHENTICATED, "NOAUTH")
+    code, details = error_of(lambda: gs.should_rate_limit(request(b"other", KEY),
+                                                          metadata=basic("edge", "pw")))
+    assert (code, details) == (grpc.StatusCode.PERMISSION_DENIED, "NOPERM this user has no "
+                               "permissions to access one of the keys used as arguments")
+    code, details = error_of(lambda: gs.should_rate_limit(request(b"rig", KEY),
+                                                          metadata=basic("viewer", "pw")))
+    assert (code, details) == (grpc.StatusCode.PERMISSION_DENIED, "NOPERM this user has no "
+                               "permissions to run the 'cl.limit' command")
+    entries = admin.acl_log()
+    assert [(e["username"], e["reason"], e["object"]) for e in entries[:2]] == [
+        ("viewer", "command", "cl.limit"), ("edge", "key", "other")]
+    # key=value pairs, as redis-py's parser reads a client's line
+    assert entries[0]["client-info"]["front"] == "grpc"
+    assert entries[0]["client-info"]["addr"].startswith("127.0.0.1:")
+    # A user deleted, or its password changed, is refused from the next call.
+    admin.execute_command("ACL", "DELUSER", "edge")
+    code, _ = error_of(lambda: gs.should_rate_limit(request(b"rig", KEY),
+                                                    metadata=basic("edge", "pw")))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_default_password_set_by_acl_alone_is_needed_by_grpc_calls_too(make_grpc_server):
+    gs = make_grpc_server("--manual-clock", standin_rules=["api_key=3/minute"])
+    assert gs.should_rate_limit(request(b"rig", KEY))["overall"] == OK     # no password yet
+    gs.client().execute_command("ACL", "SETUSER", "default", ">pw")
+    code, _ = error_of(lambda: gs.should_rate_limit(request(b"rig", KEY)))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert gs.should_rate_limit(request(b"rig", KEY), metadata=basic("", "pw"))[
+        "overall"] == OK
+    assert gs.should_rate_limit(request(b"rig", KEY), metadata=[
+        ("authorization", "Bearer pw")])["overall"] == OK

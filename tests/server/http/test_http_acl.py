@@ -38,6 +38,9 @@ def test_a_tenant_checks_its_own_keys_only(hs):
     log = hs.client(protocol=2).execute_command("ACL", "LOG")
     assert [e[3] for e in log[:2]] == [b"command", b"key"]        # reason
     assert log[0][9] == b"nochecks" and log[1][7] == b"tenant-b:1"
+    # client-info is key=value pairs, as redis-py's ACL LOG parser reads a client's line
+    info = hs.client(protocol=2).acl_log()[0]["client-info"]
+    assert info["front"] == "http" and info["addr"].startswith("127.0.0.1:")
 
 
 def test_the_rules_api_and_metrics_follow_the_users_commands(hs):
