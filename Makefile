@@ -1,4 +1,4 @@
-.PHONY: serve test test-debug-serial bench soak ha cluster cluster-stop build clean
+.PHONY: serve test test-debug-serial bench soak fuzz ha cluster cluster-stop build clean
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -24,6 +24,9 @@ soak:           ## every attack of the hardening review at once, a good client's
 	scripts/bootstrap.sh
 	.venv/bin/python bench/soak.py
 
+fuzz:           ## every fuzz target of tests/fuzz/ on the sanitized build, FUZZ_SECONDS each (default 300): executions, exec/s, coverage (bench/README.md)
+	scripts/fuzz.sh
+
 ha:             ## a local HA set: primary, two standbys, three redis-sentinels on 127.0.0.1 (scripts/ha.py)
 	scripts/bootstrap.sh
 	.venv/bin/python scripts/ha.py
@@ -39,4 +42,4 @@ build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace
 
 clean:
-	rm -rf build .venv .venv-debug .venv-serve src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info
+	rm -rf build .venv .venv-debug .venv-fuzz .venv-serve src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info
