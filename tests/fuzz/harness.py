@@ -89,7 +89,7 @@ class Transport:
         self.closed = False
 
     def get_extra_info(self, name, default=None):
-        return ("127.0.0.1", 1)
+        return ("127.0.0.1", 1) if name in ("peername", "sockname") else default
 
     def write(self, data):
         self.out += data
