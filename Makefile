@@ -1,4 +1,4 @@
-.PHONY: serve test test-debug-serial bench soak keyflood ha cluster cluster-stop build clean redis-tcl-suite
+.PHONY: serve test test-debug-serial bench soak keyflood fuzz ha cluster cluster-stop build clean redis-tcl-suite
 
 serve:          ## build if the sources changed, start the server on 127.0.0.1:6380
 	scripts/serve.sh
@@ -29,6 +29,9 @@ keyflood:       ## tens of millions of new keys against maxmemory 200mb and agai
 	scripts/bootstrap.sh
 	.venv/bin/python bench/keyflood.py
 
+fuzz:           ## every fuzz target of tests/fuzz/ on the sanitized build, FUZZ_SECONDS each (default 300): executions, exec/s, coverage (bench/README.md)
+	scripts/fuzz.sh
+
 ha:             ## a local HA set: primary, two standbys, three redis-sentinels on 127.0.0.1 (scripts/ha.py)
 	scripts/bootstrap.sh
 	.venv/bin/python scripts/ha.py
@@ -49,4 +52,4 @@ build:          ## in-place build for development (python3 -m pytest from src/)
 	python3 setup.py build_ext --inplace
 
 clean:
-	rm -rf build .venv .venv-debug .venv-serve src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info
+	rm -rf build .venv .venv-debug .venv-fuzz .venv-serve src/fastlimit/*.so src/fastlimit/*.c src/*.egg-info

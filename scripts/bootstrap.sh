@@ -8,6 +8,9 @@
 #             chromium, wrk, valgrind and nghttp2-client (the tests and bench use
 #             them); both install libnghttp2-dev, which the gRPC front builds on
 #   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
+#   --fuzz    as (none), plus .venv-fuzz: the debug build compiled by Debian's
+#             clang-14 with AddressSanitizer and libFuzzer's edge counters
+#             (libclang-rt-14-dev), with atheris: what scripts/fuzz.sh runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -66,17 +69,28 @@ build_venv() {  # build_venv DIR EXTRAS [ENV=VALUE ...]
     echo "$stamp" > "$dir/.fastlimit-built"
 }
 
+# The fuzzing build's compiler and sanitizer runtimes (tests/fuzz/).
+install_fuzz_deps() {
+    command -v clang-14 >/dev/null \
+        && ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.asan-x86_64.so >/dev/null 2>&1 \
+        || apt_install clang-14 libclang-rt-14-dev
+}
+
 case "$mode" in
     --serve)
         install_build_deps
         build_venv .venv-serve "" FASTLIMIT_DEBUG=0 ;;
-    ""|--debug)
+    ""|--debug|--fuzz)
         install_build_deps
         install_debian_tools
         build_venv .venv "[test]" FASTLIMIT_DEBUG=0
         if [ "$mode" = "--debug" ]; then
             build_venv .venv-debug "[test]" FASTLIMIT_DEBUG=1
+        fi
+        if [ "$mode" = "--fuzz" ]; then
+            install_fuzz_deps
+            build_venv .venv-fuzz "[fuzz]" FASTLIMIT_FUZZ=1 CC=clang-14 "LDSHARED=clang-14 -shared"
         fi ;;
     *)
-        echo "usage: $0 [--serve | --debug]" >&2; exit 2 ;;
+        echo "usage: $0 [--serve | --debug | --fuzz]" >&2; exit 2 ;;
 esac
