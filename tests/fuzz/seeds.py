@@ -368,7 +368,19 @@ def rls_config_seeds() -> list[bytes]:
     return seeds
 
 
-TARGETS = {"resp": resp_seeds, "protocol": lambda: [EVEN + s for s in command_stream()],
+def acl_seeds() -> list[bytes]:
+    """Rules as ACL SETUSER and aclfile lines take them (the README's and
+    Redis's examples), and some that must be refused."""
+    return [b"on >secret ~tenant-a:* +@ratelimit", b"reset on nopass allkeys allcommands",
+            b"on #" + b"a" * 64 + b" ~* &* -@all +cl.check +config|get -@dangerous",
+            b"off resetpass <secret !" + b"b" * 64, b"on >p %R~x (+get ~y) +select|0",
+            b"on >p &chan:* resetchannels allchannels +@pubsub -publish +client|list",
+            b"on >a >b <a ~a ~b* resetkeys ~c? +@admin -@all +@read +@write",
+            b"skip-sanitize-payload sanitize-payload ~* ~x +nosuchcommand +@nosuchcat"]
+
+
+TARGETS = {"resp": resp_seeds, "acl": acl_seeds,
+           "protocol": lambda: [EVEN + s for s in command_stream()],
            "http": http_seeds, "grpc": grpc_seeds, "replstream": replstream_seeds,
            "snapshot": snapshot_seeds, "rules": rules_seeds,
            "cluster_map": cluster_map_seeds, "rls_config": rls_config_seeds}
