@@ -28,6 +28,12 @@ PYTHON = os.environ.get("FASTLIMIT_FUZZ_PYTHON") or servers.PYTHON
 SECONDS = 1            # of new inputs per target, after its corpus
 MAX_RUNS = 20000       # or this many inputs, whichever comes first
 HANG_S = 10            # an input running longer than this is a hang
+# libFuzzer's RSS limit reads the peak RSS (getrusage), which a child keeps
+# from the process that started it: a pytest worker that ran a large test
+# before makes every target "out of memory" at its first input.  The short
+# run bounds single allocations instead (where the sanitizers hook malloc);
+# scripts/fuzz.sh, started from a shell, keeps libFuzzer's RSS limit.
+MALLOC_LIMIT_MB = 2048
 
 
 def fuzz(target: str, tmp_path) -> subprocess.CompletedProcess:
@@ -37,6 +43,7 @@ def fuzz(target: str, tmp_path) -> subprocess.CompletedProcess:
         [PYTHON, os.path.join(HERE, f"fuzz_{target}.py"), str(fresh),
          os.path.join(HERE, "corpus", target), f"-max_total_time={SECONDS}",
          f"-runs={MAX_RUNS}", f"-timeout={HANG_S}", f"-artifact_prefix={tmp_path}/",
+         "-rss_limit_mb=0", f"-malloc_limit_mb={MALLOC_LIMIT_MB}",
          "-print_final_stats=1"],
         capture_output=True, text=True, errors="replace", timeout=120,
         env=servers.untraced_env(), stdin=subprocess.DEVNULL)
