@@ -455,7 +455,10 @@ def test_a_stopped_sentinel_is_noticed_and_costs_each_read_one_timeout(shards):
             async with asyncio.timeout(10):
                 while roles.info_fields()["cluster_sentinels_reachable"] < 3:
                     await asyncio.sleep(0.05)
-            assert len(lines.at(logging.INFO)) == 1
+            # Logged on change only: one line back for each line down.  A
+            # sentinel just resumed may miss one more 0.3 s timeout on a
+            # loaded machine (a real change, logged as one).
+            assert len(lines.at(logging.INFO)) == len(lines.at(logging.WARNING)) >= 1
         finally:
             frozen.proc.send_signal(signal.SIGCONT)
             await roles.stop()
