@@ -45,25 +45,11 @@ def make_server():
 SERVER = make_server()
 
 
-async def drive(reads: list[bytes]) -> None:
-    conn = GrpcConnection(SERVER.grpc.shared)
-    transport = harness.Transport()
-    conn.connection_made(transport)
-    try:
-        for read in reads:
-            if transport.closed:
-                break
-            conn.data_received(read)
-            await harness.turns()
-    finally:
-        conn.connection_lost(None)
-
-
 def one_input(data: bytes) -> None:
     reads = harness.split(data)
     if not data or data[0] & 1 == 0:
         reads.insert(0, PREFACE)
-    harness.run(drive(reads))
+    harness.feed(GrpcConnection(SERVER.grpc.shared), reads)
     harness.raise_logged_bugs()
     SERVER.flush_buckets()
 

@@ -14,22 +14,8 @@ with harness.instrumented():
 SERVER = harness.server()
 
 
-async def drive(reads: list[bytes]) -> None:
-    conn = HttpConnection(SERVER.http.shared)
-    transport = harness.Transport()
-    conn.connection_made(transport)
-    try:
-        for read in reads:
-            if transport.closed:
-                break
-            conn.data_received(read)
-            await harness.turns()
-    finally:
-        conn.connection_lost(None)
-
-
 def one_input(data: bytes) -> None:
-    harness.run(drive(harness.split(data)))
+    harness.feed(HttpConnection(SERVER.http.shared), harness.split(data))
     harness.raise_logged_bugs()
     harness.reset(SERVER)
 

@@ -30,25 +30,11 @@ def leaves(commands: list[list[bytes]]) -> bool:
     return False
 
 
-async def drive(reads: list[bytes]) -> None:
-    conn = Connection(SERVER.core)
-    transport = harness.Transport()
-    conn.connection_made(transport)
-    try:
-        for read in reads:
-            if transport.closed:
-                break
-            conn.data_received(read)
-            await harness.turns()
-    finally:
-        conn.connection_lost(None)
-
-
 def one_input(data: bytes) -> None:
     commands, _, _ = _resp.parse(data[1:])
     if leaves(commands):
         return
-    harness.run(drive(harness.split(data)))
+    harness.feed(Connection(SERVER.core), harness.split(data))
     harness.raise_logged_bugs()
     harness.reset(SERVER)
 

@@ -166,6 +166,24 @@ def run(coro):
     return loop().run_until_complete(coro)
 
 
+def feed(conn, reads: list[bytes]) -> None:
+    """The reads given to a connection (RESP, HTTP or gRPC, on a stand-in
+    transport) as they arrive, the loop turning between them, until it
+    closes; then the client is gone."""
+    async def go():
+        transport = Transport()
+        conn.connection_made(transport)
+        try:
+            for read in reads:
+                if transport.closed:
+                    break
+                conn.data_received(read)
+                await turns()
+        finally:
+            conn.connection_lost(None)
+    run(go())
+
+
 async def turns(n: int = 3) -> None:
     """Lets what the protocol scheduled run (slices, next turns)."""
     for _ in range(n):

@@ -101,6 +101,16 @@ def _valid_hash(text: bytes) -> bool:
     return len(text) == 64 and all(c in b"0123456789abcdef" for c in text)
 
 
+def _hash_of(op: bytes, plain: bytes) -> str:
+    """The SHA-256 hex a password rule names: >pw / <pw (plain is the
+    sign) give the password, #hash / !hash the hash itself."""
+    if op[:1] == plain:
+        return hash_password(op[1:])
+    if _valid_hash(op[1:]):
+        return op[1:].decode()
+    raise RuleError(BAD_HASH)
+
+
 def _has_spaces(text: bytes) -> bool:
     """Redis's ACLStringHasSpaces: whitespace or NUL."""
     return any(c in b" \t\n\r\x0b\x0c\x00" for c in text)
@@ -242,23 +252,13 @@ class User:
             self._apply_selector_rule(op, word, commands)
 
     def _add_password(self, op: bytes) -> None:
-        if op[:1] == b">":
-            hashed = hash_password(op[1:])
-        elif _valid_hash(op[1:]):
-            hashed = op[1:].decode()
-        else:
-            raise RuleError(BAD_HASH)
+        hashed = _hash_of(op, b">")
         if hashed not in self.passwords:
             self.passwords.append(hashed)
         self.nopass = False
 
     def _remove_password(self, op: bytes) -> None:
-        if op[:1] == b"<":
-            hashed = hash_password(op[1:])
-        elif _valid_hash(op[1:]):
-            hashed = op[1:].decode()
-        else:
-            raise RuleError(BAD_HASH)
+        hashed = _hash_of(op, b"<")
         if hashed not in self.passwords:
             raise RuleError(NO_SUCH_PASSWORD)
         self.passwords.remove(hashed)
