@@ -239,7 +239,7 @@ cdef class Connection:
     cdef void execute(self)
     cdef void execute_silenced(self)
     cdef void run_observed(self, Command cmd, list args)
-    cdef void dispatch(self, Command cmd, list args)
+    cdef int dispatch(self, Command cmd, list args) except -1
     cdef void feed_monitors(self, Command cmd, list args)
     cdef bint acl_denied(self, Command cmd, bint at_exec)
     cdef void on_replica_link(self, Command cmd)

@@ -1035,7 +1035,9 @@ cdef class Connection:
     def watched_count(self):
         return len(self.watching) if self.watching is not None else 0
 
-    cdef void dispatch(self, Command cmd, list args):
+    cdef int dispatch(self, Command cmd, list args) except -1:
+        # An int, not a void: its caller tests the -1, not PyErr_Occurred(),
+        # on the path of every check.
         if cmd.fast == FAST_CL_CHECK:
             self.cl_check()
         elif cmd.fast == FAST_CL_LIMIT:
@@ -1050,6 +1052,7 @@ cdef class Connection:
             self.discard()
         else:
             self.run_python(cmd, args)
+        return 0
 
     cdef list args_as_bytes(self):
         cdef int i
