@@ -163,10 +163,9 @@ def test_a_request_that_is_not_grpc_gets_415(gs):
     assert done.stdout.startswith(b"HTTP/2 415")
 
 
-def test_a_call_past_its_grpc_timeout_is_never_answered_late(gs):
-    # grpcio sends grpc-timeout; one already spent gets DEADLINE_EXCEEDED
-    code, _ = error_of(lambda: gs.call(RLS_PATH, request(b"rig", KEY), timeout=0.000001))
-    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+def test_a_call_within_its_grpc_timeout_is_answered(gs):
+    # (one past it: test_grpc_h2.py, which controls the header; grpcio's own
+    # 1 us deadline raced its answer on a loaded machine)
     assert gs.should_rate_limit(request(b"rig", KEY), timeout=5)["overall"] == OK
 
 

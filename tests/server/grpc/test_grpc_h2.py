@@ -98,6 +98,14 @@ def test_the_clients_grpc_timeout_bounds_a_call_too(make_grpc_server):
     assert h.ended(sid)[b"grpc-status"] == b"4"
 
 
+def test_a_call_past_its_grpc_timeout_is_never_answered_late(srv):
+    # 1 ns: spent before the call can be answered, whatever the machine
+    h = RawH2(srv.grpc_port)
+    sid = h.start(RLS_PATH, extra=[(b"grpc-timeout", b"1n")])
+    h.send(sid, CALL)
+    assert h.ended(sid)[b"grpc-status"] == b"4"
+
+
 def test_an_hpack_bomb_resets_its_stream_and_the_connection_serves_on(srv):
     h = RawH2(srv.grpc_port)
     big = b"v" * 4000              # indexed once, then referenced: 40 kB of headers
