@@ -206,14 +206,22 @@ class RecordingTransport:
         self.reading = True
         self.closed = False
 
-    def get_extra_info(self, name):
-        return ("127.0.0.1", 1)
+    def get_extra_info(self, name, default=None):
+        # the addresses only, as a real transport (no ssl_object here)
+        return ("127.0.0.1", 1) if name in ("peername", "sockname") else default
 
     def write(self, data):
         self.out += data
 
+    def writelines(self, parts):
+        for part in parts:
+            self.out += part
+
     def get_write_buffer_size(self):
         return 0
+
+    def is_closing(self):
+        return self.closed
 
     def pause_reading(self):
         self.reading = False
@@ -223,3 +231,5 @@ class RecordingTransport:
 
     def close(self):
         self.closed = True
+
+    abort = close
