@@ -20,6 +20,7 @@ import pytest
 import redis
 import redis.asyncio.sentinel
 import redis.sentinel
+from conftest import failed
 from servers import PYTHON
 from wire import wait_until
 
@@ -31,6 +32,11 @@ from ha import SERVICE, HASet  # noqa: E402
 pytestmark = pytest.mark.release_only
 
 FAILOVER_TIMEOUT_S = 30.0
+# A sentinel demotes a primary that comes back on an INFO refresh (every
+# 10 s for a replica it knows) once it has said "master" for 8 s: one
+# refusal, a lost reply or a slow sync costs a whole period, so this bound
+# is several of them (a normal run takes about 10.5 s).
+DEMOTE_TIMEOUT_S = 60.0
 CAP = 5
 FOREVER_MS = 3_600_000       # a refill too slow to matter within a test
 
@@ -50,19 +56,24 @@ def _started(s: HASet):
     return s
 
 
-@pytest.fixture
-def ha():
-    s = _started(HASet("fastlimit", python=PYTHON))
+def _serving(request, s: HASet):
+    _started(s)
     yield s
+    if failed(request):
+        print(s.logs())
     s.stop()
 
 
 @pytest.fixture
-def ha_with_snapshots():
+def ha(request):
+    yield from _serving(request, HASet("fastlimit", python=PYTHON))
+
+
+@pytest.fixture
+def ha_with_snapshots(request):
     # relative to each node's own directory, its working directory
-    s = _started(HASet("fastlimit", python=PYTHON, extra=["--snapshot-file", "snap.fls"]))
-    yield s
-    s.stop()
+    yield from _serving(request, HASet("fastlimit", python=PYTHON,
+                                       extra=["--snapshot-file", "snap.fls"]))
 
 
 def wait_caught_up(ha: HASet, primary) -> None:
@@ -112,7 +123,7 @@ def test_kill_primary_promotes_a_standby_and_limits_hold(ha):
     old.start()
     wait_until(lambda: (i := role(old)).get("role") == "slave"
                and i.get("master_port") == new_port and i.get("master_link_status") == "up",
-               FAILOVER_TIMEOUT_S, "the old primary to follow the new one", interval=0.2)
+               DEMOTE_TIMEOUT_S, "the old primary to follow the new one", interval=0.2)
     peek = old.client().execute_command("CL.CHECK", "after", CAP, 1, "PERIOD", FOREVER_MS,
                                         "COST", 0)
     assert peek[2] == CAP - 1
@@ -175,7 +186,7 @@ def test_a_stopped_primary_is_demoted_when_it_resumes(ha):
         except redis.ResponseError as e:
             return "READONLY" in str(e)
         return False
-    wait_until(refuses, FAILOVER_TIMEOUT_S, "the resumed primary to refuse writes",
+    wait_until(refuses, DEMOTE_TIMEOUT_S, "the resumed primary to refuse writes",
                interval=0.05)
     window = time.monotonic() - resumed
     print(f"split-brain window after SIGCONT: {window:.2f} s")
