@@ -94,22 +94,14 @@ def pytest_collection_modifyitems(items):
             item.add_marker("serial")
 
 
-FAILED = pytest.StashKey[bool]()
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Notes a failed test on its item, for fixtures that print their
-    processes' logs only then (see failed())."""
+    processes' logs only then (servers.failed)."""
     report = yield
     if report.failed:
-        item.stash[FAILED] = True
+        item.stash[servers.FAILED] = True
     return report
-
-
-def failed(request) -> bool:
-    """Whether the test of this fixture request has failed so far."""
-    return request.node.stash.get(FAILED, False)
 
 
 def _running_coverage():

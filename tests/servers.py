@@ -21,6 +21,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+import pytest
 import redis
 from wire import free_port
 
@@ -32,6 +33,14 @@ COVERAGE_ENV = "COVERAGE_PROCESS_CONFIG"
 TRACED = True
 READY = re.compile(r"ready to accept connections on .* port (\d+)")
 START_TIMEOUT = 20.0
+# Set on a test's item when it fails (conftest.py's report hook): fixtures
+# print their processes' logs only then.
+FAILED = pytest.StashKey[bool]()
+
+
+def failed(request) -> bool:
+    """Whether the test of this fixture request has failed so far."""
+    return request.node.stash.get(FAILED, False)
 
 
 def process_state(pid) -> str | None:

@@ -20,8 +20,7 @@ import pytest
 import redis
 import redis.asyncio.sentinel
 import redis.sentinel
-from conftest import failed
-from servers import PYTHON
+from servers import PYTHON, failed
 from wire import wait_until
 
 import fastlimit

@@ -3,8 +3,10 @@ calls fastlimit's gRPC port: requests over the limit get 429 with the
 x-ratelimit-* headers Envoy computes from our statuses; hits_addend; gRPC
 callers get RESOURCE_EXHAUSTED; with fastlimit killed, fail-open passes and
 fail-closed answers 500; restarted, enforcement resumes without restarting
-Envoy.  The decision is the stand-in service (standin.py) until the rls
-layer is merged."""
+Envoy.  The first test decides with the stand-in service (standin.py,
+whose answers it can check header by header), the second with the rls
+layer on envoyproxy/ratelimit's YAML; bench/envoy_e2e.py measures the
+same path under load."""
 
 from __future__ import annotations
 
