@@ -148,11 +148,12 @@ class GrpcTarget:
 class FastlimitGrpc(Fastlimit, GrpcTarget):
     label = FASTLIMIT
 
-    def __init__(self, workdir: Path, rls_config: Path):
+    def __init__(self, workdir: Path, rls_config: Path, deadline_ms: int | None = DEADLINE_MS):
+        """deadline_ms None: the server's default grpc-deadline-ms."""
         self.grpc_port = free_port()
+        deadline = [] if deadline_ms is None else ["--grpc-deadline-ms", str(deadline_ms)]
         super().__init__(workdir, ["--grpc-port", str(self.grpc_port),
-                                   "--rls-config", str(rls_config),
-                                   "--grpc-deadline-ms", str(DEADLINE_MS)])
+                                   "--rls-config", str(rls_config), *deadline])
         self.resp: redis.Redis | None = None
 
     def counts(self) -> Counts:
