@@ -19,6 +19,7 @@ bench:          ## fastlimit vs redis-server, the clients vs the limits library,
 	.venv/bin/python bench/cluster.py
 	.venv/bin/python bench/http_front.py
 	.venv/bin/python bench/grpc_front.py
+	.venv/bin/python bench/envoy_e2e.py
 	.venv/bin/python bench/acl.py
 
 soak:           ## every attack of the hardening review at once, a good client's latency and memory (bench/soak.py)
