@@ -66,6 +66,7 @@ from run import (  # noqa: E402
     Server,
     _die_with_parent,
     _terminate,
+    fmt_ratio,
     free_port,
     git_rev,
     log,
@@ -408,17 +409,14 @@ def build_report(args, sides: list[Side], meta: dict) -> str:
     for v in VARIANTS:
         rps = {t: by[(t, v)].median("rps") for t in TARGETS}
         ratios[v] = ratio(rps[GLOBAL], rps[LOCAL])
-        ceiling = ratio(by[(LOCAL, v)].median("envoy_cpu"), by[(GLOBAL, v)].median("envoy_cpu"))
-        out.append(f"| {v} | {fmt_2(ratios[v])} | {fmt_2(ratio(rps[GLOBAL], rps[NONE]))} | "
-                   f"{fmt_2(ratio(rps[LOCAL], rps[NONE]))} | {fmt_2(ceiling)} |")
+        envoy_cpu = {t: by[(t, v)].median("envoy_cpu") for t in (LOCAL, GLOBAL)}
+        out.append(f"| {v} | {fmt_ratio(rps[GLOBAL], rps[LOCAL])} | "
+                   f"{fmt_ratio(rps[GLOBAL], rps[NONE])} | {fmt_ratio(rps[LOCAL], rps[NONE])} | "
+                   f"{fmt_ratio(envoy_cpu[LOCAL], envoy_cpu[GLOBAL])} |")
     out += ["", "Target (issue 14):"]
     out += [target_line(f"{v}: the global filter with fastlimit, req/s ÷ the local filter's "
                         f"≥ {RATIO_TARGET:g}×", ratios[v], RATIO_TARGET) for v in VARIANTS]
     return "\n".join(out + ["", *[f"- {n}" for n in notes(sides)], ""]) + "\n"
-
-
-def fmt_2(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}×"
 
 
 def classes_text(s: Side) -> str:
