@@ -18,6 +18,16 @@ One run:
        - rule churn: ``CL.RULE SET``/``DEL`` with 2,000 rules present;
        - a pipeliner that never reads its replies;
        - protocol-error connections, as fast as they can be opened;
+       - an HTTP pipeliner: thousands of ``GET /metrics`` in one write,
+         never read;
+       - HTTP bodies that never complete: a declared 1 MB body trickled a
+         byte at a time;
+       - rls-config alias bombs: a 2 KB YAML file whose aliases expand to
+         millions of descriptors, rewritten into the watched folder;
+       - zero-window gRPC: connections that advertise a window of 0, send
+         calls, and never let an answer out;
+       - a fake cluster peer: a listener at an address of the map that
+         answers every catch-up with a newer, empty set of rules;
   4. samples the server's RSS, its children's RSS and the machine's Shmem
      every 100 ms, and prints one markdown report: latency idle vs
      attacked (p50, p99, worst, and the p99 ratio; target <= 2x) and memory
@@ -35,6 +45,7 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -44,7 +55,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from run import Fastlimit, rss_bytes  # noqa: E402  (bench/ is not a package)
+from run import Fastlimit, free_port, rss_bytes  # noqa: E402  (bench/ is not a package)
 
 MB = 1024 * 1024
 # The bounds under test: small enough that a breach shows, large enough for
@@ -93,12 +104,52 @@ def read_replies(s: socket.socket, count: int) -> None:
             got += 1
 
 
+@dataclass
+class Ports:
+    """Where the attacks aim: the server's fronts, the folder its rls-config
+    watches, and the address its slot map gives the fake peer's shard."""
+    resp: int
+    http: int
+    grpc: int
+    fake_peer: int
+    rls_dir: Path
+
+
+# The map's second shard (the fake peer) owns this one slot; every key the
+# soak sends is on the server's own slots.
+FAKE_PEER_SLOT = 16383
+
+
+def own_slot(key: bytes) -> bool:
+    from redis.crc import key_slot
+    return key_slot(key) != FAKE_PEER_SLOT
+
+
+def cluster_map(ports: Ports) -> str:
+    return (f'version = 1\n\n[[shard]]\nname = "fl-0"\nslots = ["0-{FAKE_PEER_SLOT - 1}"]\n'
+            f'primary = "127.0.0.1:{ports.resp}"\nstandbys = []\n\n'
+            f'[[shard]]\nname = "fl-1"\nslots = ["{FAKE_PEER_SLOT}"]\n'
+            f'primary = "127.0.0.1:{ports.fake_peer}"\nstandbys = []\n')
+
+
+def server_args(ports: Ports, workdir: Path) -> list[str]:
+    """The fronts on fixed ports, rls-config on a folder the bomb attack
+    writes into, and cluster mode on a map with the fake peer in it."""
+    (workdir / "map.toml").write_text(cluster_map(ports))
+    (ports.rls_dir / "good.yaml").write_text(
+        "domain: soak\ndescriptors:\n  - key: key\n"
+        "    rate_limit: {unit: second, requests_per_unit: 1000000}\n")
+    return ["--port", str(ports.resp), "--http-port", str(ports.http),
+            "--grpc-port", str(ports.grpc), "--rls-config", str(ports.rls_dir),
+            "--cluster-enabled", "yes", "--cluster-config-file", str(workdir / "map.toml")]
+
+
 # ---- the attacks: each runs in its own process until `until` (monotonic) ----
 
-def attack_slow_client(port: int, until: float) -> None:
+def attack_slow_client(ports: Ports, until: float) -> None:
     while time.monotonic() < until:
         try:
-            s = connect(port)
+            s = connect(ports.resp)
             s.sendall(b"*1000000\r\n" + b"$1\r\na\r\n" * 200_000)
             tail = b"$1\r\na\r\n" * 800_000
             i = 0
@@ -110,12 +161,12 @@ def attack_slow_client(port: int, until: float) -> None:
             time.sleep(0.05)
 
 
-def attack_cache_flood(port: int, until: float) -> None:
+def attack_cache_flood(ports: Ports, until: float) -> None:
     big = b"y" * 400_000
     i = 0
     while time.monotonic() < until:
         try:
-            s = connect(port)
+            s = connect(ports.resp)
             while time.monotonic() < until:
                 batch = b"".join(frame(b"CL.LIMIT", b"c", b"%d" % (i + j) + big)
                                  for j in range(10))
@@ -126,13 +177,13 @@ def attack_cache_flood(port: int, until: float) -> None:
             time.sleep(0.05)
 
 
-def attack_fake_replicas(port: int, until: float, count: int = 10) -> None:
+def attack_fake_replicas(ports: Ports, until: float, count: int = 10) -> None:
     socks: list = [None] * count
     while time.monotonic() < until:
         for k in range(count):
             if socks[k] is None:
                 try:
-                    socks[k] = connect(port, rcvbuf=4096)
+                    socks[k] = connect(ports.resp, rcvbuf=4096)
                     socks[k].sendall(b"CL.SYNC\r\n")
                     socks[k].setblocking(False)
                 except OSError:
@@ -149,11 +200,11 @@ def attack_fake_replicas(port: int, until: float, count: int = 10) -> None:
         time.sleep(0.2)
 
 
-def attack_config_get(port: int, until: float) -> None:
+def attack_config_get(ports: Ports, until: float) -> None:
     big = frame(b"CONFIG", b"GET", *[b"zz%d*" % i for i in range(40_000)])
     while time.monotonic() < until:
         try:
-            s = connect(port)
+            s = connect(ports.resp)
             s.settimeout(120)
             while time.monotonic() < until:
                 s.sendall(big)
@@ -167,11 +218,11 @@ def rule_doc(i: int) -> bytes:
             b'"refill_per_second":1}' % (i, 10 + i))
 
 
-def attack_rule_churn(port: int, until: float) -> None:
+def attack_rule_churn(ports: Ports, until: float) -> None:
     i = 0
     while time.monotonic() < until:
         try:
-            s = connect(port)
+            s = connect(ports.resp)
             s.settimeout(60)
             while time.monotonic() < until:
                 n = PRELOAD_RULES + i % 100
@@ -183,21 +234,21 @@ def attack_rule_churn(port: int, until: float) -> None:
             time.sleep(0.05)
 
 
-def attack_non_reader(port: int, until: float) -> None:
+def attack_non_reader(ports: Ports, until: float) -> None:
     batch = frame(b"CL.CHECK", b"nr", b"10", b"1") * 1000
     while time.monotonic() < until:
         try:
-            s = connect(port, rcvbuf=4096)
+            s = connect(ports.resp, rcvbuf=4096)
             while time.monotonic() < until:
                 s.sendall(batch)
         except OSError:
             time.sleep(0.05)
 
 
-def attack_protocol_errors(port: int, until: float) -> None:
+def attack_protocol_errors(ports: Ports, until: float) -> None:
     while time.monotonic() < until:
         try:
-            s = connect(port)
+            s = connect(ports.resp)
             s.sendall(b"*x\r\n")
             s.recv(100)
             s.close()
@@ -205,13 +256,154 @@ def attack_protocol_errors(port: int, until: float) -> None:
             time.sleep(0.01)
 
 
-def attacker(fn, port: int, until: float) -> None:
+def attack_http_pipeliner(ports: Ports, until: float) -> None:
+    batch = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 3000
+    while time.monotonic() < until:
+        try:
+            s = connect(ports.http, rcvbuf=4096)
+            while time.monotonic() < until:
+                s.sendall(batch)
+        except OSError:
+            time.sleep(0.05)
+
+
+def attack_http_slow_bodies(ports: Ports, until: float, count: int = 20) -> None:
+    head = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n"
+    socks: list = []
+    while time.monotonic() < until:
+        while len(socks) < count:
+            try:
+                s = connect(ports.http)
+                s.sendall(head + b"x" * 65536)
+                socks.append(s)
+            except OSError:
+                time.sleep(0.05)
+                break
+        for s in list(socks):
+            try:
+                s.send(b"x")
+            except OSError:
+                s.close()
+                socks.remove(s)
+        time.sleep(0.5)
+
+
+def alias_bomb(width: int = 10, levels: int = 6) -> str:
+    """The finding's 2 KB document: each level's list is `width` aliases of
+    the level below, so it expands to width**levels descriptors."""
+    text = ("domain: bomb\ndescriptors:\n  - key: anchor0\n    descriptors: &l0 "
+            "[{key: leaf, rate_limit: {unit: second, requests_per_unit: 1}}]\n")
+    for lv in range(1, levels + 1):
+        items = ", ".join(f"{{key: k{lv}, value: v{j}, descriptors: *l{lv - 1}}}"
+                          for j in range(width))
+        text += f"  - key: anchor{lv}\n    descriptors: &l{lv} [{items}]\n"
+    return text
+
+
+def attack_alias_bombs(ports: Ports, until: float) -> None:
+    bomb = alias_bomb()
+    i = 0
+    while time.monotonic() < until:
+        # A new name each time, so the folder's poll sees a change.
+        path = ports.rls_dir / f"bomb{i % 2}.yaml"
+        path.write_text(bomb + f"# {i}\n")
+        i += 1
+        time.sleep(1.5)
+
+
+def grpc_call() -> bytes:
+    message = b"\x0a\x04soak" + b"\x12\x0c\x0a\x0a\x0a\x03key\x12\x03val" * 2000
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+def attack_grpc_zero_window(ports: Ports, until: float, count: int = 10) -> None:
+    import h2.config
+    import h2.connection
+    import h2.settings
+    body = grpc_call()
+    socks: list = []
+    while time.monotonic() < until:
+        while len(socks) < count:
+            try:
+                s = connect(ports.grpc)
+                conn = h2.connection.H2Connection(h2.config.H2Configuration(
+                    client_side=True, header_encoding=None))
+                conn.local_settings = h2.settings.Settings(client=True, initial_values={
+                    h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+                conn.initiate_connection()
+                conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+                for _ in range(20):
+                    sid = conn.get_next_available_stream_id()
+                    conn.send_headers(sid, [
+                        (b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"x"),
+                        (b":path", b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+                        (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+                    window = conn.local_flow_control_window(sid)
+                    conn.send_data(sid, body[:window], end_stream=len(body) <= window)
+                s.sendall(conn.data_to_send())
+                s.setblocking(False)
+                socks.append(s)
+            except Exception:   # h2's own refusals too: the attack goes on
+                time.sleep(0.05)
+                break
+        for s in list(socks):
+            try:   # only to notice a close: never opens its window
+                if s.recv(1, socket.MSG_PEEK) == b"":
+                    raise ConnectionError
+            except BlockingIOError:
+                pass
+            except OSError:
+                s.close()
+                socks.remove(s)
+        time.sleep(0.2)
+
+
+def attack_fake_peer(ports: Ports, until: float) -> None:
+    """Listens at the map's second shard address and answers like a node
+    that has a newer version of everything, with no rules at all."""
+    import selectors
+    srv = socket.create_server(("127.0.0.1", ports.fake_peer))
+    srv.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ)
+    answers = {
+        b"hello": b"%2\r\n+server\r\n+fake\r\n+proto\r\n:3\r\n",
+        b"versions": b"*3\r\n:1\r\n:999999\r\n$40\r\n" + b"f" * 40 + b"\r\n",
+        b"rules": b"*3\r\n:999999\r\n$40\r\n" + b"f" * 40 + b"\r\n$2\r\n[]\r\n",
+    }
+    while time.monotonic() < until:
+        for key, _ in sel.select(0.2):
+            if key.fileobj is srv:
+                try:
+                    c, _ = srv.accept()
+                    c.setblocking(False)
+                    sel.register(c, selectors.EVENT_READ)
+                except OSError:
+                    pass
+                continue
+            c = key.fileobj
+            try:
+                data = c.recv(65536).lower()
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(c)
+                c.close()
+                continue
+            reply = next((a for k, a in answers.items() if k in data), b"+OK\r\n")
+            try:
+                c.sendall(reply)
+            except OSError:
+                pass
+
+
+def attacker(fn, ports: Ports, until: float) -> None:
     """Runs one attack at the lowest CPU priority: on this 2-core machine
     the attackers' own CPU would otherwise delay the measuring client's
     process, which in a real deployment they do not share a machine with.
     The server gets no such help: it serves them at full priority."""
     os.nice(19)
-    fn(port, until)
+    fn(ports, until)
 
 
 ATTACKS = {
@@ -222,6 +414,10 @@ ATTACKS = {
     "rule churn": (attack_rule_churn, 1),
     "non-reading pipeliner": (attack_non_reader, 1),
     "protocol errors": (attack_protocol_errors, 1),
+    "HTTP pipeliner": (attack_http_pipeliner, 1),
+    "HTTP bodies never finished (20)": (attack_http_slow_bodies, 1),
+    "rls-config alias bombs": (attack_alias_bombs, 1),
+    "zero-window gRPC (10)": (attack_grpc_zero_window, 1),
 }
 
 
@@ -236,7 +432,7 @@ def good_client(port: int, seconds: float) -> list[float]:
     i = 0
     s = None
     while time.monotonic() < until:
-        req = frame(b"CL.CHECK", b"good:%d" % (i % 100), b"1000000", b"1000000")
+        req = frame(b"CL.CHECK", b"good:%d" % (i % 100), b"1000000", b"1000000")  # own slots
         t = time.perf_counter()
         try:
             if s is None:
@@ -314,6 +510,8 @@ class SoakResult:
     alive: bool
     log_lines: int
     info_memory: dict
+    rules_before: int
+    rules_after: int
 
     @property
     def p99_ratio(self) -> float:
@@ -354,6 +552,8 @@ def configure(client) -> None:
 def preload(client, buckets: int, rules: int) -> None:
     p = client.pipeline(transaction=False)
     for i in range(buckets):
+        if not own_slot(b"pre:%d" % i):
+            continue
         p.execute_command("CL.CHECK", f"pre:{i}", 1000, 1, "COST", 500)
         if i % 10_000 == 9_999:
             p.execute()
@@ -368,20 +568,28 @@ def preload(client, buckets: int, rules: int) -> None:
 def run_soak(seconds: float = 20.0, buckets: int = PRELOAD_BUCKETS, rules: int = PRELOAD_RULES,
              attacks: dict = ATTACKS, extra_args: list[str] = ()) -> SoakResult:
     with tempfile.TemporaryDirectory(prefix="fastlimit-soak-") as tmp:
-        server = Fastlimit(Path(tmp), list(extra_args))
+        ports = Ports(free_port(), free_port(), free_port(), free_port(), Path(tmp) / "rls")
+        ports.rls_dir.mkdir()
+        # The fake peer is up from the start: a cluster node refuses rule
+        # changes while a primary of its map does not answer.
+        ctx = mp.get_context("fork")
+        fake_peer = ctx.Process(target=attack_fake_peer, daemon=True,
+                                args=(ports, time.monotonic() + 3 * seconds + 600))
+        fake_peer.start()
+        server = Fastlimit(Path(tmp), [*server_args(ports, Path(tmp)), *extra_args])
         try:
             server.wait_ready()
             client = server.client()
             configure(client)
             log(f"preloading {buckets} buckets and {rules} rules")
             preload(client, buckets, rules)
+            rules_before = len(client.execute_command("CL.RULE", "LIST"))
             log(f"idle: the good client alone for {seconds:.0f} s")
             idle = good_client(server.port, seconds)
             idle_rss = rss_bytes(server.pid)
             base_shmem = shmem_bytes()
-            ctx = mp.get_context("fork")
             until = time.monotonic() + seconds + 2
-            procs = [ctx.Process(target=attacker, args=(fn, server.port, until), daemon=True)
+            procs = [ctx.Process(target=attacker, args=(fn, ports, until), daemon=True)
                      for fn, n in attacks.values() for _ in range(n)]
             for p in procs:
                 p.start()
@@ -399,13 +607,15 @@ def run_soak(seconds: float = 20.0, buckets: int = PRELOAD_BUCKETS, rules: int =
                     p.kill()
             alive = server.proc.poll() is None
             info = client.info("memory") if alive else {}
+            rules_after = len(client.execute_command("CL.RULE", "LIST")) if alive else 0
             parts = memory_bound(idle_rss, attacks, info)
             log_lines = len(server.logpath.read_text(errors="replace").splitlines())
             client.close()
             return SoakResult(idle, attacked, memory, idle_rss, sum(parts.values()), parts,
-                              alive, log_lines, info)
+                              alive, log_lines, info, rules_before, rules_after)
         finally:
             server.stop()
+            fake_peer.kill()
 
 
 def report(r: SoakResult, seconds: float) -> str:
@@ -427,7 +637,9 @@ def report(r: SoakResult, seconds: float) -> str:
               f"| all three at once | {mb(r.peak_total)} |",
               f"| bound from the settings | {mb(r.bound)} |", "",
               "Bound: " + ", ".join(f"{k} {mb(v)}" for k, v in r.bound_parts.items()), "",
-              f"Server alive at the end: {r.alive}; log lines: {r.log_lines}."]
+              f"Server alive at the end: {r.alive}; log lines: {r.log_lines}; "
+              f"rules in force before the attacks {r.rules_before}, after {r.rules_after} "
+              "(the fake peer offers none)."]
     return "\n".join(lines)
 
 
