@@ -192,10 +192,6 @@ cdef enum Route:
 cdef struct Limits:
     uint32_t max_streams
     int64_t deadline_ns       # the server's answer budget per call; 0: none
-    # requirepass: a ShouldRateLimit call needs "authorization: Bearer <it>"
-    # (Envoy's grpc_service.initial_metadata); NULL: no password
-    const char* bearer        # "Bearer <password>", kept alive by GrpcShared.bearer_bytes
-    size_t bearer_len
 
 
 # What the connections of a front have in C, summed for INFO memory.
@@ -219,9 +215,8 @@ cdef struct Stream:
     uint8_t grpc_type         # content-type application/grpc[+...|;...]
     uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message
                               # is then UNIMPLEMENTED, not malformed)
-    uint8_t authorized        # its authorization header carries requirepass
-    Buf authorization         # any other authorization header: an ACL user's (checked
-                              # when the call runs)
+    Buf authorization         # its authorization header: the users decide when the
+                              # call runs (GrpcConnection.caller)
     int status                # a gRPC status decided before the call ran; 0: none
     const char* message       # its grpc-message
     size_t header_bytes
@@ -262,7 +257,6 @@ cdef class GrpcShared:
     cdef public object refusal        # the exception class the service refuses with
     cdef public object loop
     cdef Limits limits
-    cdef bytes bearer_bytes           # what limits.bearer points into
     cdef Totals totals
     cdef public bint draining         # shutting down: health says NOT_SERVING
     cdef readonly set connections
@@ -287,8 +281,10 @@ cdef class GrpcConnection:
     cdef Writer out
     cdef bint closed
     cdef bint paused
-    # The last authorization header an ACL user was found for, with the
-    # users' version then: Envoy sends the same one on every call.
+    # The last authorization header, the user it names (None: none) and the
+    # users' version then: Envoy sends the same one on every call, and any
+    # change of the users (ACL SETUSER, ACL LOAD, CONFIG SET requirepass)
+    # moves the version on, so the next call asks the users again.
     cdef bytes known_authorization
     cdef object known_user
     cdef int64_t known_version
@@ -297,7 +293,7 @@ cdef class GrpcConnection:
     cdef void process_ready(self)
     cdef void answer(self, Stream* s, int64_t now)
     cdef object caller(self, Stream* s)
-    cdef object user_of(self, bytes header)
+    cdef object user_of(self, Stream* s)
     cdef bint may_check(self, Stream* s, object user, bytes domain) except -1
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1

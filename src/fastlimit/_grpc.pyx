@@ -626,26 +626,12 @@ cdef int on_header(nghttp2_session* session, const nghttp2_frame* frame, const u
                 s.deadline_ns = s.client_deadline_ns
                 s.deadline_status = GRPC_DEADLINE_EXCEEDED
     elif equals(name, namelen, "authorization", 13):
-        s.authorized = bearer_matches(<Conn*>ud, value, valuelen)
-        if not s.authorized and s.authorization.len == 0 and buf_append(
+        if s.authorization.len == 0 and buf_append(
                 <Conn*>ud, &s.authorization, value, valuelen) != 0:
             return NGHTTP2_ERR_CALLBACK_FAILURE
     elif equals(name, namelen, "grpc-encoding", 13):
         s.compressed_ok = not equals(value, valuelen, "identity", 8)
     return 0
-
-
-cdef inline bint bearer_matches(Conn* c, const uint8_t* value, size_t n) noexcept nogil:
-    """Whether value is "Bearer <requirepass>", compared in constant time
-    over the expected length."""
-    cdef const char* want = c.limits.bearer
-    cdef size_t i
-    cdef uint8_t diff = 0
-    if want == NULL or n != c.limits.bearer_len:
-        return False
-    for i in range(n):
-        diff |= value[i] ^ <uint8_t>want[i]
-    return diff == 0
 
 
 cdef int on_data_chunk_recv(nghttp2_session* session, uint8_t flags, int32_t stream_id,
@@ -804,18 +790,6 @@ cdef class GrpcShared:
     @deadline_ns.setter
     def deadline_ns(self, int64_t ns):
         self.limits.deadline_ns = ns
-
-    def set_password(self, password):
-        """requirepass (bytes or None): ShouldRateLimit then needs it as a
-        bearer token; the health check stays open, as /livez does."""
-        if password is None:
-            self.bearer_bytes = None
-            self.limits.bearer = NULL
-            self.limits.bearer_len = 0
-            return
-        self.bearer_bytes = b"Bearer " + password
-        self.limits.bearer = self.bearer_bytes
-        self.limits.bearer_len = len(self.bearer_bytes)
 
     @property
     def memory(self):
@@ -1046,18 +1020,23 @@ cdef class GrpcConnection:
         user's); None if it needs a password and gave none that works.
         With no password on the default user, a call needs none."""
         core = self.shared.core
-        if s.authorized:
-            return core.default_user
-        user = self.user_of(s.authorization.data[:s.authorization.len]) \
-            if s.authorization.len else None
+        user = self.user_of(s) if s.authorization.len else None
         if user is None and not core.auth_required:
             return core.default_user
         return user
 
-    cdef object user_of(self, bytes header):
+    cdef object user_of(self, Stream* s):
+        """The user s's authorization header names, asked of the users
+        (Acl.authenticate) unless it is the header this connection asked
+        about last and the users have not changed since."""
         acl = self.shared.app.acl
-        if header == self.known_authorization and self.known_version == acl.version:
+        cdef bytes known = self.known_authorization
+        if known is not None and self.known_version == acl.version and equals(
+                s.authorization.data, s.authorization.len, PyBytes_AS_STRING(known),
+                PyBytes_GET_SIZE(known)):
             return self.known_user
+        header = PyBytes_FromStringAndSize(<const char*>s.authorization.data,
+                                           s.authorization.len)
         pair = credentials(header)
         user = acl.authenticate(pair[0] if pair[0] in acl.users else "default", pair[1]) \
             if pair is not None else None
