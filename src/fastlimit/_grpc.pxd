@@ -180,6 +180,15 @@ cdef enum:
     # One request's header list, as HTTP/2 counts it (name + value + 32
     # per field): past it the stream is reset (an HPACK bomb stops here).
     MAX_HEADER_LIST_BYTES = 16 * 1024
+    # Entries of one RateLimitDescriptor: Envoy sends one per action of a
+    # rate limit, a handful; past it the call is RESOURCE_EXHAUSTED (each
+    # entry costs the decision Python work).
+    MAX_DESCRIPTOR_ENTRIES = 32
+    # The descriptors one connection's calls are answered per event-loop
+    # turn (a call without any counts one; at least one call a turn): about
+    # a millisecond of the decision's work, then the other clients get
+    # theirs and the rest waits for the next turn, as RESP's 16 KB.
+    TURN_DESCRIPTORS = 256
 
 
 cdef enum Route:
@@ -191,6 +200,7 @@ cdef enum Route:
 # The bounds every connection reads (set from the settings).
 cdef struct Limits:
     uint32_t max_streams
+    uint32_t max_descriptors  # per ShouldRateLimit (grpc-max-descriptors)
     int64_t deadline_ns       # the server's answer budget per call; 0: none
 
 
@@ -268,6 +278,7 @@ cdef class GrpcShared:
     cdef public int64_t rejected_connections
     cdef public int64_t protocol_errors
     cdef public int64_t greeting_timeouts
+    cdef public int64_t deferred_calls      # calls left for a later turn (each time)
     cdef public double greeting_timeout_s   # time to the client's preface (0: none)
 
 
@@ -280,7 +291,8 @@ cdef class GrpcConnection:
     cdef int64_t timer_at
     cdef Writer out
     cdef bint closed
-    cdef bint paused
+    cdef bint paused                  # the client does not read: we stop reading
+    cdef bint deferred                # calls wait for next_turn: we stop reading
     # The last authorization header, the user it names (None: none) and the
     # users' version then: Envoy sends the same one on every call, and any
     # change of the users (ACL SETUSER, ACL LOAD, CONFIG SET requirepass)
@@ -291,7 +303,9 @@ cdef class GrpcConnection:
 
     cdef void release(self) noexcept
     cdef void process_ready(self)
-    cdef void answer(self, Stream* s, int64_t now)
+    cdef void defer(self)
+    cdef void read_again(self)
+    cdef int answer(self, Stream* s, int64_t now) except -1
     cdef object caller(self, Stream* s)
     cdef object user_of(self, Stream* s)
     cdef bint may_check(self, Stream* s, object user, bytes domain) except -1

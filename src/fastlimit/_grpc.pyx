@@ -238,6 +238,12 @@ cdef object decode_entry(Reader* r):
     return (key, value)
 
 
+# decode_request's too_many
+cdef enum:
+    TOO_MANY_DESCRIPTORS = 1
+    TOO_MANY_ENTRIES = 2
+
+
 cdef int decode_override(Reader* r, uint32_t* rpu, int32_t* unit) noexcept:
     """RateLimitOverride {1 requests_per_unit, 2 unit}, merged into what
     an earlier occurrence set (protobuf's rule for a repeated singular
@@ -273,10 +279,10 @@ cdef int decode_uint64_value(Reader* r, uint64_t* value) noexcept:
     return 0
 
 
-cdef object decode_descriptor(Reader* r):
+cdef object decode_descriptor(Reader* r, int* too_many):
     """RateLimitDescriptor {1 entries, 2 limit, 3 hits_addend}: the
     interface's (entries, limit or None, hits_addend or None), or None if
-    malformed."""
+    malformed or (too_many set) past MAX_DESCRIPTOR_ENTRIES."""
     cdef uint32_t f, wt
     cdef Reader sub
     cdef list entries = []
@@ -291,6 +297,9 @@ cdef object decode_descriptor(Reader* r):
             if get_len(r, &sub) != 0:
                 return None
             if f == 1:
+                if len(entries) == MAX_DESCRIPTOR_ENTRIES:
+                    too_many[0] = TOO_MANY_ENTRIES
+                    return None
                 entry = decode_entry(&sub)
                 if entry is None:
                     return None
@@ -308,9 +317,12 @@ cdef object decode_descriptor(Reader* r):
     return (entries, (rpu, unit) if has_limit else None, hits if has_hits else None)
 
 
-cdef object decode_request(const uint8_t* data, size_t n):
+cdef object decode_request(const uint8_t* data, size_t n, uint32_t max_descriptors,
+                           int* too_many):
     """RateLimitRequest {1 domain, 2 descriptors, 3 hits_addend}: the
-    arguments of should_rate_limit, or None if malformed."""
+    arguments of should_rate_limit, or None if malformed or (too_many set)
+    past max_descriptors or MAX_DESCRIPTOR_ENTRIES, found before the rest
+    is decoded."""
     cdef Reader r, sub
     cdef uint32_t f, wt
     cdef uint64_t v
@@ -328,7 +340,10 @@ cdef object decode_request(const uint8_t* data, size_t n):
             if f == 1:
                 domain = reader_bytes(&sub)
             else:
-                descriptor = decode_descriptor(&sub)
+                if <uint32_t>len(descriptors) >= max_descriptors:
+                    too_many[0] = TOO_MANY_DESCRIPTORS
+                    return None
+                descriptor = decode_descriptor(&sub, too_many)
                 if descriptor is None:
                     return None
                 descriptors.append(descriptor)
@@ -767,6 +782,7 @@ cdef class GrpcShared:
         self.refusal = ()
         self.loop = None
         self.limits.max_streams = 100
+        self.limits.max_descriptors = 256
         self.limits.deadline_ns = 15 * 1000000
         self.connections = set()
         self.endpoint_stats = {name: Command(name, 0) for name in ENDPOINT_NAMES}
@@ -774,6 +790,7 @@ cdef class GrpcShared:
         self.health_stats = self.endpoint_stats["health_check"]
         self.other_stats = self.endpoint_stats["unimplemented"]
         self.total_connections = self.rejected_connections = self.protocol_errors = 0
+        self.deferred_calls = 0
 
     @property
     def max_streams(self):
@@ -782,6 +799,14 @@ cdef class GrpcShared:
     @max_streams.setter
     def max_streams(self, uint32_t n):
         self.limits.max_streams = n
+
+    @property
+    def max_descriptors(self):
+        return self.limits.max_descriptors
+
+    @max_descriptors.setter
+    def max_descriptors(self, uint32_t n):
+        self.limits.max_descriptors = n
 
     @property
     def deadline_ns(self):
@@ -891,8 +916,7 @@ cdef class GrpcConnection:
 
     def resume_writing(self):
         self.paused = False
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
+        self.read_again()
 
     def data_received(self, bytes data):
         cdef ssize_t rv
@@ -944,20 +968,54 @@ cdef class GrpcConnection:
     # ---- calls -----------------------------------------------------------------------
 
     cdef void process_ready(self):
-        cdef uint32_t i
+        """Answers the calls whose request is complete, in order, until
+        TURN_DESCRIPTORS of work; the rest wait for the next turn."""
+        cdef uint32_t i = 0
+        cdef uint32_t left
+        cdef int work = 0
         cdef Stream* s
         cdef int64_t now = fl_mono_ns()
-        for i in range(self.c.nready):
+        while i < self.c.nready and work < TURN_DESCRIPTORS:
             s = stream_of(self.c.session, self.c.ready[i])
+            i += 1
             if s != NULL and not s.answered:
-                self.answer(s, now)
-        self.c.nready = 0
+                work += self.answer(s, now)
+        left = self.c.nready - i
+        memmove(self.c.ready, self.c.ready + i, left * sizeof(int32_t))
+        self.c.nready = left
+        if left:
+            self.shared.deferred_calls += left
+            self.defer()
         if self.c.unanswered:
             self.arm_timer(now)
 
-    cdef void answer(self, Stream* s, int64_t now):
+    cdef void defer(self):
+        """Stops reading until next_turn has answered the calls left."""
+        if self.deferred or self.closed:
+            return
+        self.deferred = True
+        self.transport.pause_reading()
+        self.shared.loop.call_soon(self.next_turn)
+
+    def next_turn(self):
+        self.deferred = False
+        if self.closed:
+            return
+        self.process_ready()
+        self.flush()
+        self.read_again()
+
+    cdef void read_again(self):
+        """Reads again once neither a client that does not read nor calls
+        left from a turn hold the reading."""
+        if not self.paused and not self.deferred and not self.closed \
+                and self.transport is not None:
+            self.transport.resume_reading()
+
+    cdef int answer(self, Stream* s, int64_t now) except -1:
         """Answers one call: its error if one is known already, else the
-        method's answer; counted per method."""
+        method's answer; counted per method.  Returns its work: the
+        descriptors answered, at least 1."""
         cdef GrpcShared shared = self.shared
         cdef Command stats = (shared.rls_stats if s.route == ROUTE_RLS else
                               shared.health_stats if s.route == ROUTE_HEALTH else
@@ -965,6 +1023,7 @@ cdef class GrpcConnection:
         cdef const uint8_t* body = s.body.data
         cdef size_t n = s.body.len
         cdef size_t length
+        cdef int work = 1
         if s.status:
             self.fail(s, s.status, s.message)
         elif s.deadline_ns and now >= s.deadline_ns:
@@ -1001,7 +1060,7 @@ cdef class GrpcConnection:
             else:
                 try:
                     if s.route == ROUTE_RLS:
-                        self.rate_limit(s, body + 5, length, user)
+                        work = self.rate_limit(s, body + 5, length, user)
                     else:
                         self.health(s, body + 5, length)
                 except Exception:
@@ -1012,6 +1071,7 @@ cdef class GrpcConnection:
         record_call(stats, fl_mono_ns() - now)
         if s.status:
             stats.failed_calls += 1
+        return work
 
     cdef object caller(self, Stream* s):
         """The ACL user a ShouldRateLimit call runs as, as the HTTP front
@@ -1070,24 +1130,37 @@ cdef class GrpcConnection:
         return False
 
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1:
+        """Answers a ShouldRateLimit call; returns its work: the descriptors
+        it had (at least 1)."""
         cdef GrpcShared shared = self.shared
         cdef uint8_t* frame
         cdef size_t frame_length
-        request = decode_request(msg, n)
+        cdef int too_many = 0
+        cdef int work
+        request = decode_request(msg, n, shared.limits.max_descriptors, &too_many)
+        if too_many == TOO_MANY_DESCRIPTORS:
+            self.fail_text(s, GRPC_RESOURCE_EXHAUSTED, "the request has more descriptors "
+                           f"than grpc-max-descriptors ({shared.limits.max_descriptors})")
+            return shared.limits.max_descriptors
+        if too_many == TOO_MANY_ENTRIES:
+            self.fail_text(s, GRPC_RESOURCE_EXHAUSTED,
+                           f"a descriptor has more than {MAX_DESCRIPTOR_ENTRIES} entries")
+            return 1
         if request is None:
             self.fail(s, GRPC_INTERNAL, "the RateLimitRequest cannot be parsed")
-            return 0
+            return 1
+        work = max(1, len(request[1]))
         if not self.may_check(s, user, request[0]):
-            return 0
+            return work
         try:
             overall, statuses, headers = shared.app.rls.service.should_rate_limit(*request)
         except shared.refusal as e:
             self.fail_text(s, GRPC_UNKNOWN, str(e))
-            return 0
+            return work
         if s.client_deadline_ns and fl_mono_ns() >= s.client_deadline_ns:
             # never an answer the client has stopped waiting for
             self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
-            return 0
+            return work
         writer_reset(&MSG)
         if write_raw(&MSG, "\0\0\0\0\0", 5) != 0:
             raise MemoryError()
@@ -1101,7 +1174,7 @@ cdef class GrpcConnection:
         if buf_append(&self.c, &s.reply, frame, MSG.len) != 0:
             raise MemoryError()
         self.reply(s)
-        return 0
+        return work
 
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1:
         cdef Reader service

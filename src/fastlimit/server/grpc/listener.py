@@ -34,6 +34,7 @@ class GrpcFront(Subsystem):
 
     def apply_settings(self, s) -> None:
         self.shared.max_streams = s.grpc_max_concurrent_streams
+        self.shared.max_descriptors = s.grpc_max_descriptors
         self.shared.deadline_ns = int(s.grpc_deadline_ms * 1_000_000)
         # as an HTTP/1.1 client has it to send its request's headers
         self.shared.greeting_timeout_s = s.http_header_timeout
@@ -65,6 +66,7 @@ class GrpcFront(Subsystem):
                           "grpc_rejected_connections": shared.rejected_connections,
                           "grpc_protocol_errors": shared.protocol_errors,
                           "grpc_greeting_timeouts": shared.greeting_timeouts,
+                          "grpc_deferred_calls": shared.deferred_calls,
                           "grpc_total_calls": sum(c.calls for c in stats),
                           "grpc_failed_calls": sum(c.failed_calls for c in stats)}}
 
