@@ -202,6 +202,10 @@ cdef struct Limits:
     uint32_t max_streams
     uint32_t max_descriptors  # per ShouldRateLimit (grpc-max-descriptors)
     int64_t deadline_ns       # the server's answer budget per call; 0: none
+    # How long each phase of a connection may wait on its client
+    # (http-header-timeout; 0: forever): its preface, the end of a request,
+    # taking the answers waiting for it (its HTTP/2 window or its socket).
+    int64_t client_wait_ns
 
 
 # What the connections of a front have in C, summed for INFO memory.
@@ -234,8 +238,9 @@ cdef struct Stream:
     int64_t deadline_ns       # when the call must have been answered; 0: never
     int deadline_status       # what it gets then: DEADLINE_EXCEEDED or UNAVAILABLE
     int64_t client_deadline_ns  # grpc-timeout's end; 0: none
-    Buf body                  # the request's DATA
-    Buf reply                 # the response's DATA (one gRPC message)
+    int64_t request_deadline_ns # when its request must have ended (client_wait_ns)
+    Buf body                  # the request's DATA, freed once the call is answered
+    Buf reply                 # the response's DATA (one gRPC message), freed once sent
     size_t reply_sent
     Stream* prev              # the connection's open streams, oldest first
     Stream* next
@@ -250,6 +255,8 @@ cdef struct Conn:
     Stream* first
     Stream* last
     uint32_t unanswered
+    size_t unsent             # reply bytes answered, waiting on the client's window
+    uint8_t reply_moved       # reply bytes went out since the connection last looked
     int32_t* ready            # streams whose request is complete, in order
     uint32_t nready
     uint32_t ready_cap
@@ -279,7 +286,9 @@ cdef class GrpcShared:
     cdef public int64_t protocol_errors
     cdef public int64_t greeting_timeouts
     cdef public int64_t deferred_calls      # calls left for a later turn (each time)
-    cdef public double greeting_timeout_s   # time to the client's preface (0: none)
+    cdef public int64_t stall_timeouts      # closed: answers not taken in client_wait_ns
+    cdef public int64_t output_limit_disconnections   # closed: client-output-buffer-limit
+    cdef public int64_t request_timeouts    # calls whose request did not end in client_wait_ns
 
 
 cdef class GrpcConnection:
@@ -288,6 +297,9 @@ cdef class GrpcConnection:
     cdef object transport
     cdef object timer                 # wakes expire() at the earliest deadline
     cdef object greeting_timer        # closes a client that never sends its preface
+    cdef object stall_timer           # closes a client that stops taking its answers
+    cdef int64_t stalled_since        # answers wait on the client since; 0: none wait
+    cdef int64_t soft_limit_since     # unsent output over the soft limit since; 0: not
     cdef int64_t timer_at
     cdef Writer out
     cdef bint closed
@@ -318,4 +330,8 @@ cdef class GrpcConnection:
                         int http_status)
     cdef void arm_timer(self, int64_t now)
     cdef void flush(self)
+    cdef bint send_queued(self)
+    cdef void watch_output(self)
+    cdef bint over_output_limits(self, int64_t pending)
+    cdef void drop(self, const char* why)
     cdef void close_transport(self)

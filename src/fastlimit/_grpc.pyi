@@ -21,7 +21,10 @@ class GrpcShared:
     protocol_errors: int
     greeting_timeouts: int
     deferred_calls: int
-    greeting_timeout_s: float
+    request_timeouts: int
+    stall_timeouts: int
+    output_limit_disconnections: int
+    client_wait_s: float
     max_streams: int
     max_descriptors: int
     deadline_ns: int
@@ -41,6 +44,7 @@ class GrpcConnection:
     def goaway(self) -> None: ...
     def expire(self) -> None: ...
     def next_turn(self) -> None: ...
+    def stall_expired(self) -> None: ...
     @property
     def unanswered(self) -> int: ...
     @property

@@ -542,13 +542,36 @@ cdef int queue_ready(Conn* c, Stream* s) noexcept nogil:
     return 0
 
 
+cdef inline bint past_request_deadline(const Stream* s, int64_t now) noexcept nogil:
+    """Whether s's request is still coming past the time it had to end
+    (once it has ended, queue_ready has queued it)."""
+    return not s.queued and s.request_deadline_ns != 0 and now >= s.request_deadline_ns
+
+
+cdef int64_t due(const Stream* s) noexcept nogil:
+    """When an unanswered call must be answered (0: never, or answered):
+    its deadline, or its request's if that comes first."""
+    cdef int64_t at
+    if s.answered:
+        return 0
+    at = s.deadline_ns
+    if not s.queued and s.request_deadline_ns and (at == 0 or s.request_deadline_ns < at):
+        at = s.request_deadline_ns
+    return at
+
+
+cdef void drop_body(Conn* c, Stream* s) noexcept nogil:
+    """Frees a call's request: once it is answered nothing reads it."""
+    c.buffered -= s.body.len
+    buf_free(c, &s.body)
+
+
 cdef void refuse_early(Conn* c, Stream* s, int status, const char* message) noexcept nogil:
     """A call that fails before its request is complete: its bytes go at
     once, the answer after this read."""
     s.status = status
     s.message = message
-    c.buffered -= s.body.len
-    buf_free(c, &s.body)
+    drop_body(c, s)
     if queue_ready(c, s) != 0:
         c.out_of_memory = 1
 
@@ -598,6 +621,8 @@ cdef int on_begin_headers(nghttp2_session* session, const nghttp2_frame* frame,
     if c.limits.deadline_ns:
         s.deadline_ns = s.started_ns + c.limits.deadline_ns
         s.deadline_status = GRPC_UNAVAILABLE
+    if c.limits.client_wait_ns:
+        s.request_deadline_ns = s.started_ns + c.limits.client_wait_ns
     if nghttp2_session_set_stream_user_data(session, s.id, s) != 0:
         conn_free(s, c)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
@@ -718,8 +743,8 @@ cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
         s.next.prev = s.prev
     else:
         c.last = s.prev
-    c.buffered -= s.body.len
-    buf_free(c, &s.body)
+    drop_body(c, s)
+    c.unsent -= s.reply.len - s.reply_sent
     buf_free(c, &s.reply)
     buf_free(c, &s.authorization)
     conn_free(s, c)
@@ -728,17 +753,23 @@ cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
 cdef ssize_t read_reply(nghttp2_session* session, int32_t stream_id, uint8_t* buf,
                         size_t length, uint32_t* data_flags, nghttp2_data_source* source,
                         void* ud) noexcept nogil:
-    """The response message as DATA, then grpc-status 0 as trailers."""
+    """The response message as DATA, then grpc-status 0 as trailers; the
+    message is freed once it is all out."""
+    cdef Conn* c = <Conn*>ud
     cdef Stream* s = <Stream*>source.ptr
     cdef size_t n = s.reply.len - s.reply_sent
     if n > length:
         n = length
     memcpy(buf, s.reply.data + s.reply_sent, n)
     s.reply_sent += n
+    c.unsent -= n
+    c.reply_moved = 1
     if s.reply_sent == s.reply.len:
         data_flags[0] |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM
         if nghttp2_submit_trailer(session, stream_id, TRAILER_OK, 1) != 0:
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+        buf_free(c, &s.reply)
+        s.reply_sent = 0
     return <ssize_t>n
 
 
@@ -790,7 +821,8 @@ cdef class GrpcShared:
         self.health_stats = self.endpoint_stats["health_check"]
         self.other_stats = self.endpoint_stats["unimplemented"]
         self.total_connections = self.rejected_connections = self.protocol_errors = 0
-        self.deferred_calls = 0
+        self.deferred_calls = self.stall_timeouts = self.output_limit_disconnections = 0
+        self.request_timeouts = 0
 
     @property
     def max_streams(self):
@@ -807,6 +839,14 @@ cdef class GrpcShared:
     @max_descriptors.setter
     def max_descriptors(self, uint32_t n):
         self.limits.max_descriptors = n
+
+    @property
+    def client_wait_s(self):
+        return self.limits.client_wait_ns / 1e9
+
+    @client_wait_s.setter
+    def client_wait_s(self, double seconds):
+        self.limits.client_wait_ns = <int64_t>(seconds * 1e9)
 
     @property
     def deadline_ns(self):
@@ -879,10 +919,10 @@ cdef class GrpcConnection:
             self.close_transport()
             return
         shared.connections.add(self)
-        if shared.greeting_timeout_s > 0:
+        if shared.limits.client_wait_ns:
             # an idle connection that did greet is Envoy's normal (one per
             # worker, for hours); one that never did only holds a slot
-            self.greeting_timer = shared.loop.call_later(shared.greeting_timeout_s,
+            self.greeting_timer = shared.loop.call_later(shared.client_wait_s,
                                                          self.greeting_expired)
         self.flush()
 
@@ -901,6 +941,9 @@ cdef class GrpcConnection:
         if self.greeting_timer is not None:
             self.greeting_timer.cancel()
             self.greeting_timer = None
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
         self.transport = None
         self.release()
 
@@ -916,7 +959,9 @@ cdef class GrpcConnection:
 
     def resume_writing(self):
         self.paused = False
+        self.c.reply_moved = 1          # the socket took what waited
         self.read_again()
+        self.watch_output()
 
     def data_received(self, bytes data):
         cdef ssize_t rv
@@ -1032,6 +1077,9 @@ cdef class GrpcConnection:
             else:
                 self.fail(s, GRPC_UNAVAILABLE,
                           "the server could not answer within grpc-deadline-ms")
+        elif past_request_deadline(s, now):
+            shared.request_timeouts += 1
+            self.fail(s, GRPC_UNAVAILABLE, "the request did not end within http-header-timeout")
         elif not s.post:
             self.fail(s, GRPC_UNIMPLEMENTED, "gRPC calls are POST", 405)
         elif not s.grpc_type:
@@ -1068,6 +1116,7 @@ cdef class GrpcConnection:
                     shared.core.log.exception("gRPC %s failed", stats.name)
                     if not s.answered:
                         self.fail(s, GRPC_INTERNAL, "the server failed; see its log")
+        drop_body(&self.c, s)
         record_call(stats, fl_mono_ns() - now)
         if s.status:
             stats.failed_calls += 1
@@ -1204,6 +1253,7 @@ cdef class GrpcConnection:
         provider.read_callback = read_reply
         s.answered = 1
         self.c.unanswered -= 1
+        self.c.unsent += s.reply.len
         if nghttp2_submit_response(self.c.session, s.id, RESPONSE_HEADERS, 2, &provider) != 0:
             nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id,
                                       NGHTTP2_INTERNAL_ERROR)
@@ -1248,9 +1298,11 @@ cdef class GrpcConnection:
         (only a call whose request is still coming has one to wait for)."""
         cdef Stream* s = self.c.first
         cdef int64_t earliest = 0
+        cdef int64_t at
         while s != NULL:
-            if not s.answered and s.deadline_ns and (earliest == 0 or s.deadline_ns < earliest):
-                earliest = s.deadline_ns
+            at = due(s)
+            if at and (earliest == 0 or at < earliest):
+                earliest = at
             s = s.next
         if earliest == 0 or (self.timer is not None and self.timer_at <= earliest):
             return
@@ -1265,12 +1317,14 @@ cdef class GrpcConnection:
         wake up to a millisecond early)."""
         cdef Stream* s = self.c.first
         cdef int64_t now = fl_mono_ns()
+        cdef int64_t at
         self.timer = None
         if self.closed:
             return
         while s != NULL:
-            if not s.answered and s.deadline_ns and s.deadline_ns <= now + 1000000:
-                self.answer(s, s.deadline_ns if s.deadline_ns > now else now)
+            at = due(s)
+            if at and at <= now + 1000000:
+                self.answer(s, at if at > now else now)
             s = s.next
         self.flush()
         if self.c.unanswered and not self.closed:
@@ -1281,10 +1335,23 @@ cdef class GrpcConnection:
     cdef void flush(self):
         """Sends every frame nghttp2 has queued, in one write; closes once
         the session has nothing left to read or write."""
+        cdef bint failed
+        if self.transport is None or self.c.session == NULL or self.closed:
+            return
+        failed = not self.send_queued()
+        if self.c.protocol_error == 1:
+            self.c.protocol_error = 2       # counted once
+            self.shared.protocol_errors += 1
+        if failed or (not nghttp2_session_want_read(self.c.session)
+                      and not nghttp2_session_want_write(self.c.session)):
+            self.close_transport()
+        else:
+            self.watch_output()
+
+    cdef bint send_queued(self):
+        """Writes what nghttp2 has queued; False if it failed."""
         cdef const uint8_t* data
         cdef ssize_t n
-        if self.transport is None or self.c.session == NULL:
-            return
         while True:
             n = nghttp2_session_mem_send(self.c.session, &data)
             if n <= 0:
@@ -1295,11 +1362,79 @@ cdef class GrpcConnection:
         if self.out.len:
             self.transport.write(PyBytes_FromStringAndSize(self.out.buf, self.out.len))
             writer_reset(&self.out)
-        if self.c.protocol_error == 1:
-            self.c.protocol_error = 2       # counted once
-            self.shared.protocol_errors += 1
-        if n < 0 or (not nghttp2_session_want_read(self.c.session)
-                     and not nghttp2_session_want_write(self.c.session)):
+        return n >= 0
+
+    cdef void watch_output(self):
+        """Bounds the answers waiting for the client to take them (its
+        HTTP/2 window shut, or its socket full): what they hold, by
+        client-output-buffer-limit's normal class as a RESP client's
+        replies, and how long none moves, by client_wait_ns."""
+        cdef int64_t now
+        if self.closed or self.transport is None:
+            return
+        if self.over_output_limits(self.transport.get_write_buffer_size() + self.c.unsent):
+            return
+        if not self.c.unsent and not self.paused:
+            self.stalled_since = 0
+            return
+        now = fl_mono_ns()
+        if self.stalled_since == 0 or self.c.reply_moved:
+            self.stalled_since = now
+        self.c.reply_moved = 0
+        if self.stall_timer is None and self.shared.limits.client_wait_ns:
+            self.stall_timer = self.shared.loop.call_later(self.shared.client_wait_s,
+                                                           self.stall_expired)
+
+    def stall_expired(self):
+        cdef int64_t wait = self.shared.limits.client_wait_ns
+        cdef int64_t left
+        self.stall_timer = None
+        if self.closed or self.stalled_since == 0:
+            return
+        # the loop's timers may wake up to a millisecond early
+        left = self.stalled_since + wait - fl_mono_ns()
+        if left > 1000000:
+            self.stall_timer = self.shared.loop.call_later(left / 1e9, self.stall_expired)
+            return
+        self.shared.stall_timeouts += 1
+        self.drop("answers not taken within http-header-timeout")
+
+    cdef bint over_output_limits(self, int64_t pending):
+        """Drops the connection if pending is past the hard limit, or past
+        the soft one for its seconds; True if it did."""
+        cdef ServerCore core = self.shared.core
+        cdef int64_t now
+        if core.output_hard_limit > 0 and pending > core.output_hard_limit:
+            self.shared.output_limit_disconnections += 1
+            self.drop("output over client-output-buffer-limit")
+            return True
+        if core.output_soft_limit <= 0 or pending <= core.output_soft_limit:
+            self.soft_limit_since = 0
+            return False
+        now = fl_mono_ns()
+        if self.soft_limit_since == 0:
+            self.soft_limit_since = now
+        elif now - self.soft_limit_since > <int64_t>(core.output_soft_seconds * 1e9):
+            self.shared.output_limit_disconnections += 1
+            self.drop("output over client-output-buffer-limit's soft limit")
+            return True
+        return False
+
+    cdef void drop(self, const char* why):
+        """GOAWAY ENHANCE_YOUR_CALM saying why, then the connection closes:
+        at once if the socket does not take the GOAWAY either."""
+        self.shared.core.log.warning("closing gRPC client addr=%s: %s",
+                                     peer_text(self.transport.get_extra_info("peername")),
+                                     why.decode())
+        nghttp2_submit_goaway(self.c.session, NGHTTP2_FLAG_NONE,
+                              nghttp2_session_get_last_proc_stream_id(self.c.session),
+                              NGHTTP2_ENHANCE_YOUR_CALM, <const uint8_t*>why, strlen(why))
+        self.send_queued()
+        self.c.protocol_error = 2           # the server's own doing, not counted as one
+        if self.transport.get_write_buffer_size():
+            self.closed = True
+            self.transport.abort()
+        else:
             self.close_transport()
 
     cdef void close_transport(self):
