@@ -46,6 +46,20 @@ class RawH2:
         self.flush()
         return sid
 
+    def calls_in_one_write(self, path: str, body: bytes, n: int) -> list[int]:
+        """n whole calls sent with one write (within the server's windows);
+        their stream ids."""
+        sids = []
+        for _ in range(n):
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
+                                         (b":path", path.encode()), (b":authority", b"t"),
+                                         (b"content-type", b"application/grpc")])
+            self.conn.send_data(sid, body, end_stream=True)
+            sids.append(sid)
+        self.flush()
+        return sids
+
     def send(self, sid: int, body: bytes, end: bool = True) -> None:
         self.conn.send_data(sid, body, end_stream=end)
         self.flush()

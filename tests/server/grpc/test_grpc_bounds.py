@@ -47,16 +47,7 @@ def test_large_calls_in_one_read_are_answered_over_several_turns(make_grpc_serve
     calls for later turns, and every one is answered."""
     srv = make_grpc_server("--grpc-deadline-ms", "0")
     h = RawH2(srv.grpc_port)
-    body = grpc_frame(many(256))
-    sids = []
-    for _ in range(8):                        # 8 x 3 kB: within the first window
-        sid = h.conn.get_next_available_stream_id()
-        h.conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
-                                  (b":path", RLS_PATH.encode()), (b":authority", b"t"),
-                                  (b"content-type", b"application/grpc")])
-        h.conn.send_data(sid, body, end_stream=True)
-        sids.append(sid)
-    h.flush()
+    sids = h.calls_in_one_write(RLS_PATH, grpc_frame(many(256)), 8)   # 8 x 3 kB
     assert all(h.ended(sid)[b"grpc-status"] == b"0" for sid in sids)
     info = srv.info()
     assert info["grpc_total_calls"] == 8
