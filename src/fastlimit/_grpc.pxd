@@ -180,6 +180,15 @@ cdef enum:
     # One request's header list, as HTTP/2 counts it (name + value + 32
     # per field): past it the stream is reset (an HPACK bomb stops here).
     MAX_HEADER_LIST_BYTES = 16 * 1024
+    # Entries of one RateLimitDescriptor: Envoy sends one per action of a
+    # rate limit, a handful; past it the call is RESOURCE_EXHAUSTED (each
+    # entry costs the decision Python work).
+    MAX_DESCRIPTOR_ENTRIES = 32
+    # The descriptors one connection's calls are answered per event-loop
+    # turn (a call without any counts one; at least one call a turn): about
+    # a millisecond of the decision's work, then the other clients get
+    # theirs and the rest waits for the next turn, as RESP's 16 KB.
+    TURN_DESCRIPTORS = 256
 
 
 cdef enum Route:
@@ -191,11 +200,12 @@ cdef enum Route:
 # The bounds every connection reads (set from the settings).
 cdef struct Limits:
     uint32_t max_streams
+    uint32_t max_descriptors  # per ShouldRateLimit (grpc-max-descriptors)
     int64_t deadline_ns       # the server's answer budget per call; 0: none
-    # requirepass: a ShouldRateLimit call needs "authorization: Bearer <it>"
-    # (Envoy's grpc_service.initial_metadata); NULL: no password
-    const char* bearer        # "Bearer <password>", kept alive by GrpcShared.bearer_bytes
-    size_t bearer_len
+    # How long each phase of a connection may wait on its client
+    # (http-header-timeout; 0: forever): its preface, the end of a request,
+    # taking the answers waiting for it (its HTTP/2 window or its socket).
+    int64_t client_wait_ns
 
 
 # What the connections of a front have in C, summed for INFO memory.
@@ -219,9 +229,8 @@ cdef struct Stream:
     uint8_t grpc_type         # content-type application/grpc[+...|;...]
     uint8_t compressed_ok     # grpc-encoding names a codec (a compressed message
                               # is then UNIMPLEMENTED, not malformed)
-    uint8_t authorized        # its authorization header carries requirepass
-    Buf authorization         # any other authorization header: an ACL user's (checked
-                              # when the call runs)
+    Buf authorization         # its authorization header: the users decide when the
+                              # call runs (GrpcConnection.caller)
     int status                # a gRPC status decided before the call ran; 0: none
     const char* message       # its grpc-message
     size_t header_bytes
@@ -229,8 +238,9 @@ cdef struct Stream:
     int64_t deadline_ns       # when the call must have been answered; 0: never
     int deadline_status       # what it gets then: DEADLINE_EXCEEDED or UNAVAILABLE
     int64_t client_deadline_ns  # grpc-timeout's end; 0: none
-    Buf body                  # the request's DATA
-    Buf reply                 # the response's DATA (one gRPC message)
+    int64_t request_deadline_ns # when its request must have ended (client_wait_ns)
+    Buf body                  # the request's DATA, freed once the call is answered
+    Buf reply                 # the response's DATA (one gRPC message), freed once sent
     size_t reply_sent
     Stream* prev              # the connection's open streams, oldest first
     Stream* next
@@ -245,6 +255,8 @@ cdef struct Conn:
     Stream* first
     Stream* last
     uint32_t unanswered
+    size_t unsent             # reply bytes answered, waiting on the client's window
+    uint8_t reply_moved       # reply bytes went out since the connection last looked
     int32_t* ready            # streams whose request is complete, in order
     uint32_t nready
     uint32_t ready_cap
@@ -262,7 +274,6 @@ cdef class GrpcShared:
     cdef public object refusal        # the exception class the service refuses with
     cdef public object loop
     cdef Limits limits
-    cdef bytes bearer_bytes           # what limits.bearer points into
     cdef Totals totals
     cdef public bint draining         # shutting down: health says NOT_SERVING
     cdef readonly set connections
@@ -274,7 +285,10 @@ cdef class GrpcShared:
     cdef public int64_t rejected_connections
     cdef public int64_t protocol_errors
     cdef public int64_t greeting_timeouts
-    cdef public double greeting_timeout_s   # time to the client's preface (0: none)
+    cdef public int64_t deferred_calls      # calls left for a later turn (each time)
+    cdef public int64_t stall_timeouts      # closed: answers not taken in client_wait_ns
+    cdef public int64_t output_limit_disconnections   # closed: client-output-buffer-limit
+    cdef public int64_t request_timeouts    # calls whose request did not end in client_wait_ns
 
 
 cdef class GrpcConnection:
@@ -283,21 +297,29 @@ cdef class GrpcConnection:
     cdef object transport
     cdef object timer                 # wakes expire() at the earliest deadline
     cdef object greeting_timer        # closes a client that never sends its preface
+    cdef object stall_timer           # closes a client that stops taking its answers
+    cdef int64_t stalled_since        # answers wait on the client since; 0: none wait
+    cdef int64_t soft_limit_since     # unsent output over the soft limit since; 0: not
     cdef int64_t timer_at
     cdef Writer out
     cdef bint closed
-    cdef bint paused
-    # The last authorization header an ACL user was found for, with the
-    # users' version then: Envoy sends the same one on every call.
+    cdef bint paused                  # the client does not read: we stop reading
+    cdef bint deferred                # calls wait for next_turn: we stop reading
+    # The last authorization header, the user it names (None: none) and the
+    # users' version then: Envoy sends the same one on every call, and any
+    # change of the users (ACL SETUSER, ACL LOAD, CONFIG SET requirepass)
+    # moves the version on, so the next call asks the users again.
     cdef bytes known_authorization
     cdef object known_user
     cdef int64_t known_version
 
     cdef void release(self) noexcept
     cdef void process_ready(self)
-    cdef void answer(self, Stream* s, int64_t now)
+    cdef void defer(self)
+    cdef void read_again(self)
+    cdef int answer(self, Stream* s, int64_t now) except -1
     cdef object caller(self, Stream* s)
-    cdef object user_of(self, bytes header)
+    cdef object user_of(self, Stream* s)
     cdef bint may_check(self, Stream* s, object user, bytes domain) except -1
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1
@@ -308,4 +330,8 @@ cdef class GrpcConnection:
                         int http_status)
     cdef void arm_timer(self, int64_t now)
     cdef void flush(self)
+    cdef bint send_queued(self)
+    cdef void watch_output(self)
+    cdef bint over_output_limits(self, int64_t pending)
+    cdef void drop(self, const char* why)
     cdef void close_transport(self)

@@ -238,6 +238,12 @@ cdef object decode_entry(Reader* r):
     return (key, value)
 
 
+# decode_request's too_many
+cdef enum:
+    TOO_MANY_DESCRIPTORS = 1
+    TOO_MANY_ENTRIES = 2
+
+
 cdef int decode_override(Reader* r, uint32_t* rpu, int32_t* unit) noexcept:
     """RateLimitOverride {1 requests_per_unit, 2 unit}, merged into what
     an earlier occurrence set (protobuf's rule for a repeated singular
@@ -273,10 +279,10 @@ cdef int decode_uint64_value(Reader* r, uint64_t* value) noexcept:
     return 0
 
 
-cdef object decode_descriptor(Reader* r):
+cdef object decode_descriptor(Reader* r, int* too_many):
     """RateLimitDescriptor {1 entries, 2 limit, 3 hits_addend}: the
     interface's (entries, limit or None, hits_addend or None), or None if
-    malformed."""
+    malformed or (too_many set) past MAX_DESCRIPTOR_ENTRIES."""
     cdef uint32_t f, wt
     cdef Reader sub
     cdef list entries = []
@@ -291,6 +297,9 @@ cdef object decode_descriptor(Reader* r):
             if get_len(r, &sub) != 0:
                 return None
             if f == 1:
+                if len(entries) == MAX_DESCRIPTOR_ENTRIES:
+                    too_many[0] = TOO_MANY_ENTRIES
+                    return None
                 entry = decode_entry(&sub)
                 if entry is None:
                     return None
@@ -308,9 +317,12 @@ cdef object decode_descriptor(Reader* r):
     return (entries, (rpu, unit) if has_limit else None, hits if has_hits else None)
 
 
-cdef object decode_request(const uint8_t* data, size_t n):
+cdef object decode_request(const uint8_t* data, size_t n, uint32_t max_descriptors,
+                           int* too_many):
     """RateLimitRequest {1 domain, 2 descriptors, 3 hits_addend}: the
-    arguments of should_rate_limit, or None if malformed."""
+    arguments of should_rate_limit, or None if malformed or (too_many set)
+    past max_descriptors or MAX_DESCRIPTOR_ENTRIES, found before the rest
+    is decoded."""
     cdef Reader r, sub
     cdef uint32_t f, wt
     cdef uint64_t v
@@ -328,7 +340,10 @@ cdef object decode_request(const uint8_t* data, size_t n):
             if f == 1:
                 domain = reader_bytes(&sub)
             else:
-                descriptor = decode_descriptor(&sub)
+                if <uint32_t>len(descriptors) >= max_descriptors:
+                    too_many[0] = TOO_MANY_DESCRIPTORS
+                    return None
+                descriptor = decode_descriptor(&sub, too_many)
                 if descriptor is None:
                     return None
                 descriptors.append(descriptor)
@@ -527,13 +542,36 @@ cdef int queue_ready(Conn* c, Stream* s) noexcept nogil:
     return 0
 
 
+cdef inline bint past_request_deadline(const Stream* s, int64_t now) noexcept nogil:
+    """Whether s's request is still coming past the time it had to end
+    (once it has ended, queue_ready has queued it)."""
+    return not s.queued and s.request_deadline_ns != 0 and now >= s.request_deadline_ns
+
+
+cdef int64_t due(const Stream* s) noexcept nogil:
+    """When an unanswered call must be answered (0: never, or answered):
+    its deadline, or its request's if that comes first."""
+    cdef int64_t at
+    if s.answered:
+        return 0
+    at = s.deadline_ns
+    if not s.queued and s.request_deadline_ns and (at == 0 or s.request_deadline_ns < at):
+        at = s.request_deadline_ns
+    return at
+
+
+cdef void drop_body(Conn* c, Stream* s) noexcept nogil:
+    """Frees a call's request: once it is answered nothing reads it."""
+    c.buffered -= s.body.len
+    buf_free(c, &s.body)
+
+
 cdef void refuse_early(Conn* c, Stream* s, int status, const char* message) noexcept nogil:
     """A call that fails before its request is complete: its bytes go at
     once, the answer after this read."""
     s.status = status
     s.message = message
-    c.buffered -= s.body.len
-    buf_free(c, &s.body)
+    drop_body(c, s)
     if queue_ready(c, s) != 0:
         c.out_of_memory = 1
 
@@ -583,6 +621,8 @@ cdef int on_begin_headers(nghttp2_session* session, const nghttp2_frame* frame,
     if c.limits.deadline_ns:
         s.deadline_ns = s.started_ns + c.limits.deadline_ns
         s.deadline_status = GRPC_UNAVAILABLE
+    if c.limits.client_wait_ns:
+        s.request_deadline_ns = s.started_ns + c.limits.client_wait_ns
     if nghttp2_session_set_stream_user_data(session, s.id, s) != 0:
         conn_free(s, c)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
@@ -626,26 +666,12 @@ cdef int on_header(nghttp2_session* session, const nghttp2_frame* frame, const u
                 s.deadline_ns = s.client_deadline_ns
                 s.deadline_status = GRPC_DEADLINE_EXCEEDED
     elif equals(name, namelen, "authorization", 13):
-        s.authorized = bearer_matches(<Conn*>ud, value, valuelen)
-        if not s.authorized and s.authorization.len == 0 and buf_append(
+        if s.authorization.len == 0 and buf_append(
                 <Conn*>ud, &s.authorization, value, valuelen) != 0:
             return NGHTTP2_ERR_CALLBACK_FAILURE
     elif equals(name, namelen, "grpc-encoding", 13):
         s.compressed_ok = not equals(value, valuelen, "identity", 8)
     return 0
-
-
-cdef inline bint bearer_matches(Conn* c, const uint8_t* value, size_t n) noexcept nogil:
-    """Whether value is "Bearer <requirepass>", compared in constant time
-    over the expected length."""
-    cdef const char* want = c.limits.bearer
-    cdef size_t i
-    cdef uint8_t diff = 0
-    if want == NULL or n != c.limits.bearer_len:
-        return False
-    for i in range(n):
-        diff |= value[i] ^ <uint8_t>want[i]
-    return diff == 0
 
 
 cdef int on_data_chunk_recv(nghttp2_session* session, uint8_t flags, int32_t stream_id,
@@ -717,8 +743,8 @@ cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
         s.next.prev = s.prev
     else:
         c.last = s.prev
-    c.buffered -= s.body.len
-    buf_free(c, &s.body)
+    drop_body(c, s)
+    c.unsent -= s.reply.len - s.reply_sent
     buf_free(c, &s.reply)
     buf_free(c, &s.authorization)
     conn_free(s, c)
@@ -727,17 +753,23 @@ cdef void release_stream(Conn* c, Stream* s) noexcept nogil:
 cdef ssize_t read_reply(nghttp2_session* session, int32_t stream_id, uint8_t* buf,
                         size_t length, uint32_t* data_flags, nghttp2_data_source* source,
                         void* ud) noexcept nogil:
-    """The response message as DATA, then grpc-status 0 as trailers."""
+    """The response message as DATA, then grpc-status 0 as trailers; the
+    message is freed once it is all out."""
+    cdef Conn* c = <Conn*>ud
     cdef Stream* s = <Stream*>source.ptr
     cdef size_t n = s.reply.len - s.reply_sent
     if n > length:
         n = length
     memcpy(buf, s.reply.data + s.reply_sent, n)
     s.reply_sent += n
+    c.unsent -= n
+    c.reply_moved = 1
     if s.reply_sent == s.reply.len:
         data_flags[0] |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM
         if nghttp2_submit_trailer(session, stream_id, TRAILER_OK, 1) != 0:
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE
+        buf_free(c, &s.reply)
+        s.reply_sent = 0
     return <ssize_t>n
 
 
@@ -781,6 +813,7 @@ cdef class GrpcShared:
         self.refusal = ()
         self.loop = None
         self.limits.max_streams = 100
+        self.limits.max_descriptors = 256
         self.limits.deadline_ns = 15 * 1000000
         self.connections = set()
         self.endpoint_stats = {name: Command(name, 0) for name in ENDPOINT_NAMES}
@@ -788,6 +821,8 @@ cdef class GrpcShared:
         self.health_stats = self.endpoint_stats["health_check"]
         self.other_stats = self.endpoint_stats["unimplemented"]
         self.total_connections = self.rejected_connections = self.protocol_errors = 0
+        self.deferred_calls = self.stall_timeouts = self.output_limit_disconnections = 0
+        self.request_timeouts = 0
 
     @property
     def max_streams(self):
@@ -798,24 +833,28 @@ cdef class GrpcShared:
         self.limits.max_streams = n
 
     @property
+    def max_descriptors(self):
+        return self.limits.max_descriptors
+
+    @max_descriptors.setter
+    def max_descriptors(self, uint32_t n):
+        self.limits.max_descriptors = n
+
+    @property
+    def client_wait_s(self):
+        return self.limits.client_wait_ns / 1e9
+
+    @client_wait_s.setter
+    def client_wait_s(self, double seconds):
+        self.limits.client_wait_ns = <int64_t>(seconds * 1e9)
+
+    @property
     def deadline_ns(self):
         return self.limits.deadline_ns
 
     @deadline_ns.setter
     def deadline_ns(self, int64_t ns):
         self.limits.deadline_ns = ns
-
-    def set_password(self, password):
-        """requirepass (bytes or None): ShouldRateLimit then needs it as a
-        bearer token; the health check stays open, as /livez does."""
-        if password is None:
-            self.bearer_bytes = None
-            self.limits.bearer = NULL
-            self.limits.bearer_len = 0
-            return
-        self.bearer_bytes = b"Bearer " + password
-        self.limits.bearer = self.bearer_bytes
-        self.limits.bearer_len = len(self.bearer_bytes)
 
     @property
     def memory(self):
@@ -880,10 +919,10 @@ cdef class GrpcConnection:
             self.close_transport()
             return
         shared.connections.add(self)
-        if shared.greeting_timeout_s > 0:
+        if shared.limits.client_wait_ns:
             # an idle connection that did greet is Envoy's normal (one per
             # worker, for hours); one that never did only holds a slot
-            self.greeting_timer = shared.loop.call_later(shared.greeting_timeout_s,
+            self.greeting_timer = shared.loop.call_later(shared.client_wait_s,
                                                          self.greeting_expired)
         self.flush()
 
@@ -902,6 +941,9 @@ cdef class GrpcConnection:
         if self.greeting_timer is not None:
             self.greeting_timer.cancel()
             self.greeting_timer = None
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
         self.transport = None
         self.release()
 
@@ -917,8 +959,9 @@ cdef class GrpcConnection:
 
     def resume_writing(self):
         self.paused = False
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
+        self.c.reply_moved = 1          # the socket took what waited
+        self.read_again()
+        self.watch_output()
 
     def data_received(self, bytes data):
         cdef ssize_t rv
@@ -970,20 +1013,54 @@ cdef class GrpcConnection:
     # ---- calls -----------------------------------------------------------------------
 
     cdef void process_ready(self):
-        cdef uint32_t i
+        """Answers the calls whose request is complete, in order, until
+        TURN_DESCRIPTORS of work; the rest wait for the next turn."""
+        cdef uint32_t i = 0
+        cdef uint32_t left
+        cdef int work = 0
         cdef Stream* s
         cdef int64_t now = fl_mono_ns()
-        for i in range(self.c.nready):
+        while i < self.c.nready and work < TURN_DESCRIPTORS:
             s = stream_of(self.c.session, self.c.ready[i])
+            i += 1
             if s != NULL and not s.answered:
-                self.answer(s, now)
-        self.c.nready = 0
+                work += self.answer(s, now)
+        left = self.c.nready - i
+        memmove(self.c.ready, self.c.ready + i, left * sizeof(int32_t))
+        self.c.nready = left
+        if left:
+            self.shared.deferred_calls += left
+            self.defer()
         if self.c.unanswered:
             self.arm_timer(now)
 
-    cdef void answer(self, Stream* s, int64_t now):
+    cdef void defer(self):
+        """Stops reading until next_turn has answered the calls left."""
+        if self.deferred or self.closed:
+            return
+        self.deferred = True
+        self.transport.pause_reading()
+        self.shared.loop.call_soon(self.next_turn)
+
+    def next_turn(self):
+        self.deferred = False
+        if self.closed:
+            return
+        self.process_ready()
+        self.flush()
+        self.read_again()
+
+    cdef void read_again(self):
+        """Reads again once neither a client that does not read nor calls
+        left from a turn hold the reading."""
+        if not self.paused and not self.deferred and not self.closed \
+                and self.transport is not None:
+            self.transport.resume_reading()
+
+    cdef int answer(self, Stream* s, int64_t now) except -1:
         """Answers one call: its error if one is known already, else the
-        method's answer; counted per method."""
+        method's answer; counted per method.  Returns its work: the
+        descriptors answered, at least 1."""
         cdef GrpcShared shared = self.shared
         cdef Command stats = (shared.rls_stats if s.route == ROUTE_RLS else
                               shared.health_stats if s.route == ROUTE_HEALTH else
@@ -991,6 +1068,7 @@ cdef class GrpcConnection:
         cdef const uint8_t* body = s.body.data
         cdef size_t n = s.body.len
         cdef size_t length
+        cdef int work = 1
         if s.status:
             self.fail(s, s.status, s.message)
         elif s.deadline_ns and now >= s.deadline_ns:
@@ -999,6 +1077,9 @@ cdef class GrpcConnection:
             else:
                 self.fail(s, GRPC_UNAVAILABLE,
                           "the server could not answer within grpc-deadline-ms")
+        elif past_request_deadline(s, now):
+            shared.request_timeouts += 1
+            self.fail(s, GRPC_UNAVAILABLE, "the request did not end within http-header-timeout")
         elif not s.post:
             self.fail(s, GRPC_UNIMPLEMENTED, "gRPC calls are POST", 405)
         elif not s.grpc_type:
@@ -1027,7 +1108,7 @@ cdef class GrpcConnection:
             else:
                 try:
                     if s.route == ROUTE_RLS:
-                        self.rate_limit(s, body + 5, length, user)
+                        work = self.rate_limit(s, body + 5, length, user)
                     else:
                         self.health(s, body + 5, length)
                 except Exception:
@@ -1035,9 +1116,11 @@ cdef class GrpcConnection:
                     shared.core.log.exception("gRPC %s failed", stats.name)
                     if not s.answered:
                         self.fail(s, GRPC_INTERNAL, "the server failed; see its log")
+        drop_body(&self.c, s)
         record_call(stats, fl_mono_ns() - now)
         if s.status:
             stats.failed_calls += 1
+        return work
 
     cdef object caller(self, Stream* s):
         """The ACL user a ShouldRateLimit call runs as, as the HTTP front
@@ -1046,18 +1129,23 @@ cdef class GrpcConnection:
         user's); None if it needs a password and gave none that works.
         With no password on the default user, a call needs none."""
         core = self.shared.core
-        if s.authorized:
-            return core.default_user
-        user = self.user_of(s.authorization.data[:s.authorization.len]) \
-            if s.authorization.len else None
+        user = self.user_of(s) if s.authorization.len else None
         if user is None and not core.auth_required:
             return core.default_user
         return user
 
-    cdef object user_of(self, bytes header):
+    cdef object user_of(self, Stream* s):
+        """The user s's authorization header names, asked of the users
+        (Acl.authenticate) unless it is the header this connection asked
+        about last and the users have not changed since."""
         acl = self.shared.app.acl
-        if header == self.known_authorization and self.known_version == acl.version:
+        cdef bytes known = self.known_authorization
+        if known is not None and self.known_version == acl.version and equals(
+                s.authorization.data, s.authorization.len, PyBytes_AS_STRING(known),
+                PyBytes_GET_SIZE(known)):
             return self.known_user
+        header = PyBytes_FromStringAndSize(<const char*>s.authorization.data,
+                                           s.authorization.len)
         pair = credentials(header)
         user = acl.authenticate(pair[0] if pair[0] in acl.users else "default", pair[1]) \
             if pair is not None else None
@@ -1091,24 +1179,37 @@ cdef class GrpcConnection:
         return False
 
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1:
+        """Answers a ShouldRateLimit call; returns its work: the descriptors
+        it had (at least 1)."""
         cdef GrpcShared shared = self.shared
         cdef uint8_t* frame
         cdef size_t frame_length
-        request = decode_request(msg, n)
+        cdef int too_many = 0
+        cdef int work
+        request = decode_request(msg, n, shared.limits.max_descriptors, &too_many)
+        if too_many == TOO_MANY_DESCRIPTORS:
+            self.fail_text(s, GRPC_RESOURCE_EXHAUSTED, "the request has more descriptors "
+                           f"than grpc-max-descriptors ({shared.limits.max_descriptors})")
+            return shared.limits.max_descriptors
+        if too_many == TOO_MANY_ENTRIES:
+            self.fail_text(s, GRPC_RESOURCE_EXHAUSTED,
+                           f"a descriptor has more than {MAX_DESCRIPTOR_ENTRIES} entries")
+            return 1
         if request is None:
             self.fail(s, GRPC_INTERNAL, "the RateLimitRequest cannot be parsed")
-            return 0
+            return 1
+        work = max(1, len(request[1]))
         if not self.may_check(s, user, request[0]):
-            return 0
+            return work
         try:
             overall, statuses, headers = shared.app.rls.service.should_rate_limit(*request)
         except shared.refusal as e:
             self.fail_text(s, GRPC_UNKNOWN, str(e))
-            return 0
+            return work
         if s.client_deadline_ns and fl_mono_ns() >= s.client_deadline_ns:
             # never an answer the client has stopped waiting for
             self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
-            return 0
+            return work
         writer_reset(&MSG)
         if write_raw(&MSG, "\0\0\0\0\0", 5) != 0:
             raise MemoryError()
@@ -1122,7 +1223,7 @@ cdef class GrpcConnection:
         if buf_append(&self.c, &s.reply, frame, MSG.len) != 0:
             raise MemoryError()
         self.reply(s)
-        return 0
+        return work
 
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1:
         cdef Reader service
@@ -1152,6 +1253,7 @@ cdef class GrpcConnection:
         provider.read_callback = read_reply
         s.answered = 1
         self.c.unanswered -= 1
+        self.c.unsent += s.reply.len
         if nghttp2_submit_response(self.c.session, s.id, RESPONSE_HEADERS, 2, &provider) != 0:
             nghttp2_submit_rst_stream(self.c.session, NGHTTP2_FLAG_NONE, s.id,
                                       NGHTTP2_INTERNAL_ERROR)
@@ -1196,9 +1298,11 @@ cdef class GrpcConnection:
         (only a call whose request is still coming has one to wait for)."""
         cdef Stream* s = self.c.first
         cdef int64_t earliest = 0
+        cdef int64_t at
         while s != NULL:
-            if not s.answered and s.deadline_ns and (earliest == 0 or s.deadline_ns < earliest):
-                earliest = s.deadline_ns
+            at = due(s)
+            if at and (earliest == 0 or at < earliest):
+                earliest = at
             s = s.next
         if earliest == 0 or (self.timer is not None and self.timer_at <= earliest):
             return
@@ -1213,12 +1317,14 @@ cdef class GrpcConnection:
         wake up to a millisecond early)."""
         cdef Stream* s = self.c.first
         cdef int64_t now = fl_mono_ns()
+        cdef int64_t at
         self.timer = None
         if self.closed:
             return
         while s != NULL:
-            if not s.answered and s.deadline_ns and s.deadline_ns <= now + 1000000:
-                self.answer(s, s.deadline_ns if s.deadline_ns > now else now)
+            at = due(s)
+            if at and at <= now + 1000000:
+                self.answer(s, at if at > now else now)
             s = s.next
         self.flush()
         if self.c.unanswered and not self.closed:
@@ -1229,10 +1335,23 @@ cdef class GrpcConnection:
     cdef void flush(self):
         """Sends every frame nghttp2 has queued, in one write; closes once
         the session has nothing left to read or write."""
+        cdef bint failed
+        if self.transport is None or self.c.session == NULL or self.closed:
+            return
+        failed = not self.send_queued()
+        if self.c.protocol_error == 1:
+            self.c.protocol_error = 2       # counted once
+            self.shared.protocol_errors += 1
+        if failed or (not nghttp2_session_want_read(self.c.session)
+                      and not nghttp2_session_want_write(self.c.session)):
+            self.close_transport()
+        else:
+            self.watch_output()
+
+    cdef bint send_queued(self):
+        """Writes what nghttp2 has queued; False if it failed."""
         cdef const uint8_t* data
         cdef ssize_t n
-        if self.transport is None or self.c.session == NULL:
-            return
         while True:
             n = nghttp2_session_mem_send(self.c.session, &data)
             if n <= 0:
@@ -1243,11 +1362,79 @@ cdef class GrpcConnection:
         if self.out.len:
             self.transport.write(PyBytes_FromStringAndSize(self.out.buf, self.out.len))
             writer_reset(&self.out)
-        if self.c.protocol_error == 1:
-            self.c.protocol_error = 2       # counted once
-            self.shared.protocol_errors += 1
-        if n < 0 or (not nghttp2_session_want_read(self.c.session)
-                     and not nghttp2_session_want_write(self.c.session)):
+        return n >= 0
+
+    cdef void watch_output(self):
+        """Bounds the answers waiting for the client to take them (its
+        HTTP/2 window shut, or its socket full): what they hold, by
+        client-output-buffer-limit's normal class as a RESP client's
+        replies, and how long none moves, by client_wait_ns."""
+        cdef int64_t now
+        if self.closed or self.transport is None:
+            return
+        if self.over_output_limits(self.transport.get_write_buffer_size() + self.c.unsent):
+            return
+        if not self.c.unsent and not self.paused:
+            self.stalled_since = 0
+            return
+        now = fl_mono_ns()
+        if self.stalled_since == 0 or self.c.reply_moved:
+            self.stalled_since = now
+        self.c.reply_moved = 0
+        if self.stall_timer is None and self.shared.limits.client_wait_ns:
+            self.stall_timer = self.shared.loop.call_later(self.shared.client_wait_s,
+                                                           self.stall_expired)
+
+    def stall_expired(self):
+        cdef int64_t wait = self.shared.limits.client_wait_ns
+        cdef int64_t left
+        self.stall_timer = None
+        if self.closed or self.stalled_since == 0:
+            return
+        # the loop's timers may wake up to a millisecond early
+        left = self.stalled_since + wait - fl_mono_ns()
+        if left > 1000000:
+            self.stall_timer = self.shared.loop.call_later(left / 1e9, self.stall_expired)
+            return
+        self.shared.stall_timeouts += 1
+        self.drop("answers not taken within http-header-timeout")
+
+    cdef bint over_output_limits(self, int64_t pending):
+        """Drops the connection if pending is past the hard limit, or past
+        the soft one for its seconds; True if it did."""
+        cdef ServerCore core = self.shared.core
+        cdef int64_t now
+        if core.output_hard_limit > 0 and pending > core.output_hard_limit:
+            self.shared.output_limit_disconnections += 1
+            self.drop("output over client-output-buffer-limit")
+            return True
+        if core.output_soft_limit <= 0 or pending <= core.output_soft_limit:
+            self.soft_limit_since = 0
+            return False
+        now = fl_mono_ns()
+        if self.soft_limit_since == 0:
+            self.soft_limit_since = now
+        elif now - self.soft_limit_since > <int64_t>(core.output_soft_seconds * 1e9):
+            self.shared.output_limit_disconnections += 1
+            self.drop("output over client-output-buffer-limit's soft limit")
+            return True
+        return False
+
+    cdef void drop(self, const char* why):
+        """GOAWAY ENHANCE_YOUR_CALM saying why, then the connection closes:
+        at once if the socket does not take the GOAWAY either."""
+        self.shared.core.log.warning("closing gRPC client addr=%s: %s",
+                                     peer_text(self.transport.get_extra_info("peername")),
+                                     why.decode())
+        nghttp2_submit_goaway(self.c.session, NGHTTP2_FLAG_NONE,
+                              nghttp2_session_get_last_proc_stream_id(self.c.session),
+                              NGHTTP2_ENHANCE_YOUR_CALM, <const uint8_t*>why, strlen(why))
+        self.send_queued()
+        self.c.protocol_error = 2           # the server's own doing, not counted as one
+        if self.transport.get_write_buffer_size():
+            self.closed = True
+            self.transport.abort()
+        else:
             self.close_transport()
 
     cdef void close_transport(self):

@@ -257,6 +257,7 @@ class Settings:
     rls_xds_tls: bool = False
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc_max_concurrent_streams: int = 100
+    grpc_max_descriptors: int = 256
     grpc_deadline_ms: float = 15.0
     tls_port: int = 0
     tls_cert_file: str | None = None
@@ -367,6 +368,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rls-xds-tls": (parse_bool, lambda v: "yes" if v else "no"),
     "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
+    "grpc-max-descriptors": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
     "tls-port": (lambda v: parse_int(v, 0, 65535), str),
     **{name: (lambda v: str(v) or None, lambda v: v or "") for name in (
@@ -486,7 +488,8 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
                     "rls-xds-server", "rls-xds-node-id", "rls-xds-backoff",
-                    "rls-xds-tls", "grpc-max-concurrent-streams", "grpc-deadline-ms",
+                    "rls-xds-tls", "grpc-max-concurrent-streams", "grpc-max-descriptors",
+                    "grpc-deadline-ms",
                     "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
                     "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
                     "tls-ca-cert-dir", "tls-auth-clients", "tls-protocols", "tls-ciphers",
@@ -1010,6 +1013,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-max-concurrent-streams", metavar="N",
                    help="calls one gRPC connection may have open at once, as HTTP/2's "
                         "SETTINGS_MAX_CONCURRENT_STREAMS (default 100; new connections)")
+    p.add_argument("--grpc-max-descriptors", metavar="N",
+                   help="descriptors one ShouldRateLimit call may have; more get "
+                        "RESOURCE_EXHAUSTED (default 256; Envoy sends one per rate limit "
+                        "of the route)")
     p.add_argument("--grpc-deadline-ms", metavar="N",
                    help="a gRPC call not answered within this many milliseconds fails "
                         "with UNAVAILABLE, so Envoy's failure mode decides before its own "

@@ -11,16 +11,22 @@ import time
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 GOAWAY = 7
 
 
 class RawH2:
-    def __init__(self, port: int, timeout: float = 10):
+    def __init__(self, port: int, timeout: float = 10, window: int | None = None):
+        """window: the SETTINGS_INITIAL_WINDOW_SIZE this client advertises
+        (0: the server may send no DATA)."""
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding=None))
+        if window is not None:
+            self.conn.local_settings = h2.settings.Settings(
+                client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
         self.conn.initiate_connection()
         self.flush()
         self.events: list = []
@@ -40,9 +46,52 @@ class RawH2:
         self.flush()
         return sid
 
+    def calls_in_one_write(self, path: str, body: bytes, n: int) -> list[int]:
+        """n whole calls sent with one write (within the server's windows);
+        their stream ids."""
+        sids = []
+        for _ in range(n):
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
+                                         (b":path", path.encode()), (b":authority", b"t"),
+                                         (b"content-type", b"application/grpc")])
+            self.conn.send_data(sid, body, end_stream=True)
+            sids.append(sid)
+        self.flush()
+        return sids
+
     def send(self, sid: int, body: bytes, end: bool = True) -> None:
         self.conn.send_data(sid, body, end_stream=end)
         self.flush()
+
+    def send_all(self, sid: int, body: bytes) -> None:
+        """body as DATA ending the stream, as the server's windows let it
+        through (waiting for its WINDOW_UPDATEs)."""
+        sent = 0
+        while True:
+            room = min(self.conn.local_flow_control_window(sid),
+                       self.conn.max_outbound_frame_size, len(body) - sent)
+            if room <= 0 and sent < len(body):
+                seen = len(self.events)
+                self.wait(lambda ev, seen=seen: len(ev) > seen)
+                continue
+            last = sent + room == len(body)
+            self.conn.send_data(sid, body[sent:sent + room], end_stream=last)
+            self.flush()
+            sent += room
+            if last:
+                return
+
+    def call(self, path: str, body: bytes) -> int:
+        """A whole call (HEADERS, then its DATA as windows let it)."""
+        sid = self.start(path)
+        self.send_all(sid, body)
+        return sid
+
+    def answered(self, sid: int) -> bool:
+        """Whether the response's HEADERS for sid came."""
+        return any(isinstance(e, h2.events.ResponseReceived) and e.stream_id == sid
+                   for e in self.events)
 
     def wait(self, predicate, timeout: float = 10):
         """Reads until predicate(events) holds, the server closes, or the

@@ -186,6 +186,7 @@ def test_max_concurrent_streams_and_deadline_are_settings(gs):
     c = gs.client()
     assert c.config_get("grpc-*") == {"grpc-port": str(gs.grpc_port),
                                       "grpc-max-concurrent-streams": "100",
+                                      "grpc-max-descriptors": "256",
                                       "grpc-deadline-ms": "15.0"}
     c.config_set("grpc-deadline-ms", "40")
     assert c.config_get("grpc-deadline-ms") == {"grpc-deadline-ms": "40.0"}

@@ -33,15 +33,7 @@ def others_still_served(srv) -> None:
 
 def test_many_calls_in_one_write_are_all_answered(srv):
     h = RawH2(srv.grpc_port)
-    sids = []
-    for _ in range(50):
-        sid = h.conn.get_next_available_stream_id()
-        h.conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
-                                  (b":path", RLS_PATH.encode()), (b":authority", b"t"),
-                                  (b"content-type", b"application/grpc")])
-        h.conn.send_data(sid, CALL, end_stream=True)
-        sids.append(sid)
-    h.flush()
+    sids = h.calls_in_one_write(RLS_PATH, CALL, 50)
     assert all(h.ended(sid)[b"grpc-status"] == b"0" for sid in sids)
     assert srv.info()["grpc_total_calls"] == 50
 

@@ -33,11 +33,11 @@ class GrpcFront(Subsystem):
         return self.shared.endpoint_stats
 
     def apply_settings(self, s) -> None:
-        self.shared.set_password(s.requirepass.encode() if s.requirepass else None)
         self.shared.max_streams = s.grpc_max_concurrent_streams
+        self.shared.max_descriptors = s.grpc_max_descriptors
         self.shared.deadline_ns = int(s.grpc_deadline_ms * 1_000_000)
         # as an HTTP/1.1 client has it to send its request's headers
-        self.shared.greeting_timeout_s = s.http_header_timeout
+        self.shared.client_wait_s = s.http_header_timeout
 
     async def start(self) -> None:
         port = self.server.settings.grpc_port
@@ -66,6 +66,11 @@ class GrpcFront(Subsystem):
                           "grpc_rejected_connections": shared.rejected_connections,
                           "grpc_protocol_errors": shared.protocol_errors,
                           "grpc_greeting_timeouts": shared.greeting_timeouts,
+                          "grpc_request_timeouts": shared.request_timeouts,
+                          "grpc_stall_timeouts": shared.stall_timeouts,
+                          "grpc_output_limit_disconnections":
+                              shared.output_limit_disconnections,
+                          "grpc_deferred_calls": shared.deferred_calls,
                           "grpc_total_calls": sum(c.calls for c in stats),
                           "grpc_failed_calls": sum(c.failed_calls for c in stats)}}
 
