@@ -312,7 +312,7 @@ def attack_alias_bombs(ports: Ports, until: float) -> None:
 
 
 def grpc_call() -> bytes:
-    message = b"\x0a\x04soak" + b"\x12\x0c\x0a\x0a\x0a\x03key\x12\x03val" * 2000
+    message = b"\x0a\x04soak" + b"\x12\x0c\x0a\x0a\x0a\x03key\x12\x03val" * 200
     return struct.pack(">BI", 0, len(message)) + message
 
 
