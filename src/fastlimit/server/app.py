@@ -298,12 +298,13 @@ class Server:
         return admission.protocol_factory(
             loop, make, self.core, counters, self.tls.listener_options(tls, self.settings))
 
-    async def listen_front(self, name: str, make: Callable[[], asyncio.BaseProtocol], counters,
+    async def listen_front(self, front: str, make: Callable[[], asyncio.BaseProtocol], counters,
                            tls) -> tuple[list[asyncio.AbstractServer], int]:
-        """A front's listeners (name: its port setting) on every bind
-        address, serving, and the port they are on (a free one, the same
-        on every address, when the setting asks for one); none when the
-        front is off.  The settings then say the port (CONFIG GET)."""
+        """A front's (HTTP, gRPC) listeners on every bind address, serving,
+        and the port they are on (a free one, the same on every address,
+        when the setting asks for one); none when the front is off.  The
+        settings then say the port (CONFIG GET)."""
+        name = f"{front.lower()}-port"
         port = cfg.front_port(self.settings, name)
         if port is None:
             return [], 0
@@ -316,6 +317,7 @@ class Server:
             servers.append(server)
             port = port or server.sockets[0].getsockname()[1]
         setattr(self.settings, cfg.attr_name(name), port)
+        log.info("%s on %s port %d", front, " ".join(self.settings.bind), port)
         return servers, port
 
     def request_shutdown(self, save: bool = True) -> None:

@@ -41,12 +41,9 @@ class GrpcFront(Subsystem):
 
     async def start(self) -> None:
         self.shared.loop = asyncio.get_running_loop()
-        s = self.server.settings
         self._servers, self.port = await self.server.listen_front(
-            "grpc-port", lambda: cast(asyncio.BaseProtocol, GrpcConnection(self.shared)),
-            self.shared, self.server.tls.grpc if s.tls_grpc else None)
-        if self._servers:
-            self.log.info("gRPC on %s port %d", " ".join(s.bind), self.port)
+            "gRPC", lambda: cast(asyncio.BaseProtocol, GrpcConnection(self.shared)),
+            self.shared, self.server.tls.grpc if self.server.settings.tls_grpc else None)
 
     def info_sections(self, sections, named):
         shared = self.shared

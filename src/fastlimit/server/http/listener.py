@@ -73,12 +73,9 @@ class HttpFront(Subsystem):
 
     async def start(self) -> None:
         self.shared.set_date(http_date())
-        s = self.server.settings
         self._servers, self.port = await self.server.listen_front(
-            "http-port", lambda: cast(asyncio.BaseProtocol, HttpConnection(self.shared)),
-            self.shared, self.server.tls.server if s.tls_http else None)
-        if self._servers:
-            self.log.info("HTTP on %s port %d", " ".join(s.bind), self.port)
+            "HTTP", lambda: cast(asyncio.BaseProtocol, HttpConnection(self.shared)),
+            self.shared, self.server.tls.server if self.server.settings.tls_http else None)
 
     def tick(self) -> None:
         if self._servers:
