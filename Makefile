@@ -44,8 +44,11 @@ cluster:        ## a local cluster: 3 shards of primary + standby, 3 redis-senti
 cluster-stop:   ## stops what make cluster started
 	.venv/bin/python scripts/cluster.py stop
 
-REDIS_SRC ?= /work/.mirror/redis+redis/repo
-redis-tcl-suite:  ## Redis 7.0.15's own Tcl units (protocol, info-command, introspection, multi, auth, pubsub) against a fresh fastlimit; REDIS_SRC= a redis/redis checkout or tests dir
+# Redis's sources are not part of this repository: REDIS_SRC is a redis/redis
+# checkout (tag 7.0.15 is used) or a directory holding its tests/; by default
+# build/redis, which scripts/redis_tcl_suite.sh says how to fill when missing.
+REDIS_SRC ?= build/redis
+redis-tcl-suite:  ## Redis 7.0.15's own Tcl units (protocol, info-command, introspection, multi, auth, pubsub) against a fresh fastlimit; REDIS_SRC= a redis/redis checkout or tests dir (default build/redis)
 	scripts/bootstrap.sh
 	FASTLIMIT_PYTHON=$$PWD/.venv/bin/python scripts/redis_tcl_suite.sh $(REDIS_SRC)
 

@@ -12,7 +12,7 @@
 # the tests that cannot apply to fastlimit (CANNOT_APPLY below, with the
 # reasons) are skipped on both servers; ALL=1 runs them too.  Nothing of the
 # suite is copied into this repository.  Logs: $OUT (default
-# /tmp/fastlimit-tcl-suite), one file per unit.
+# build/tcl-suite), one file per unit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=${1:?usage: $0 REDIS_CHECKOUT_OR_TESTS_DIR [--redis] [UNIT...]}; shift
@@ -21,7 +21,15 @@ if [ "${1:-}" = --redis ]; then against=redis; shift; fi
 units=("$@")
 ((${#units[@]})) || units=(protocol info-command introspection multi auth pubsub)
 TAG=${TAG:-7.0.15}
-OUT=${OUT:-/tmp/fastlimit-tcl-suite}
+OUT=${OUT:-$PWD/build/tcl-suite}
+if [ ! -e "$src" ]; then
+    cat >&2 <<EOF
+$0: no Redis sources at $src.  The suite is Redis's own, not part of this
+repository; get its tag $TAG there (or name another place with REDIS_SRC=):
+    git clone --depth 1 --branch $TAG https://github.com/redis/redis.git $src
+EOF
+    exit 2
+fi
 PY=${FASTLIMIT_PYTHON:-python3}
 src_dir=$PWD/src
 mkdir -p "$OUT"

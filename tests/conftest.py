@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 
 import pytest
 
@@ -129,6 +130,24 @@ def _untraced(request):
         servers.TRACED = True
         cov.start()
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dir_under_pytests(tmp_path_factory):
+    """The temporary files of the whole run go under pytest's basetemp
+    (which pytest prunes to its last runs), none into the system's temp
+    dir: the tests' own (tempfile) and their children's (TMPDIR: the
+    servers, redis-server, chromium, the bench scripts).  First of the
+    session fixtures (autouse), so every process the tests start sees it."""
+    tmp = str(tmp_path_factory.mktemp("tmp", numbered=False))
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    yield tmp
+    if saved[0] is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
 
 
 @pytest.fixture(scope="session")

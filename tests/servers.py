@@ -10,6 +10,7 @@ them from here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -62,26 +63,26 @@ class ServerProcess:
 
     # What the interpreter runs: a subclass may run a test's own launcher.
     entry = ["-m", "fastlimit.server"]
+    prefix: list[str] = []      # what runs the interpreter (prlimit ...)
+    # Unless a test gives them: rules and buckets in memory only (no files
+    # in the working directory), no HTTP or gRPC front (each would take a
+    # free port the test does not use).
+    DEFAULTS = {"--rules-db": "", "--snapshot-file": "", "--http-port": "0", "--grpc-port": "0"}
 
     def __init__(self, *args: str):
         self.args = list(args)
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
-        self.log_path = tempfile.mktemp(prefix="fastlimit-", suffix=".log")
+        self.log_path = ""
 
     def start(self) -> ServerProcess:
-        self._log = open(self.log_path, "wb")
-        # Rules in memory unless a test asks for a database: servers started
-        # side by side must not share (or lock) one rules file.
-        durability = [] if "--rules-db" in self.args else ["--rules-db", ""]
-        if "--snapshot-file" not in self.args:
-            durability += ["--snapshot-file", ""]
-        if "--http-port" not in self.args:
-            durability += ["--http-port", "0"]     # side by side, they would share 8380
-        if "--grpc-port" not in self.args:
-            durability += ["--grpc-port", "0"]     # and 8081
+        # under pytest's basetemp: conftest.py points the temp dir there
+        fd, self.log_path = tempfile.mkstemp(prefix="fastlimit-", suffix=".log")
+        self._log = os.fdopen(fd, "wb")
+        defaults = [arg for flag, value in self.DEFAULTS.items() if flag not in self.args
+                    for arg in (flag, value)]
         self.proc = subprocess.Popen(
-            [PYTHON, *self.entry, "--port", "0", *durability, *self.args],
+            [*self.prefix, PYTHON, *self.entry, "--port", "0", *defaults, *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=None if TRACED else untraced_env())
         deadline = time.monotonic() + START_TIMEOUT
@@ -217,3 +218,28 @@ def started_servers(server_class):
     finally:
         for srv in started:
             srv.stop()
+
+
+RUN_LINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_lines.py")
+
+
+def fresh_network_available() -> bool:
+    """Whether this process may make a network namespace of its own
+    (root, unshare, ip): one where every port is free."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def run_lines(workdir, lines: list[str]) -> dict:
+    """Runs shell lines as a user types them (run_lines.py), in a fresh
+    network namespace when one can be made, so that the ports they name
+    (the README's 6380, 8380...) are free whatever else runs on the machine
+    or beside in pytest-xdist; else on the machine's own loopback."""
+    command = [PYTHON, RUN_LINES, str(workdir), *lines]
+    if fresh_network_available():
+        command = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env=None if TRACED else untraced_env())
+    assert done.returncode == 0, f"{lines} could not be run:\n{done.stdout}{done.stderr}"
+    return json.loads(done.stdout)

@@ -910,7 +910,7 @@ cdef class GrpcConnection:
         cdef GrpcShared shared = self.shared
         self.transport = transport
         shared.total_connections += 1
-        if len(shared.connections) >= shared.core.maxclients:
+        if shared.core.refuses(transport):
             # last stream 0: nothing was processed, the client may retry elsewhere
             shared.rejected_connections += 1
             nghttp2_submit_goaway(self.c.session, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR,

@@ -224,9 +224,9 @@ cdef class HttpConnection:
         cdef HttpShared shared = self.shared
         self.transport = transport
         shared.total_connections += 1
-        if len(shared.connections) >= self.core.maxclients:
+        if self.core.refuses(transport):
             shared.rejected_connections += 1
-            self.fail(503, "too many connections", "the server has maxclients HTTP "
+            self.fail(503, "too many connections", "the server has maxclients "
                       "connections open")
             self.flush()
             return

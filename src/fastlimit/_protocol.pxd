@@ -111,6 +111,14 @@ cdef class ServerCore:
     cdef public int64_t pubsub_soft_limit
     cdef public double pubsub_soft_seconds
     cdef public int64_t maxclients
+    # maxclients is one budget for every front: the connection collections
+    # it counts (these clients, the HTTP and gRPC fronts' connections), and
+    # TLS connections accepted whose handshake has not ended (server/admission.py).
+    cdef public list budget
+    cdef public int64_t handshaking
+    cdef double full_logged_at        # when "maxclients reached" was last logged
+    cpdef bint full(self) except -1
+    cpdef bint refuses(self, object transport) except -1
     cdef public dict clients          # client id -> Connection
     cdef public int64_t next_client_id
     cdef public int64_t total_commands

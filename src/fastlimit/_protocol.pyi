@@ -4,7 +4,7 @@ the asyncio protocol of one client connection."""
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence, Sized
 from typing import Any
 
 from fastlimit._core import BucketStore, Clock
@@ -106,6 +106,8 @@ class ServerCore:
     pubsub_soft_limit: int
     pubsub_soft_seconds: float
     maxclients: int
+    budget: list[Sized]
+    handshaking: int
     clients: dict[int, Connection]
     next_client_id: int
     total_commands: int
@@ -128,6 +130,10 @@ class ServerCore:
     def monitors(self) -> dict[int, Connection]: ...
     @property
     def watched_keys(self) -> dict[bytes, dict[int, Connection]]: ...
+    def full(self) -> bool:
+        """Whether maxclients connections are open, all fronts and TLS handshakes together."""
+    def refuses(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether connection_made turns this (non-TLS) connection away."""
     def touch_keys(self, keys: Iterable[bytes]) -> None: ...
     def touch_all_watched(self) -> None: ...
 

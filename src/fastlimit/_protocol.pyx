@@ -91,6 +91,7 @@ cdef enum:
 
 # A Sliced reply gets this much time per event-loop turn.
 SLICE_BUDGET_S = 0.0005
+MAXCLIENTS_LOG_SECONDS = 10.0
 
 # ServerCore.slot_served values.
 cdef enum:
@@ -294,6 +295,9 @@ cdef class ServerCore:
         self.pubsub_soft_seconds = 60.0
         self.maxclients = maxclients
         self.clients = {}
+        self.budget = [self.clients]
+        self.handshaking = 0
+        self.full_logged_at = -MAXCLIENTS_LOG_SECONDS
         self.error_counts = {}
         self.next_client_id = 1
         self.app = app
@@ -301,6 +305,29 @@ cdef class ServerCore:
         self.slot_waiters = {}
         self.monitors = {}
         self.watched_keys = {}
+
+    cpdef bint full(self) except -1:
+        """Whether maxclients connections are open, every front's and the
+        TLS handshakes together; when so, logs it (at most every
+        MAXCLIENTS_LOG_SECONDS)."""
+        cdef Py_ssize_t n = self.handshaking
+        for connections in self.budget:
+            n += len(connections)
+        if n < self.maxclients:
+            return False
+        now = time.monotonic()
+        if now - self.full_logged_at >= MAXCLIENTS_LOG_SECONDS:
+            self.full_logged_at = now
+            self.log.warning("maxclients (%d) reached: new connections are refused "
+                             "(RESP, HTTP, gRPC and TLS handshakes count together)",
+                             self.maxclients)
+        return True
+
+    cpdef bint refuses(self, object transport) except -1:
+        """Whether a front's connection_made turns this connection away:
+        a TLS one was let in at accept, before its handshake (and is
+        counted in handshaking until it ends)."""
+        return transport.get_extra_info("sslcontext") is None and self.full()
 
     def touch_keys(self, keys):
         """WATCH: the buckets named by keys changed; their watchers' EXEC
@@ -432,7 +459,7 @@ cdef class Connection:
         core.total_connections += 1
         self.addr = _format_addr(transport.get_extra_info("peername"))
         self.laddr = _format_addr(transport.get_extra_info("sockname"))
-        if len(core.clients) >= core.maxclients:
+        if core.refuses(transport):
             core.rejected_connections += 1
             transport.write(b"-ERR max number of clients reached\r\n")
             transport.close()

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import cast
 
 from fastlimit._core import BucketStore, Clock
@@ -19,6 +20,7 @@ from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
+from fastlimit.server import admission
 from fastlimit.server import config as cfg
 from fastlimit.server.acl import Acl
 from fastlimit.server.cluster import Cluster
@@ -87,6 +89,8 @@ class Server:
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
+        # maxclients counts every front's connections (server/admission.py)
+        self.core.budget += [self.http.shared.connections, self.grpc.shared.connections]
         self._apply_limits(settings)
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
@@ -100,6 +104,7 @@ class Server:
         # port change (the HTTP and gRPC fronts stay where they started).
         self._listeners: dict[ListenerKey, list[asyncio.AbstractServer]] = {}
         self._stopping: asyncio.Event | None = None
+        self._started: list[Subsystem] = []
         self._tick_handle: asyncio.TimerHandle | None = None
         self._last_ops = (time.monotonic(), 0)
 
@@ -124,6 +129,8 @@ class Server:
         then the server's settings; if one refuses a value, the old ones
         are put back."""
         trial = cfg.set_at_runtime(self.settings, pairs)
+        if trial.maxclients > self.settings.maxclients:
+            fit_maxclients_at_runtime(trial.maxclients)
         rebind = self._bind_listeners(trial, {name.lower() for name, _ in pairs})
         try:
             self._apply_limits(trial)
@@ -186,8 +193,7 @@ class Server:
                 sock.close()
                 continue
             server = await loop.create_server(
-                lambda: cast(asyncio.BaseProtocol, Connection(self.core)), sock=sock,
-                backlog=511, **self.tls.listener_options(tls, self.settings))
+                self.resp_factory(loop, tls), sock=sock, backlog=511)
             self._servers.append(server)
             cast(list, servers).append(server)
 
@@ -234,9 +240,23 @@ class Server:
     # ---- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
+        """Listens, starts the subsystems, then serves.  A start that fails
+        (an address in use, a subsystem that cannot start) stops what it
+        started, saving no snapshot, and raises: nothing is left running."""
         loop = asyncio.get_running_loop()
         self.loop_name = type(loop).__module__.split(".")[0]
         self._stopping = asyncio.Event()
+        try:
+            await self._start(loop)
+        except BaseException:
+            self.snapshots.save_at_exit = False
+            await self.stop(quiet=True)
+            raise
+        log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
+                 _version(), " ".join(self.settings.bind), self.port, self.loop_name,
+                 "manual" if self.clock.manual else "wall")
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         for host in self.settings.bind:
             server = await self._listen(loop, host, self.port or 0)
             if not self.port:
@@ -251,24 +271,54 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
         for subsystem in self.subsystems:
+            self._started.append(subsystem)     # stopped even if its start fails half way
             await subsystem.start()
         # Bound, not accepting, until the subsystems are up: a cluster node
         # that has not heard from Sentinel yet would answer CLUSTERDOWN.
         for listener in self._servers:
             await listener.start_serving()
-        log.info("fastlimit %s ready to accept connections on %s port %d (%s loop, %s clock)",
-                 _version(), " ".join(self.settings.bind), self.port, self.loop_name,
-                 "manual" if self.clock.manual else "wall")
 
     async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.Server:
         server = await loop.create_server(
-            # Connection has asyncio.Protocol's callbacks but is a cdef
-            # class, not a subclass of it.
-            lambda: cast(asyncio.BaseProtocol, Connection(self.core)), host, port,
-            reuse_address=True, backlog=511, start_serving=False,
-            **self.tls.listener_options(tls, self.settings))
+            self.resp_factory(loop, tls), host, port,
+            reuse_address=True, backlog=511, start_serving=False)
         self._servers.append(server)
         return server
+
+    def resp_factory(self, loop, tls) -> Callable[[], asyncio.BaseProtocol]:
+        # Connection has asyncio.Protocol's callbacks but is a cdef class,
+        # not a subclass of it.
+        return self.protocol_factory(
+            loop, lambda: cast(asyncio.BaseProtocol, Connection(self.core)), self.core, tls)
+
+    def protocol_factory(self, loop, make: Callable[[], asyncio.BaseProtocol], counters,
+                         tls) -> Callable[[], asyncio.BaseProtocol]:
+        """A listener's protocol factory (a TLS one given tls, its
+        LiveContext), counted in maxclients from the accept on."""
+        return admission.protocol_factory(
+            loop, make, self.core, counters, self.tls.listener_options(tls, self.settings))
+
+    async def listen_front(self, front: str, make: Callable[[], asyncio.BaseProtocol], counters,
+                           tls) -> tuple[list[asyncio.AbstractServer], int]:
+        """A front's (HTTP, gRPC) listeners on every bind address, serving,
+        and the port they are on (a free one, the same on every address,
+        when the setting asks for one); none when the front is off.  The
+        settings then say the port (CONFIG GET)."""
+        name = f"{front.lower()}-port"
+        port = cfg.front_port(self.settings, name)
+        if port is None:
+            return [], 0
+        loop = asyncio.get_running_loop()
+        servers: list[asyncio.AbstractServer] = []
+        for host in self.settings.bind:
+            server = await loop.create_server(
+                self.protocol_factory(loop, make, counters, tls), host, port,
+                reuse_address=True, backlog=511)
+            servers.append(server)
+            port = port or server.sockets[0].getsockname()[1]
+        setattr(self.settings, cfg.attr_name(name), port)
+        log.info("%s on %s port %d", front, " ".join(self.settings.bind), port)
+        return servers, port
 
     def request_shutdown(self, save: bool = True) -> None:
         if self._stopping is not None and not self._stopping.is_set():
@@ -286,7 +336,10 @@ class Server:
         await self._stopping.wait()
         await self.stop()
 
-    async def stop(self) -> None:
+    async def stop(self, quiet: bool = False) -> None:
+        """Stops listening, closes the clients and stops the subsystems
+        started, in reverse order (quiet: after a failed start, which says
+        why itself)."""
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         for server in self._servers:
@@ -295,9 +348,10 @@ class Server:
             conn.close()
         for server in self._servers:
             await server.wait_closed()
-        for subsystem in reversed(self.subsystems):
-            await subsystem.stop()
-        log.info("fastlimit is now ready to exit, bye bye")
+        while self._started:
+            await self._started.pop().stop()
+        if not quiet:
+            log.info("fastlimit is now ready to exit, bye bye")
 
     # ---- periodic work ----------------------------------------------------------
 
@@ -399,7 +453,20 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def fit_maxclients_at_runtime(maxclients: int) -> None:
+    """CONFIG SET maxclients: refused, in Redis's words, when the open file
+    limit cannot be raised to fit it."""
+    fitted = admission.fit_open_files(maxclients, log)
+    if fitted < maxclients:
+        raise cfg.ConfigError("The operating system is not able to handle the specified "
+                              f"number of clients, try with {fitted}", "maxclients")
+
+
 def run(settings: cfg.Settings) -> None:
+    """Serves until shut down.  Raises what stops a start (OSError,
+    ConfigError...) once everything it started is stopped."""
+    settings.maxclients = admission.fit_open_files(settings.maxclients, log)
+
     async def main():
         server = Server(settings)
         await server.start()

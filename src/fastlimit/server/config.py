@@ -26,9 +26,16 @@ import tomlkit.exceptions
 from fastlimit._resp import parse_integer
 
 DEFAULT_PORT = 6380
-DEFAULT_HTTP_PORT = 8380
-# envoyproxy/ratelimit's gRPC port: Envoy's configs point there
-DEFAULT_GRPC_PORT = 8081
+# The fronts' ports, when not given, follow the RESP port as Redis's cluster
+# bus port follows its port (port + 10000), so that two servers on one
+# machine need only different ports.  The offsets keep 6380's 8380 and
+# 8081, envoyproxy/ratelimit's gRPC port, which Envoy's configs point at.
+FRONT_PORT_OFFSETS = {"http-port": 2000, "grpc-port": 1701}
+# Files of one server's own state: on another port than DEFAULT_PORT (and
+# 0), their names carry the port, for the same reason.
+DEFAULT_SNAPSHOT_FILE = "fastlimit.snap"
+DEFAULT_RULES_DB = "fastlimit-rules.db"
+PORT_NAMED_FILES = {"snapshot-file": DEFAULT_SNAPSHOT_FILE, "rules-db": DEFAULT_RULES_DB}
 
 
 class ConfigError(ValueError):
@@ -212,11 +219,11 @@ class Settings:
     hz: int = 10
     sweep_budget_ms: float = 1.0
     denial_log_seconds: float = 10.0
-    snapshot_file: str | None = "fastlimit.snap"
+    snapshot_file: str | None = DEFAULT_SNAPSHOT_FILE
     save_seconds: int = 0
     loglevel: str = "notice"
     config_file: str | None = None
-    rules_db: str | None = "fastlimit-rules.db"
+    rules_db: str | None = DEFAULT_RULES_DB
     rules_file: str | None = None
     replicaof: tuple[str, int] | None = None
     masterauth: str | None = None
@@ -240,7 +247,7 @@ class Settings:
     cluster_announce_ip: str | None = None
     cluster_announce_port: int = 0
     cluster_sentinel_password: str | None = None
-    http_port: int = DEFAULT_HTTP_PORT
+    http_port: int | None = None      # None: follows port (front_port)
     http_metrics_auth: bool = True
     http_max_header_bytes: int = 16 * 1024
     http_max_body_bytes: int = 1024 * 1024
@@ -255,7 +262,7 @@ class Settings:
     rls_xds_node_id: str = "default"
     rls_xds_backoff: tuple[float, float] = (10.0, 60.0)
     rls_xds_tls: bool = False
-    grpc_port: int = DEFAULT_GRPC_PORT
+    grpc_port: int | None = None
     grpc_max_concurrent_streams: int = 100
     grpc_max_descriptors: int = 256
     grpc_deadline_ms: float = 15.0
@@ -300,7 +307,54 @@ class Settings:
         if self.tls_cluster and not self.tls_port:
             raise ConfigError("tls-cluster needs tls-port (the port the cluster knows this "
                               "node by)")
+        for name in FRONT_PORT_OFFSETS:
+            front_port(self, name)        # in range
         return self
+
+
+def parse_front_port(value) -> int | None:
+    """A front's port; "" for the default, which follows port."""
+    return None if value == "" else parse_int(value, 0, 65535)
+
+
+def front_port(settings: Settings, name: str) -> int | None:
+    """The port the front ``name`` (http-port, grpc-port) listens on: the
+    one given (0: no such front, None), or, not given, port plus the
+    front's offset; 0 (a free port) when port is 0, whose free port is
+    not known before it is bound.  A port above 65535 is an error that
+    names the setting, as Redis refuses a port whose cluster bus port
+    would not fit."""
+    given = getattr(settings, attr_name(name))
+    if given is not None:
+        return given or None
+    if not settings.port:
+        return 0
+    port = settings.port + FRONT_PORT_OFFSETS[name]
+    if port > 65535:
+        raise ConfigError(f"port {settings.port} + {FRONT_PORT_OFFSETS[name]} is above 65535; "
+                          f"give {name} (0: none)", name)
+    return port
+
+
+def file_for_port(default: str, port: int) -> str:
+    """A state file's default name for a server on port: fastlimit.snap on
+    6380 (and port 0), fastlimit-6381.snap on 6381."""
+    if port in (DEFAULT_PORT, 0):
+        return default
+    stem, ext = os.path.splitext(default)
+    return f"{stem}-{port}{ext}"
+
+
+def defaults_for(settings: Settings) -> Settings:
+    """The defaults, as CONFIG REWRITE compares with them, of a server on
+    settings' port: the fronts' ports and the state files follow it."""
+    defaults, port = Settings(), settings.port
+    if port:      # a free port is not a default CONFIG REWRITE can write
+        for name in FRONT_PORT_OFFSETS:
+            setattr(defaults, attr_name(name), front_port(Settings(port=port), name))
+    for name, default in PORT_NAMED_FILES.items():
+        setattr(defaults, attr_name(name), file_for_port(default, port))
+    return defaults
 
 
 LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
@@ -351,7 +405,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
     "cluster-sentinel-password": (lambda v: str(v) or None, lambda v: v or ""),
-    "http-port": (lambda v: parse_int(v, 0, 65535), str),
+    "http-port": (parse_front_port, lambda v: "" if v is None else str(v)),
     "http-metrics-auth": (parse_bool, lambda v: "yes" if v else "no"),
     "http-max-header-bytes": (lambda v: parse_memory(v, 1024, 1024**2), str),
     "http-max-body-bytes": (lambda v: parse_memory(v, 1024, 512 * 1024**2), str),
@@ -366,7 +420,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rls-xds-node-id": (str, str),
     "rls-xds-backoff": (lambda v: parse_backoff(v), lambda v: f"{v[0]:g} {v[1]:g}"),
     "rls-xds-tls": (parse_bool, lambda v: "yes" if v else "no"),
-    "grpc-port": (lambda v: parse_int(v, 0, 65535), str),
+    "grpc-port": (parse_front_port, lambda v: "" if v is None else str(v)),
     "grpc-max-concurrent-streams": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-max-descriptors": (lambda v: parse_int(v, 1, 2**31 - 1), str),
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
@@ -512,9 +566,10 @@ def _parse(key: str, parse, value):
         raise ConfigError(e.reason, e.name or key) from None
 
 
-def apply(settings: Settings, name: str, value, parse=None) -> None:
+def apply(settings: Settings, name: str, value, parse=None) -> str:
     """Sets one setting from text or a TOML value, validating it (with
-    parse instead of the setting's own parser when given)."""
+    parse instead of the setting's own parser when given); returns its
+    name."""
     key = name.lower().replace("_", "-")
     if key not in _FIELDS:
         raise UnknownSetting(f"unknown setting {name!r}", name)
@@ -522,6 +577,7 @@ def apply(settings: Settings, name: str, value, parse=None) -> None:
     if isinstance(parsed, dict):     # a setting in parts (output limit classes): those given change
         parsed = {**getattr(settings, attr_name(key)), **parsed}
     setattr(settings, attr_name(key), parsed)
+    return key
 
 
 # CONFIG SET may not take these below Redis's minimums: a lower value can
@@ -749,7 +805,8 @@ def _lower(c: int) -> int:
     return c + 32 if 65 <= c <= 90 else c
 
 
-def load_file(path: str, settings: Settings) -> None:
+def load_file(path: str, settings: Settings) -> set[str]:
+    """Applies the settings of a TOML file; returns the names it gave."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -760,11 +817,13 @@ def load_file(path: str, settings: Settings) -> None:
     section = data.get("server", data)
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [server] must be a table of settings")
+    given = set()
     for name, value in section.items():
         if isinstance(value, dict):
             continue   # other sections belong to later features
-        apply(settings, name, value)
+        given.add(apply(settings, name, value))
     settings.config_file = os.path.abspath(path)   # as Redis shows it, and CONFIG REWRITE writes
+    return given
 
 
 def rewrite(settings: Settings, path: str) -> None:
@@ -780,7 +839,7 @@ def rewrite(settings: Settings, path: str) -> None:
     target = os.path.realpath(path)
     doc = _read_for_rewrite(target)
     table = doc["server"] if "server" in doc else doc
-    defaults = Settings()
+    defaults = defaults_for(settings)
     for key, (parse, fmt) in _FIELDS.items():
         value = getattr(settings, attr_name(key))
         lines = [name for name in dict.fromkeys((key, attr_name(key))) if name in table]
@@ -897,13 +956,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="denials by rules are logged as one line at most this often (default 10)")
     p.add_argument("--snapshot-file", metavar="PATH",
                    help="buckets are saved here at shutdown, by SAVE/BGSAVE and every "
-                        "save-seconds, and loaded at start (default fastlimit.snap; '' for none)")
+                        "save-seconds, and loaded at start (default fastlimit.snap, on another "
+                        "port than 6380 fastlimit-<port>.snap; '' for none)")
     p.add_argument("--save-seconds", metavar="N",
                    help="BGSAVE this often (default 0: only at shutdown and on request)")
     p.add_argument("--loglevel", choices=sorted(LOGLEVELS))
     p.add_argument("--rules-db", metavar="PATH",
                    help="SQLite file the named rules are kept in (default "
-                        "fastlimit-rules.db; '' keeps them in memory only)")
+                        "fastlimit-rules.db, on another port than 6380 "
+                        "fastlimit-rules-<port>.db; '' keeps them in memory only)")
     p.add_argument("--rules-file", metavar="PATH",
                    help="TOML or JSON rules file, loaded at start and reloaded on "
                         "SIGHUP and CL.RULE RELOAD")
@@ -964,8 +1025,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="password of the map's sentinels, when they require one")
     p.add_argument("--http-port", metavar="N",
                    help=f"HTTP port for the JSON check and rule APIs, /metrics, health "
-                        f"and the status page, on the bind addresses (default "
-                        f"{DEFAULT_HTTP_PORT}; 0: no HTTP)")
+                        f"and the status page, on the bind addresses (default port + "
+                        f"{FRONT_PORT_OFFSETS['http-port']}, 8380 beside 6380; 0: no HTTP)")
     p.add_argument("--http-metrics-auth", metavar="yes|no",
                    help="with requirepass, /metrics needs it too (default yes)")
     p.add_argument("--http-max-header-bytes", metavar="SIZE",
@@ -1009,7 +1070,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", metavar="N",
                    help=f"gRPC port (cleartext HTTP/2) for Envoy's rate limit service "
                         f"(ShouldRateLimit) and the gRPC health check, on the bind addresses "
-                        f"(default {DEFAULT_GRPC_PORT}; 0: no gRPC)")
+                        f"(default port + {FRONT_PORT_OFFSETS['grpc-port']}, 8081 beside 6380; "
+                        f"0: no gRPC)")
     p.add_argument("--grpc-max-concurrent-streams", metavar="N",
                    help="calls one gRPC connection may have open at once, as HTTP/2's "
                         "SETTINGS_MAX_CONCURRENT_STREAMS (default 100; new connections)")
@@ -1059,12 +1121,14 @@ def from_args(argv=None) -> Settings:
     parser = build_parser()
     args = parser.parse_args(argv)
     settings = Settings()
-    if args.config:
-        load_file(args.config, settings)
+    given = load_file(args.config, settings) if args.config else set()
     for action in parser._actions:
         if action.dest in ("help", "config"):
             continue
         value = getattr(args, action.dest)
         if value is not None:
-            apply(settings, action.dest, value)
+            given.add(apply(settings, action.dest, value))
+    for name, default in PORT_NAMED_FILES.items():
+        if name not in given:
+            setattr(settings, attr_name(name), file_for_port(default, settings.port))
     return settings.validate()

@@ -52,6 +52,9 @@ def _server(core, app) -> dict:
 
 def _clients(core, app) -> dict:
     return {"connected_clients": len(core.clients), "maxclients": core.maxclients,
+            # what maxclients counts: every front's connections and TLS handshakes
+            "maxclients_in_use": sum(map(len, core.budget)) + core.handshaking,
+            "tls_handshaking_clients": core.handshaking,
             "blocked_clients": 0, "tracking_clients": 0,
             "client_recent_max_input_buffer": max(
                 (c.query_buffer_len for c in core.clients.values()), default=0),

@@ -210,9 +210,10 @@ def test_shutdown_says_not_serving_then_goaway(make_grpc_server):
 
 
 def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc_server):
-    srv = make_grpc_server("--maxclients", "1", "--grpc-deadline-ms", "0")   # no deadline
+    srv = make_grpc_server("--maxclients", "2", "--grpc-deadline-ms", "0")   # no deadline
     first = RawH2(srv.grpc_port)
     first.wait(lambda ev: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
+    resp = srv.connect()        # one budget for every front: a RESP client fills it
     s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
     s.sendall(PREFACE + frame(4, 0, 0, b""))
     goaways = [p for t, _, p in read_frames(s) if t == 7]
@@ -221,7 +222,8 @@ def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc
     sid = first.start(HEALTH_PATH)
     first.send(sid, grpc_frame(b""))
     assert first.ended(sid)[b"grpc-status"] == b"0"
-    assert srv.info()["grpc_rejected_connections"] == 1
+    resp.close()
+    assert wait_until(lambda: srv.info()["grpc_rejected_connections"] == 1)
 
 
 @pytest.mark.parametrize("sent", [b"", PREFACE], ids=["nothing", "the magic alone"])

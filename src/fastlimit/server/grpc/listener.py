@@ -40,21 +40,10 @@ class GrpcFront(Subsystem):
         self.shared.client_wait_s = s.http_header_timeout
 
     async def start(self) -> None:
-        port = self.server.settings.grpc_port
-        if not port:
-            return
-        loop = asyncio.get_running_loop()
-        self.shared.loop = loop
-        for host in self.server.settings.bind:
-            self._servers.append(await loop.create_server(
-                lambda: cast(asyncio.BaseProtocol, GrpcConnection(self.shared)), host, port,
-                reuse_address=True, backlog=511, **self._tls_options()))
-        self.port = port
-        self.log.info("gRPC on %s port %d", " ".join(self.server.settings.bind), port)
-
-    def _tls_options(self) -> dict:
-        s, tls = self.server.settings, self.server.tls
-        return tls.listener_options(tls.grpc if s.tls_grpc else None, s)
+        self.shared.loop = asyncio.get_running_loop()
+        self._servers, self.port = await self.server.listen_front(
+            "gRPC", lambda: cast(asyncio.BaseProtocol, GrpcConnection(self.shared)),
+            self.shared, self.server.tls.grpc if self.server.settings.tls_grpc else None)
 
     def info_sections(self, sections, named):
         shared = self.shared

@@ -72,21 +72,10 @@ class HttpFront(Subsystem):
         shared.metrics_auth = s.http_metrics_auth
 
     async def start(self) -> None:
-        port = self.server.settings.http_port
-        if not port:
-            return
-        loop = asyncio.get_running_loop()
         self.shared.set_date(http_date())
-        for host in self.server.settings.bind:
-            self._servers.append(await loop.create_server(
-                lambda: cast(asyncio.BaseProtocol, HttpConnection(self.shared)), host, port,
-                reuse_address=True, backlog=511, **self._tls_options()))
-        self.port = port
-        self.log.info("HTTP on %s port %d", " ".join(self.server.settings.bind), port)
-
-    def _tls_options(self) -> dict:
-        s, tls = self.server.settings, self.server.tls
-        return tls.listener_options(tls.server if s.tls_http else None, s)
+        self._servers, self.port = await self.server.listen_front(
+            "HTTP", lambda: cast(asyncio.BaseProtocol, HttpConnection(self.shared)),
+            self.shared, self.server.tls.server if self.server.settings.tls_http else None)
 
     def tick(self) -> None:
         if self._servers:
