@@ -11,10 +11,11 @@ name (fl-0 .. fl-<N-1>), which is what fails a shard over.
 ``sentinel = "fl-<i>"``, the sentinels listed), starts every process in
 its own session, prints the addresses and exits; each process's pid is in
 its folder (D/node-<port>/pid, D/sentinel-<port>/pid), with its config
-and log.  Shard i's primary listens on P+2i, its standby on P+2i+1, the
-sentinels on P+2N..P+2N+2.  ``stop`` ends every process ``start`` left
-in D.  The default folder is $TMPDIR/fastlimit-cluster, the default base
-port 7000.
+and log.  The nodes prove themselves to each other as the link user of
+D/cluster.acl, whose password is made at each start.  Shard i's primary
+listens on P+2i, its standby on P+2i+1, the sentinels on P+2N..P+2N+2.
+``stop`` ends every process ``start`` left in D.  The default folder is
+$TMPDIR/fastlimit-cluster, the default base port 7000.
 
 From Python (tests), free ports and a temporary folder unless told::
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -41,12 +43,15 @@ from ha import HASet, Node, free_ports, wait_until  # noqa: E402
 from fastlimit._cluster import SLOTS  # noqa: E402
 from fastlimit.cluster import map as clustermap  # noqa: E402
 from fastlimit.cluster.map import Address, Shard, SlotMap, SlotRange  # noqa: E402
+from fastlimit.server.peers import LINK_PERMISSIONS  # noqa: E402
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "fastlimit-cluster"
 DEFAULT_BASE_PORT = 7000
 SENTINELS = 3
 HOST = "127.0.0.1"
 MAP_FILE = "slots.toml"
+ACL_FILE = "cluster.acl"
+CLUSTER_USER = "fl-cluster"
 STOP_TIMEOUT_S = 10.0
 
 
@@ -89,12 +94,24 @@ class LocalCluster:
         self.map_path = self.dir / MAP_FILE
         self.map_path.write_text(clustermap.dumps(self.slot_map))
         flags = (["--cluster-enabled", "yes", "--cluster-config-file", str(self.map_path),
-                  "--cluster-announce-ip", HOST] if cluster_flags else [])
+                  "--cluster-announce-ip", HOST, *self._link_user()] if cluster_flags else [])
         self.ha = HASet("fastlimit", ports=ports, sentinel_ports=sentinel_ports, replicas=1,
                         sentinels=SENTINELS, down_after_ms=down_after_ms,
                         failover_timeout_ms=failover_timeout_ms, python=python,
                         extra=flags + (extra or []), workdir=str(self.dir),
                         services=[shard_name(i) for i in range(shards)], detach=detach)
+
+    def _link_user(self) -> list[str]:
+        """The nodes prove themselves to each other as CLUSTER_USER, with a
+        password made for this cluster (in D/cluster.acl, beside the open
+        default user the clients and sentinels use)."""
+        password = secrets.token_hex(16)
+        path = self.dir / ACL_FILE
+        path.write_text(f"user default on nopass ~* &* +@all\n"
+                        f"user {CLUSTER_USER} on >{password} {' '.join(LINK_PERMISSIONS)}\n")
+        path.chmod(0o600)
+        return ["--aclfile", str(path), "--cluster-user", CLUSTER_USER,
+                "--cluster-password", password]
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -12,7 +12,11 @@ import redis
 from servers import ServerProcess
 from wire import free_ports
 
+from fastlimit.server.peers import LINK_PERMISSIONS
+
 START_TIMEOUT = 20.0
+CLUSTER_USER = "fl-cluster"
+CLUSTER_PASSWORD = "rig-cluster-secret"
 
 
 def wait_for(predicate, what: str, timeout: float = START_TIMEOUT) -> None:
@@ -21,6 +25,26 @@ def wait_for(predicate, what: str, timeout: float = START_TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def cluster_acl(root: str, password: str, requirepass: str | None) -> str:
+    """An aclfile in root: the default user (open, as without an aclfile,
+    unless requirepass is given), and the cluster's link user with the
+    password and just the permissions a link needs."""
+    path = os.path.join(root, f"cluster-{password}-{requirepass}.acl")
+    default = f">{requirepass}" if requirepass else "nopass"
+    with open(path, "w") as f:
+        f.write(f"user default on {default} ~* &* +@all\n"
+                f"user {CLUSTER_USER} on >{password} {' '.join(LINK_PERMISSIONS)}\n")
+    return path
+
+
+def cluster_auth_args(root: str, password: str = CLUSTER_PASSWORD,
+                      requirepass: str | None = None) -> list[str]:
+    """A node's settings for proving itself to the others (the same on every
+    node of a cluster)."""
+    return ["--aclfile", cluster_acl(root, password, requirepass), "--cluster-user",
+            CLUSTER_USER, "--cluster-password", password]
 
 
 class FastlimitCluster:
@@ -32,6 +56,7 @@ class FastlimitCluster:
         picked = iter(free_ports(shards * (1 + standbys)))
         self.ports = [[next(picked) for _ in range(1 + standbys)] for _ in range(shards)]
         self.map_path = os.path.join(root, f"map-{self.ports[0][0]}.toml")
+        self.auth = cluster_auth_args(root)
         with open(self.map_path, "w") as f:
             f.write(static_map_text(self.ports))
         self.nodes: list[list] = []
@@ -48,7 +73,7 @@ class FastlimitCluster:
 
     def node_args(self, port: int) -> list[str]:
         return ["--port", str(port), "--manual-clock", "--cluster-enabled", "yes",
-                "--cluster-config-file", self.map_path]
+                "--cluster-config-file", self.map_path, *self.auth]
 
     def _replicas_linked(self) -> bool:
         return all(info(r, "replication").get("master_link_status") == "up"

@@ -14,7 +14,7 @@ import time
 from array import array
 
 import pytest
-from cluster_rig import FastlimitCluster, ruled_servers, static_map_text
+from cluster_rig import FastlimitCluster, cluster_auth_args, ruled_servers, static_map_text
 from servers import ServerProcess
 from wire import free_port
 
@@ -186,7 +186,8 @@ def test_a_moved_loop_ends_after_five_hops_in_the_failure_policy(tmp_path):
         path = tmp_path / f"map-{port}.toml"
         path.write_text(static_map_text(ports))
         nodes.append(ServerProcess("--port", str(port), "--cluster-enabled", "yes",
-                                   "--cluster-config-file", str(path)).start())
+                                   "--cluster-config-file", str(path),
+                                   *cluster_auth_args(str(tmp_path))).start())
     try:
         with Client(cluster=f"127.0.0.1:{a}", timeout_ms=TIMEOUT_MS) as client:
             assert keyslot(b"foo") >= SLOTS // 2             # b's, as a's map says
@@ -241,7 +242,8 @@ def test_a_shard_whose_primary_moved_is_found_on_the_refreshed_map(tmp_path):
         path = tmp_path / f"map-v{version}.toml"
         path.write_text(static_map_text(ports, version))
         return [ServerProcess("--port", str(p), "--manual-clock", "--cluster-enabled", "yes",
-                              "--cluster-config-file", str(path)).start()
+                              "--cluster-config-file", str(path),
+                              *cluster_auth_args(str(tmp_path))).start()
                 for [p] in ports]
 
     nodes = start(ports, 1)

@@ -117,7 +117,7 @@ def test_a_map_pushed_while_a_node_is_down_names_it_and_it_catches_up(cluster):
     with open(cluster.map_path + ".c", "w") as f:
         f.write(static_map_text(cluster.ports))
     again = ServerProcess("--port", str(c.port), "--manual-clock", "--cluster-enabled", "yes",
-                          "--cluster-config-file", cluster.map_path + ".c").start()
+                          "--cluster-config-file", cluster.map_path + ".c", *cluster.auth).start()
     cluster.nodes[2][0] = again
     assert versions(again)[0] == 2
     assert reply_bytes(a, "CL.CHECK", "{06S}", "10", "1") == \
@@ -158,7 +158,7 @@ def test_a_primary_that_was_away_catches_up_on_the_rules_before_it_answers(clust
     # c's rules were in memory only: it comes back with none, and must
     # take the cluster's at start, before it listens.
     again = ServerProcess("--port", str(c.port), "--manual-clock", "--cluster-enabled", "yes",
-                          "--cluster-config-file", cluster.map_path).start()
+                          "--cluster-config-file", cluster.map_path, *cluster.auth).start()
     cluster.nodes[2][0] = again
     assert json.loads(call(again, "CL.RULE", "GET", "x"))["capacity"] == 2
     assert call(again, "CL.LIMIT", "foo", "GET /x")[:3] == [1, 2, 1]

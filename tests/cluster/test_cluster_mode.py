@@ -303,7 +303,7 @@ def test_cluster_mode_needs_a_map(tmp_path):
 def test_a_node_the_map_does_not_name_serves_nothing_and_redirects_everything(
         fl_cluster, tmp_path):
     node = ServerProcess("--port", str(free_port()), "--cluster-enabled", "yes",
-                         "--cluster-config-file", fl_cluster.map_path).start()
+                         "--cluster-config-file", fl_cluster.map_path, *fl_cluster.auth).start()
     try:
         with Wire.to(node.port) as w:
             assert w.call("CL.CHECK", "foo", "10", "1").startswith(b"-MOVED 12182 ")

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import redis
 from certs import Certs, make_certs
-from cluster_rig import static_map_text
+from cluster_rig import cluster_auth_args, static_map_text
 from servers import PYTHON, ServerProcess
 from wire import Wire, free_ports
 
@@ -29,7 +29,8 @@ class TlsNode:
             "--port", str(port), "--tls-port", str(tls_port), "--tls-cluster", "yes",
             "--tls-cert-file", certs.server.cert, "--tls-key-file", certs.server.key,
             "--tls-ca-cert-file", ca, "--manual-clock", "--cluster-enabled", "yes",
-            "--cluster-config-file", map_path).start()
+            "--cluster-config-file", map_path,
+            *cluster_auth_args(os.path.dirname(map_path))).start()
 
     def tls_client(self) -> redis.Redis:
         return redis.Redis(port=self.tls_port, ssl=True, ssl_ca_certs=self.certs.ca,

@@ -179,6 +179,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--cluster-enabled", "yes",
             "--cluster-config-file", "map.toml", "--cluster-announce-ip", "10.0.0.8",
             "--cluster-announce-port", "7003", "--cluster-sentinel-password", "sp",
+            "--cluster-user", "cu", "--cluster-password", "cp",
             "--http-port", "8000", "--http-metrics-auth", "no", "--http-max-header-bytes", "8kb",
             "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
             "--http-batch-max", "10", "--metrics-rule-labels", "5",

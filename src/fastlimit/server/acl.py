@@ -527,6 +527,15 @@ class Acl(Subsystem):
             return None
         return user
 
+    def password_hashes(self, name: str) -> tuple[User, list[bytes]] | None:
+        """An enabled user and the SHA-256 digests of its passwords, what a
+        challenge-response proof is keyed on (CL.PEERAUTH); None for a user
+        that is missing, off or nopass, which proves nothing."""
+        user = self.users.get(name)
+        if user is None or not user.enabled or user.nopass or not user.passwords:
+            return None
+        return user, [bytes.fromhex(p) for p in user.passwords]
+
     # ---- the aclfile --------------------------------------------------------------------
 
     def parse_file(self, path: str) -> dict[str, User]:

@@ -35,7 +35,7 @@ from fastlimit.lazy_redis import redis
 from fastlimit.rules.model import RuleError
 from fastlimit.server import config as cfg
 from fastlimit.server import tls
-from fastlimit.server.peers import Peers, names, unreached
+from fastlimit.server.peers import Challenges, Credentials, Peers, answer, names, unreached
 from fastlimit.server.shard_roles import ShardRoles
 from fastlimit.server.subsystem import Subsystem
 
@@ -56,8 +56,9 @@ class Cluster(Subsystem):
         # announced yet.
         self.promotion: tuple[str, int] | None = None
         self.route_updates = 0
-        self.peers = Peers(lambda: self.app.settings.requirepass,
-                           lambda: tls.redis_py_options(self.app.settings))
+        self.peers = Peers(self._credentials, lambda: tls.redis_py_options(self.app.settings),
+                           log)
+        self.challenges = Challenges()
         # The cluster-wide rules version: (counter, id of the node that made
         # the change); the highest wins everywhere.
         self.rules_epoch: tuple[int, str] = (0, "")
@@ -117,6 +118,10 @@ class Cluster(Subsystem):
         self.apply_settings(self.app.settings)
         assert self.slot_map is not None
         self._started = True
+        if self._credentials() is None:
+            self.log.warning("cluster: no cluster-user and cluster-password: the nodes do "
+                             "not prove who they are, and any process on this host that "
+                             "answers at an address of the map is taken for a node")
         await self._watch_sentinels()
         self.log.info("cluster mode: slot map version %d, %d shard(s); this node is %s",
                       self.slot_map.version, len(self.slot_map.shards), self.myself)
@@ -131,6 +136,10 @@ class Cluster(Subsystem):
                                            or self._catch_up_task.done()):
             self._next_catch_up = now + CATCH_UP_S
             self._catch_up_task = asyncio.ensure_future(self._catch_up())
+
+    def _credentials(self) -> Credentials:
+        s = self.app.settings
+        return (s.cluster_user, s.cluster_password) if s.cluster_password else None
 
     async def _watch_sentinels(self) -> None:
         """(Re)starts the Sentinel watcher for the map's Sentinel shards."""
@@ -155,6 +164,23 @@ class Cluster(Subsystem):
             self._catch_up_task.cancel()
             await asyncio.gather(self._catch_up_task, return_exceptions=True)
         await self.peers.close()
+
+    # ---- peers proving who they are (the called side of peers.py's exchange) ----------
+
+    def prove_peer(self, conn_id: int, name: str, challenge: bytes, nonce: bytes,
+                   given: bytes):
+        """CL.PEERAUTH PROVE: (the user, this node's own proof) when given
+        answers a fresh challenge of this connection, for this node's
+        address, under a password of cluster-user; None otherwise."""
+        if name != self.app.settings.cluster_user or self.myself is None or \
+                not self.challenges.valid(challenge, conn_id):
+            return None
+        found = self.app.acl.password_hashes(name)
+        if found is None:
+            return None
+        user, keys = found
+        mine = answer(keys, name, str(self.myself), challenge, nonce, given)
+        return None if mine is None else (user, mine)
 
     # ---- roles -----------------------------------------------------------------
 
@@ -408,7 +434,8 @@ class Cluster(Subsystem):
             "cluster_state": self.state(), "cluster_shard": self.my_shard() or "",
             "cluster_route_updates": self.route_updates,
             "cluster_rules_version": self.rules_epoch[0],
-            "cluster_peer_calls": self.peers.calls, "cluster_peer_failures": self.peers.failures}
+            "cluster_peer_calls": self.peers.calls, "cluster_peer_failures": self.peers.failures,
+            "cluster_peer_refusals": self.peers.refusals}
         if self.watcher is not None:
             fields.update(self.watcher.info_fields())
         return {"server": {"redis_mode": "cluster"}, "cluster": fields}

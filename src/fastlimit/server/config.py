@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
 import re
 import ssl
@@ -247,6 +248,8 @@ class Settings:
     cluster_announce_ip: str | None = None
     cluster_announce_port: int = 0
     cluster_sentinel_password: str | None = None
+    cluster_user: str | None = None
+    cluster_password: bytes | None = None
     http_port: int | None = None      # None: follows port (front_port)
     http_metrics_auth: bool = True
     http_max_header_bytes: int = 16 * 1024
@@ -304,6 +307,14 @@ class Settings:
             raise ConfigError("masteruser needs masterauth (its password)")
         if self.cluster_enabled and not self.cluster_config_file:
             raise ConfigError("cluster-enabled needs cluster-config-file (the slot map)")
+        if bool(self.cluster_user) != bool(self.cluster_password):
+            raise ConfigError("cluster-user and cluster-password go together: the user the "
+                              "nodes of a cluster prove themselves as, and its password")
+        if self.cluster_enabled and not self.cluster_password and not all(
+                is_loopback(host) for host in self.bind):
+            raise ConfigError("cluster mode on an address other than loopback needs "
+                              "cluster-user and cluster-password: the nodes prove to each "
+                              "other that they know them")
         if self.tls_cluster and not self.tls_port:
             raise ConfigError("tls-cluster needs tls-port (the port the cluster knows this "
                               "node by)")
@@ -405,6 +416,11 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
     "cluster-sentinel-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "cluster-user": (lambda v: str(v) or None, lambda v: v or ""),
+    # a secret is bytes, as it came (the command line's undecodable bytes too)
+    "cluster-password": (lambda v: (v if isinstance(v, bytes) else
+                                    str(v).encode("utf-8", "surrogateescape")) or None,
+                         lambda v: v.decode("utf-8", "surrogateescape") if v else ""),
     "http-port": (parse_front_port, lambda v: "" if v is None else str(v)),
     "http-metrics-auth": (parse_bool, lambda v: "yes" if v else "no"),
     "http-max-header-bytes": (lambda v: parse_memory(v, 1024, 1024**2), str),
@@ -526,6 +542,15 @@ def parse_announce_ip(value) -> str | None:
     return text or None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address (a bind address, a node's) is this host's own
+    loopback: only processes on this host reach it."""
+    try:
+        return ipaddress.ip_address(host.lstrip("-")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 # Settings that CONFIG SET may change while the server runs.
 RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxclients",
                     "proto-max-bulk-len", "max-multibulk-len",
@@ -536,7 +561,8 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "replica-announce-port", "replica-announced", "repl-user",
                     "repl-password", "repl-max-full-copies", "repl-timeout", "repl-flush-ms",
                     "repl-buffer-limit", "rules-cache-size", "maxmemory", "maxmemory-policy",
-                    "maxmemory-samples", "cluster-announce-ip",
+                    "maxmemory-samples", "cluster-announce-ip", "cluster-user",
+                    "cluster-password",
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
                     "http-max-body-bytes", "http-header-timeout", "http-batch-max",
                     "metrics-rule-labels",
@@ -1023,6 +1049,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this node's port there (default 0: the port it listens on)")
     p.add_argument("--cluster-sentinel-password", metavar="PW",
                    help="password of the map's sentinels, when they require one")
+    p.add_argument("--cluster-user", metavar="NAME",
+                   help="the ACL user the nodes of a cluster call each other as")
+    p.add_argument("--cluster-password", metavar="PW",
+                   help="cluster-user's password, which each node proves it knows without "
+                        "sending it (CL.PEERAUTH); needed unless bound to loopback only")
     p.add_argument("--http-port", metavar="N",
                    help=f"HTTP port for the JSON check and rule APIs, /metrics, health "
                         f"and the status page, on the bind addresses (default port + "

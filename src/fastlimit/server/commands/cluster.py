@@ -1,8 +1,10 @@
 """Cluster mode's commands: CLUSTER SLOTS, SHARDS, NODES, INFO, MYID and
 KEYSLOT in Redis 7.0's shapes, and READONLY, READWRITE and ASKING, from
 the cluster subsystem (server/cluster.py); CL.CLUSTER, through which the
-nodes hand each other slot maps and rules.  Without cluster-enabled they
-answer Redis's "cluster support disabled" error."""
+nodes hand each other slot maps and rules, and CL.PEERAUTH, with which a
+node calling another proves it knows cluster-user's password
+(server/peers.py).  Without cluster-enabled they answer Redis's "cluster
+support disabled" error."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from fastlimit._resp import ReplyError, Verbatim
 from fastlimit.cluster import map as clustermap
 from fastlimit.cluster.map import MapError
 from fastlimit.server.arguments import integer
-from fastlimit.server.commands.replies import OK
+from fastlimit.server.commands.replies import OK, WRONGPASS
 
 DISABLED = "ERR This instance has cluster support disabled"
 
@@ -114,6 +116,28 @@ def cmd_cl_cluster_setrules(conn, args):
         raise ReplyError("ERR a standby takes its rules from its primary")
     counter = integer(args[2], "rules version", 0)
     return 1 if cluster.set_rules(counter, args[3], args[4]) else 0
+
+
+# ---- CL.PEERAUTH: a calling node proves who it is (needs no AUTH before) -------------
+
+def cmd_cl_peerauth_challenge(conn, args):
+    return _cluster(conn).challenges.issue(conn.id)
+
+
+def cmd_cl_peerauth_prove(conn, args):
+    """As AUTH: the connection runs as cluster-user from now on, or
+    WRONGPASS, counted and in ACL LOG (not the server's log, which a client
+    could otherwise fill)."""
+    cluster = _cluster(conn)
+    name = args[2].decode("utf-8", "surrogateescape")
+    proved = cluster.prove_peer(conn.id, name, args[3], args[4], args[5])
+    if proved is None:
+        conn.core.app.auth_failures += 1
+        conn.core.app.acl.log_denial(conn, "auth", "cl.peerauth", conn.in_multi, username=name)
+        raise ReplyError(WRONGPASS)
+    user, mine = proved
+    conn.set_user(user, True)
+    return mine
 
 
 def cluster_wide(handler):

@@ -354,6 +354,19 @@ def cluster_commands() -> list[Command]:
                 admin_flags, [("data", "string")], acl=admin),
         ], {"summary": "Slot maps and rules handed between the nodes of a fastlimit cluster.",
             "group": "cluster", "since": "0.6.0"}, acl=admin),
+        # no-auth as AUTH is: it is how a node authenticates
+        container("cl.peerauth", -2, ("noscript", "loading", "stale", "no-auth"), [
+            sub("cl.peerauth", "challenge", 2, cluster.cmd_cl_peerauth_challenge,
+                "Returns a challenge for a calling node to answer (this connection's, for "
+                "10 s).", acl=("@slow", "@connection")),
+            sub("cl.peerauth", "prove", 6, cluster.cmd_cl_peerauth_prove,
+                "Authenticates a calling node as cluster-user by its answer to the "
+                "challenge; returns this node's own proof.", arguments=[
+                    ("username", "string"), ("challenge", "string"), ("nonce", "string"),
+                    ("proof", "string")], acl=("@slow", "@connection")),
+        ], {"summary": "How the nodes of a fastlimit cluster prove to each other that they "
+                       "know cluster-user's password, without sending it.",
+            "group": "cluster", "since": "0.6.0"}, acl=("@slow", "@connection")),
         connection_command("readonly", cluster.cmd_readonly,
                            "Enables read-only queries for a connection to a replica node."),
         connection_command("readwrite", cluster.cmd_readwrite,
