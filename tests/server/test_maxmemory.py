@@ -6,11 +6,19 @@ itself, so only eviction makes room."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shutil
+import sys
 
 import pytest
 import redis
 from wire import Wire, command, wait_until
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+import keyflood  # noqa: E402  (bench/ is not a package)
 
 OOM = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
 T0 = 1_000_000
@@ -161,6 +169,18 @@ def test_no_flood_of_any_refill_resets_exhausted_rule_buckets(make_server, kind)
     flood(srv.port, "q", 15_000, cmd=("CL.LIMIT", "{key}", "GET /api"))
     assert c.info("stats")["evicted_keys"] > 3_000
     assert victims_reset(c, victims, ("CL.LIMIT", "{key}", "POST /login")) == 0
+
+
+@pytest.mark.release_only
+def test_keyflood_slow_refill_run_resets_no_victim(tmp_path):
+    # bench/keyflood.py's closing-note figure, briefly (real time: the
+    # victims get a token back only after 2 minutes).
+    args = argparse.Namespace(redis_benchmark=shutil.which("redis-benchmark"), pipeline=16,
+                              unbounded_cap=0)
+    run = keyflood.flood_one(args, tmp_path, "slow refill", 2 * MB, 3.0,
+                             keyflood.SLOW_FLOOD, keyflood.LOGIN)
+    assert run.samples[-1].evicted > 1000, keyflood.report([run], args)
+    assert run.reset == 0 and run.denied == run.answers > 0, keyflood.report([run], args)
 
 
 def test_random_eviction_loses_exhausted_keys_the_default_keeps(make_server):
