@@ -79,7 +79,7 @@ cdef struct ChangeLog:
 # (maxmemory 0) pays one NULL test per new key and nothing per check.
 cdef enum EvictPolicy:
     EVICT_NONE = 0           # noeviction: -OOM to a command adding a bucket
-    EVICT_NEAREST_FULL = 1   # the sampled bucket soonest full again
+    EVICT_NEAREST_FULL = 1   # the sampled bucket least spent (Table.spent)
     EVICT_RANDOM = 2         # any sampled bucket
 
 cdef struct MemBound:

@@ -412,15 +412,13 @@ cdef void table_delete(Table* t, Probe* p) noexcept nogil:
 
 # ---- the memory bound (maxmemory) ------------------------------------------------
 #
-# A bucket's record expires when the bucket is full again (its writer's
-# parameters), and a full bucket is the same as no bucket: forgetting a
-# record grants at most what it would have refilled by then.  So the
-# bucket whose loss costs the least protection is the one soonest full:
-# the smallest expiry second among the samples (an expired record not yet
-# swept is the best of all).  Exhausted buckets, the ones that limit
-# someone, are the furthest from full and the last to go.  The expiry is
-# the one measure every kind of record has (token bucket, windows, GCRA,
-# leases): no capacity or rate is stored with a record.
+# A full bucket is the same as no bucket: forgetting a record grants what
+# its limit has spent.  So the record whose loss costs the least protection
+# is the least spent relative to its own limit (record_rank: an expired one
+# not yet swept is the best of all), and an exhausted bucket, the one that
+# limits someone, goes last whatever limits the rest have.  Not the one
+# soonest full: a daily quota's key one call touched is full again later
+# than an exhausted per-minute login bucket, and would outlast it.
 
 cdef void bound_attach(MemBound* b, Table* t) noexcept nogil:
     if t.bound == b:
