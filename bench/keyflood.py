@@ -14,8 +14,16 @@ One run per setting (``--maxmemory 200mb`` and none):
      (/proc) and INFO (used_memory_dataset, keys, evicted_keys, commands);
   4. prints one markdown report (and writes bench/results/keyflood.md):
      throughput and memory over time, the real client's latency and how
-     many of its answers were still "denied", and the slack of RSS over
-     the bound.
+     many of its answers were still "denied", how many of its buckets
+     were found full again at the end ("victims reset"), and the slack of
+     RSS over the bound.
+
+A third run (``--slow-refill-seconds``, under the bound) floods with a
+slower refill than the victims': new keys of a daily quota (``10 10
+PERIOD 86400000``, each full again only after 2.4 hours) against victims
+exhausted under 5 logins per 10 minutes (full again after 10 minutes, a
+token back every 2), the mix that made nearest-full reset every victim
+when it ranked buckets by their time to full.
 
 Without a bound the run also stops when RSS passes ``--unbounded-cap``
 (the machine's memory is not the subject).  Every loop stops by itself;
@@ -46,6 +54,9 @@ GOOD_KEYS = 100
 GOOD_INTERVAL_S = 0.005
 FLOOD = ["CL.CHECK", "key:__rand_int__", "10", "1", "PERIOD", "3600000"]
 GOOD = ("10", "1", "PERIOD", "3600000")
+# The slow-refill run: a daily quota's new keys against exhausted logins.
+SLOW_FLOOD = ["CL.CHECK", "key:__rand_int__", "10", "10", "PERIOD", "86400000"]
+LOGIN = ("5", "5", "PERIOD", "600000")
 
 
 @dataclass
@@ -62,10 +73,13 @@ class Sample:
 class Run:
     name: str
     maxmemory: int
+    flood: list[str]
+    good: tuple[str, ...]
     samples: list[Sample] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)    # seconds, during the flood
     denied: int = 0
     answers: int = 0
+    reset: int = 0          # victims whose bucket was full again at the end
     stopped_by: str = "time"
 
 
@@ -75,7 +89,7 @@ def good_client(srv, stop: threading.Event, run: Run) -> None:
     i = 0
     while not stop.is_set():
         started = time.perf_counter()
-        reply = c.execute_command("CL.CHECK", f"good:{i % GOOD_KEYS}", *GOOD)
+        reply = c.execute_command("CL.CHECK", f"good:{i % GOOD_KEYS}", *run.good)
         run.latencies.append(time.perf_counter() - started)
         run.answers += 1
         run.denied += reply[0] == 0
@@ -90,28 +104,37 @@ def sample(srv, started: float) -> Sample:
                   c.dbsize(), info["evicted_keys"], info["total_commands_processed"])
 
 
-def flood_one(args, workdir: Path, name: str, maxmemory: int) -> Run:
+def victims_reset(srv, good: tuple[str, ...]) -> int:
+    """How many of the victims' buckets hold tokens again (peeks)."""
+    pipe = srv.client(socket_timeout=10).pipeline(transaction=False)
+    for i in range(GOOD_KEYS):
+        pipe.execute_command("CL.CHECK", f"good:{i}", *good, "COST", "0")
+    return sum(reply[2] != 0 for reply in pipe.execute())
+
+
+def flood_one(args, workdir: Path, name: str, maxmemory: int, seconds: float,
+              flood: list[str] = FLOOD, good: tuple[str, ...] = GOOD) -> Run:
     extra = ["--maxmemory", str(maxmemory)] if maxmemory else []
     srv = Fastlimit(workdir, extra)
     srv.wait_ready()
-    run = Run(name, maxmemory)
+    run = Run(name, maxmemory, flood, good)
     try:
         c = srv.client()
         pipe = c.pipeline(transaction=False)
         for i in range(GOOD_KEYS):
-            pipe.execute_command("CL.CHECK", f"good:{i}", *GOOD, "COST", "10")
+            pipe.execute_command("CL.CHECK", f"good:{i}", *good, "COST", good[0])
         pipe.execute()
         started = time.monotonic()
         run.samples.append(sample(srv, started))
         bench = subprocess.Popen(
             [args.redis_benchmark, "-h", "127.0.0.1", "-p", str(srv.port), "-c", "20",
-             "-P", str(args.pipeline), "-r", "100000000", "-n", str(2**31 - 1), "-q", *FLOOD],
+             "-P", str(args.pipeline), "-r", "100000000", "-n", str(2**31 - 1), "-q", *flood],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stop = threading.Event()
-        good = threading.Thread(target=good_client, args=(srv, stop, run), daemon=True)
-        good.start()
+        checker = threading.Thread(target=good_client, args=(srv, stop, run), daemon=True)
+        checker.start()
         try:
-            while time.monotonic() - started < args.seconds:
+            while time.monotonic() - started < seconds:
                 time.sleep(1.0)
                 s = sample(srv, started)
                 run.samples.append(s)
@@ -124,7 +147,8 @@ def flood_one(args, workdir: Path, name: str, maxmemory: int) -> Run:
             bench.terminate()        # our own child, by its pid
             bench.wait(timeout=10)
             stop.set()
-            good.join(timeout=10)
+            checker.join(timeout=10)
+        run.reset = victims_reset(srv, good)
     finally:
         srv.stop()
     return run
@@ -139,13 +163,14 @@ def percentile(values: list[float], p: float) -> float:
 
 def report(runs: list[Run], args) -> str:
     lines = ["# Key flood: fastlimit with and without maxmemory", "",
-             f"redis-benchmark `-c 20 -P {args.pipeline} -r 100000000 "
-             f"{' '.join(FLOOD)}` for up to {args.seconds:.0f} s per run; a real client "
-             f"checks {GOOD_KEYS} buckets it exhausted before the flood, one every "
-             f"{GOOD_INTERVAL_S * 1000:.0f} ms. 2 shared cores: client and server compete.", ""]
-    lines += ["| run | new keys/s (mean) | keys/s min..max per second | keys at end | evicted "
-              "| peak RSS | RSS at end | tables at end | real client p50 / p99 / max ms "
-              "| its answers denied |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"redis-benchmark `-c 20 -P {args.pipeline} -r 100000000 <flood>` per run; a "
+             f"real client checks {GOOD_KEYS} buckets it exhausted before the flood, one every "
+             f"{GOOD_INTERVAL_S * 1000:.0f} ms, and at the end peeks at each: \"victims reset\" "
+             "counts those full again. 2 shared cores: client and server compete.", ""]
+    lines += ["| run | flood / victims | new keys/s (mean) | keys/s min..max per second "
+              "| keys at end | evicted | peak RSS | RSS at end | tables at end "
+              "| real client p50 / p99 / max ms | its answers denied | victims reset |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         s0, s1 = r.samples[0], r.samples[-1]
         rates = [(b.commands - a.commands) / (b.t - a.t)
@@ -156,10 +181,11 @@ def report(runs: list[Run], args) -> str:
         good = (f"{percentile(lat, 0.5):.2f} / {percentile(lat, 0.99):.2f} / "
                 f"{max(lat, default=0):.2f}")
         lines.append(
-            f"| {r.name} | {mean:,.0f} | {spread} "
+            f"| {r.name} | `{' '.join(r.flood[2:])}` / `{' '.join(r.good)}` "
+            f"| {mean:,.0f} | {spread} "
             f"| {s1.keys:,} | {s1.evicted:,} | {max(s.rss for s in r.samples) / MB:.1f} MB "
             f"| {s1.rss / MB:.1f} MB | {s1.dataset / MB:.1f} MB "
-            f"| {good} | {r.denied:,} of {r.answers:,} |")
+            f"| {good} | {r.denied:,} of {r.answers:,} | {r.reset} of {GOOD_KEYS} |")
     for r in runs:
         if not r.maxmemory:
             continue
@@ -189,6 +215,8 @@ def main() -> None:
     p.add_argument("--unbounded-cap", type=int, default=2048 * MB,
                    help="RSS (bytes) at which the run without a bound stops")
     p.add_argument("--skip-unbounded", action="store_true")
+    p.add_argument("--slow-refill-seconds", type=float, default=60.0,
+                   help="length of the slow-refill run (0: none)")
     p.add_argument("--redis-benchmark",
                    default=shutil.which("redis-benchmark") or "redis-benchmark")
     p.add_argument("--output", default=str(BENCH_DIR / "results" / "keyflood.md"))
@@ -199,16 +227,20 @@ def main() -> None:
     maxmemory = int(text[:-2]) * units[unit] if unit else int(text)
     runs = []
     with tempfile.TemporaryDirectory(prefix="keyflood-") as tmp:
-        runs.append(flood_one(args, Path(tmp), f"maxmemory {args.maxmemory}", maxmemory))
+        runs.append(flood_one(args, Path(tmp), f"maxmemory {args.maxmemory}", maxmemory,
+                              args.seconds))
         if not args.skip_unbounded:
-            runs.append(flood_one(args, Path(tmp), "no maxmemory", 0))
+            runs.append(flood_one(args, Path(tmp), "no maxmemory", 0, args.seconds))
+        if args.slow_refill_seconds:
+            runs.append(flood_one(args, Path(tmp), f"slow refill, maxmemory {args.maxmemory}",
+                                  maxmemory, args.slow_refill_seconds, SLOW_FLOOD, LOGIN))
     text = report(runs, args)
     print(text)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     Path(args.output).write_text(text)
-    if runs[0].answers:      # the headline, for a terminal
-        print(f"real client: {runs[0].denied} of {runs[0].answers} denied under the bound",
-              file=sys.stderr)
+    for r in runs:           # the headlines, for a terminal
+        print(f"{r.name}: {r.denied} of {r.answers} answers denied, "
+              f"victims reset {r.reset} of {GOOD_KEYS}", file=sys.stderr)
 
 
 if __name__ == "__main__":

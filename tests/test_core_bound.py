@@ -95,6 +95,86 @@ def test_the_default_policy_keeps_exhausted_buckets_of_every_kind(clock):
     assert all(engine.apply([2], k)[0] == 0 for k in real)
 
 
+# The limits of a flood of new keys (one unit spent each), against victims
+# exhausted under 5 a minute: a slower refill than theirs (a daily quota,
+# each key full again only after 86 s, later than the victims), a faster
+# one, and theirs.  By kind: a CL.CHECK bucket's (capacity, refill,
+# period_ms), or a rule's numbers for each algorithm.
+FLOODS = {"slower": (1000, 1000, 86_400_000), "faster": (10, 10, 1000),
+          "equal": (5, 5, 60_000)}
+VICTIM = FLOODS["equal"]
+# Eviction samples five records of one shard: in shards of a few dozen a
+# victim could be drawn five times by chance (Redis's sampling too), so
+# the bound's shards hold hundreds here, as real ones hold thousands.
+SHARDS = 16
+
+
+def rule(algorithm, limit, per, period_ms):
+    """A rule of `limit` per `period_ms` (a token bucket refilling `per`)."""
+    return {"token_bucket": {"algorithm": "token_bucket", "capacity": limit, "refill": per,
+                             "period_ms": period_ms},
+            "gcra": {"algorithm": "gcra", "burst": limit - 1, "count": limit,
+                     "period_ms": period_ms},
+            "fixed_window": {"algorithm": "fixed_window", "limit": limit,
+                             "window_ms": period_ms},
+            "sliding_window": {"algorithm": "sliding_window", "limit": limit,
+                               "window_ms": period_ms}}[algorithm]
+
+
+def flood_keys(clock, check, n=20_000):
+    """n new keys through check(key), the clock moving 2 s in all: the
+    victims (one token back every 12 s) stay exhausted."""
+    for i in range(n):
+        check(b"flood:%d" % i)
+        if i % 1000 == 999:
+            clock.advance(100)
+
+
+@pytest.mark.parametrize("flood", FLOODS)
+def test_exhausted_buckets_outlast_a_flood_of_any_refill(clock, flood):
+    # Regression (finding 5): nearest-full ranked buckets by their absolute
+    # time to full, so a daily quota's new keys outranked exhausted
+    # per-minute ones and every one of those was reset.
+    store, engine, bound = bounded(clock, 512 * KB, shards=SHARDS)
+    capacity, refill, period = VICTIM
+    victims = [b"login:%d" % i for i in range(50)]
+    for k in victims:
+        store.check(k, capacity, refill, cost=capacity, period_ms=period)
+    fc, fr, fp = FLOODS[flood]
+    flood_keys(clock, lambda k: store.check(k, fc, fr, period_ms=fp))
+    assert bound.evicted > 5_000 and bound.used <= 512 * KB
+    assert [k for k in victims
+            if store.check(k, capacity, refill, cost=0, period_ms=period)[2] != 0] == []
+
+
+@pytest.mark.parametrize("flood", FLOODS)
+@pytest.mark.parametrize("algorithm", ["token_bucket", "gcra", "fixed_window", "sliding_window"])
+def test_exhausted_rule_buckets_outlast_a_flood_of_any_refill(clock, algorithm, flood):
+    # The same for CL.LIMIT's rules: each bucket ranked by its own rule.
+    store, engine, bound = bounded(clock, 512 * KB, shards=SHARDS)
+    engine.define(1, rule(algorithm, 5, 5, 60_000))
+    engine.define(2, rule(algorithm, *FLOODS[flood]))
+    victims = [b"login:%d" % i for i in range(50)]
+    for k in victims:
+        engine.apply([1], k, cost=5)
+    flood_keys(clock, lambda k: engine.apply([2], k))
+    assert bound.evicted > 5_000 and bound.used <= 512 * KB
+    assert [k for k in victims if engine.apply([1], k, cost=0)[2] != 0] == []
+
+
+def test_a_bucket_is_ranked_by_how_spent_it_is_not_by_when_it_is_full(clock):
+    # Both buckets sampled: the one spent 1/1000 of a daily limit goes
+    # before the one spent 4/5 of a per-minute one, though it is full
+    # again later (86 s against 48 s).
+    store, engine, bound = bounded(clock, 1 << 30, samples=64, shards=1)
+    store.check(b"spent", 5, 5, cost=4, period_ms=60_000)
+    store.check(b"fresh", 1000, 1000, period_ms=86_400_000)
+    bound.configure(bound.used, "nearest-full", 64)      # no byte more
+    store.check(b"third", 5, 5, period_ms=60_000)        # room for it: one eviction
+    assert bound.evicted == 1 and len(store) == 2
+    assert store.check(b"spent", 5, 5, cost=0, period_ms=60_000)[2] == 1
+
+
 def test_noeviction_refuses_only_new_buckets(clock):
     store, engine, bound = bounded(clock, 1 << 30, "noeviction")
     store.check(b"old", 10, 1)
@@ -104,7 +184,7 @@ def test_noeviction_refuses_only_new_buckets(clock):
     assert store.check(b"old", 10, 1)[:3] == (1, 10, 8)
     assert store.check(b"new", 10, 1, cost=0)[0] == 1      # a peek stores nothing
     assert bound.evicted == 0 and len(store) == 1
-    assert bound.evict(10.0) == 0        # nothing to evict under noeviction
+    assert bound.evict(clock.now(), 10.0) == 0        # nothing to evict under noeviction
 
 
 def test_a_lowered_bound_is_reached_by_evict(clock):
@@ -113,7 +193,7 @@ def test_a_lowered_bound_is_reached_by_evict(clock):
         store.check(b"k:%d" % i, 10, 1)
     bound.configure(256 * KB, "nearest-full", 5)
     while bound.used > 256 * KB:
-        assert bound.evict(50.0) > 0
+        assert bound.evict(clock.now(), 50.0) > 0
     assert exact(store, engine, bound)
 
 

@@ -79,7 +79,7 @@ cdef struct ChangeLog:
 # (maxmemory 0) pays one NULL test per new key and nothing per check.
 cdef enum EvictPolicy:
     EVICT_NONE = 0           # noeviction: -OOM to a command adding a bucket
-    EVICT_NEAREST_FULL = 1   # the sampled bucket soonest full again
+    EVICT_NEAREST_FULL = 1   # the sampled bucket least spent (Table.spent)
     EVICT_RANDOM = 2         # any sampled bucket
 
 cdef struct MemBound:
@@ -91,14 +91,20 @@ cdef struct MemBound:
     uint64_t rng            # xorshift state for the samples
     Table* tables           # attached tables, linked through Table.bound_next
 
-# What a record holds back, for eviction among records expiring in the
-# same second (a fixed window's count: every key of a rule's window ends
-# together); larger keeps the record longer.
-ctypedef int64_t (*record_weight)(const char* value, uint32_t value_size) noexcept nogil
+# What nearest-full ranks a record by: how spent its limit is at now_ms,
+# relative to that limit (an exhausted bucket and one a flood key barely
+# touched compare whatever their limits), in units where 2^SPENT_BITS is
+# exhausted and 0 full again; the least spent is evicted first.  `ctx` is
+# the table's spent_ctx (a rule engine's rules, for its tables).
+cdef enum:
+    SPENT_BITS = 32
+ctypedef uint64_t (*record_spent)(const char* rec, uint32_t value_size, const void* ctx,
+                                  int64_t now_ms) noexcept nogil
 
 cdef struct Table:
     ChangeLog* log      # NULL while no replica is attached
-    record_weight weight  # NULL: the expiry alone ranks records for eviction
+    record_spent spent  # NULL: the expiry alone ranks records for eviction
+    const void* spent_ctx
     MemBound* bound     # NULL unless maxmemory is set
     Table* bound_next
     size_t mem          # table_memory(), kept while bound is set
@@ -127,8 +133,9 @@ cdef bint table_lookup(Table* t, const char* key, size_t keylen,
                        Probe* p) noexcept nogil
 cdef char* probe_record(Table* t, const Probe* p) noexcept nogil
 cdef char* probe_value(Table* t, const Probe* p) noexcept nogil
+# now_ms: the time of the write, at which evictions it makes rank records.
 cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
-                      uint32_t expire_s, const char* value) noexcept nogil
+                      uint32_t expire_s, const char* value, int64_t now_ms) noexcept nogil
 cdef void table_delete(Table* t, Probe* p) noexcept nogil
 # Attaches a table to a bound (or moves it to another); detach is a no-op
 # for a table without one.
@@ -139,7 +146,10 @@ cdef void bound_detach(Table* t) noexcept nogil
 # shard then compacts it): FL_OK when they fit or at least `need` bytes
 # were freed, else FL_EOOM.
 cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
-                       int64_t deadline_ns) noexcept nogil
+                       int64_t deadline_ns, int64_t now_ms) noexcept nogil
+# Eviction ranks (record_spent): part / whole (whole > 0, part below
+# 2^94) in SPENT_BITS fixed point, capped at 2^SPENT_BITS.
+cdef uint64_t spent_share(fl_i128 part, fl_i128 whole) noexcept nogil
 # What a new record of keylen bytes in shard s would add to the count
 # (itself, and the larger slot array when the shard must grow for it).
 cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil

@@ -52,8 +52,9 @@ class MemoryBound:
     """maxmemory over the tables of the stores attached to it."""
 
     def configure(self, limit: int, policy: str, samples: int) -> None: ...
-    def evict(self, budget_ms: float = 1.0) -> int:
-        """Evicts until under the limit or budget_ms passed; how many."""
+    def evict(self, now_ms: int, budget_ms: float = 1.0) -> int:
+        """Evicts until under the limit or budget_ms passed, ranking
+        buckets as they stand at now_ms; how many."""
     @property
     def limit(self) -> int: ...
     @property

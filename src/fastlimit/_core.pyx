@@ -52,6 +52,9 @@ cdef enum:
     # Random slots tried for an occupied one before walking to the next.
     RANDOM_TRIES = 32
 
+# A record's limit wholly spent, in record_spent's units.
+cdef uint64_t SPENT_ALL = (<uint64_t>1) << SPENT_BITS
+
 
 # ---- slot arithmetic --------------------------------------------------------
 
@@ -215,7 +218,8 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
                     const uint8_t* seed) noexcept nogil:
     cdef uint32_t i
     t.log = NULL
-    t.weight = NULL
+    t.spent = NULL
+    t.spent_ctx = NULL
     t.bound = NULL
     t.bound_next = NULL
     t.mem = 0
@@ -328,7 +332,7 @@ cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept 
 
 
 cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
-                      uint32_t expire_s, const char* value) noexcept nogil:
+                      uint32_t expire_s, const char* value, int64_t now_ms) noexcept nogil:
     """Adds a record for a key that `p` says is absent, first making room
     under the table's memory bound when it has one (FL_EOOM when none can
     be made)."""
@@ -337,7 +341,7 @@ cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
     if b != NULL and keylen <= FL_MAX_KEY_LEN:
         need = insert_cost(t, p.shard, keylen)
         if b.used + need > b.limit:
-            if bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX) != FL_OK:
+            if bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX, now_ms) != FL_OK:
                 return FL_EOOM
             probe_free_slot(p)     # evictions may have shifted the shard's slots
     return table_append(t, p, key, keylen, expire_s, value)
@@ -408,15 +412,13 @@ cdef void table_delete(Table* t, Probe* p) noexcept nogil:
 
 # ---- the memory bound (maxmemory) ------------------------------------------------
 #
-# A bucket's record expires when the bucket is full again (its writer's
-# parameters), and a full bucket is the same as no bucket: forgetting a
-# record grants at most what it would have refilled by then.  So the
-# bucket whose loss costs the least protection is the one soonest full:
-# the smallest expiry second among the samples (an expired record not yet
-# swept is the best of all).  Exhausted buckets, the ones that limit
-# someone, are the furthest from full and the last to go.  The expiry is
-# the one measure every kind of record has (token bucket, windows, GCRA,
-# leases): no capacity or rate is stored with a record.
+# A full bucket is the same as no bucket: forgetting a record grants what
+# its limit has spent.  So the record whose loss costs the least protection
+# is the least spent relative to its own limit (record_rank: an expired one
+# not yet swept is the best of all), and an exhausted bucket, the one that
+# limits someone, goes last whatever limits the rest have.  Not the one
+# soonest full: a daily quota's key one call touched is full again later
+# than an exhausted per-minute login bucket, and would outlast it.
 
 cdef void bound_attach(MemBound* b, Table* t) noexcept nogil:
     if t.bound == b:
@@ -468,27 +470,69 @@ cdef uint32_t random_occupied(MemBound* b, const Shard* s) noexcept nogil:
     return i
 
 
-cdef uint32_t pick_victim(MemBound* b, const Table* t, const Shard* s) noexcept nogil:
-    """The slot of the best of `samples` random occupied slots of a
-    non-empty shard."""
+cdef uint64_t spent_share(fl_i128 part, fl_i128 whole) noexcept nogil:
+    """part / whole in units of 2^-SPENT_BITS, 0 to SPENT_ALL; part and
+    whole below 2^94, so the shifted part stays an i128."""
+    if part <= 0:
+        return 0
+    if part >= whole:
+        return SPENT_ALL
+    return <uint64_t>((part << SPENT_BITS) // whole)
+
+
+cdef inline int64_t ms_to_full(const char* rec, int64_t now_ms) noexcept nogil:
+    """Time until a bucket record's expiry second, when it is full again
+    (at most 2^32 s: below 2^42 ms)."""
+    return <int64_t>fl_get_u32(rec) * 1000 - now_ms
+
+
+cdef uint64_t bucket_spent(const char* rec, uint32_t value_size, const void* ctx,
+                           int64_t now_ms) noexcept nogil:
+    """A CL.CHECK bucket's spent share.  Its record keeps no capacity or
+    rate (each call brings them), so its whole refill time is estimated:
+    what was missing at the last write took (expiry - last) to refill,
+    and the estimate takes it to be one token's worth on top of the whole
+    tokens the bucket then held (tokens // 1000 + 1 tokens in all).  Exact
+    for a bucket held under one token (exhausted: the estimate is the
+    time to full itself, so it ranks as spent as it is) and for one a
+    single call of cost 1 took one token from (what a flood of new keys
+    leaves, whatever its limit: 1 / capacity); a bucket missing several
+    tokens ranks as less spent than it is, never an exhausted one as less
+    than one such flood key.  Bounds: time to full < 2^42 ms (an expiry
+    second is a u32, a write's time is not before 0) and whole tokens <=
+    10^15 < 2^50, so the estimate is below 2^93 ms."""
+    cdef int64_t last = fl_get_i64(rec + RECORD_HEADER + 8)
+    cdef int64_t tokens = fl_get_i64(rec + RECORD_HEADER)
+    cdef int64_t at_write = ms_to_full(rec, last if last < now_ms else now_ms)
+    return spent_share(ms_to_full(rec, now_ms), <fl_i128>at_write * (tokens // 1000 + 1))
+
+
+cdef inline uint64_t record_rank(const Table* t, const char* rec, int64_t now_ms) noexcept nogil:
+    """What nearest-full evicts the smallest of: the record's spent share,
+    or its expiry second in a table that has no measure of it."""
+    if t.spent != NULL:
+        return t.spent(rec, t.value_size, t.spent_ctx, now_ms)
+    return fl_get_u32(rec)
+
+
+cdef uint32_t pick_victim(MemBound* b, const Table* t, const Shard* s,
+                          int64_t now_ms) noexcept nogil:
+    """The slot of the least spent of `samples` random occupied slots of
+    a non-empty shard (any of them under allkeys-random)."""
     cdef uint32_t k, i, best = 0
-    cdef uint32_t expiry, best_expiry = UINT32_MAX
-    cdef int64_t weight = 0, best_weight = 0
-    cdef const char* rec
+    cdef uint64_t rank, best_rank = 0
     for k in range(b.samples):
         i = random_occupied(b, s)
         if b.policy == EVICT_RANDOM:
             return i
-        rec = s.arena + s.slots[i].off
-        expiry = fl_get_u32(rec)
-        if t.weight != NULL:
-            weight = t.weight(rec + RECORD_HEADER, t.value_size)
-        if k == 0 or expiry < best_expiry or (expiry == best_expiry and weight < best_weight):
-            best, best_expiry, best_weight = i, expiry, weight
+        rank = record_rank(t, s.arena + s.slots[i].off, now_ms)
+        if k == 0 or rank < best_rank:
+            best, best_rank = i, rank
     return best
 
 
-cdef uint64_t shard_evict(MemBound* b, Table* t, Shard* s, size_t goal) noexcept nogil:
+cdef uint64_t shard_evict(MemBound* b, Table* t, Shard* s, size_t goal,
+                          int64_t now_ms) noexcept nogil:
     """Evicts sampled records until `goal` bytes of the shard are dead or
     it is empty.  Each is noted as a change, so standbys drop it too (the
     drain ships a tombstone for a key that is gone)."""
@@ -497,7 +541,7 @@ cdef uint64_t shard_evict(MemBound* b, Table* t, Shard* s, size_t goal) noexcept
     cdef Probe p
     p.shard = s
     while s.dead < goal and s.count > 0:
-        p.slot = pick_victim(b, t, s)
+        p.slot = pick_victim(b, t, s, now_ms)
         p.hash = s.slots[p.slot].hash
         p.found = True
         rec = s.arena + s.slots[p.slot].off
@@ -555,7 +599,7 @@ cdef void give_back(Table* t, Shard* s) noexcept nogil:
 
 
 cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
-                       int64_t deadline_ns) noexcept nogil:
+                       int64_t deadline_ns, int64_t now_ms) noexcept nogil:
     """Rounds over the biggest attached table: compact its shard with the
     most dead bytes when that frees a round's worth, else (unless the
     policy is noeviction) evict a round's worth from its next shard and
@@ -574,7 +618,7 @@ cdef int bound_reclaim(MemBound* b, size_t need, int rounds,
             s = next_evict_shard(t)
             if s == NULL:
                 break
-            shard_evict(b, t, s, round_goal(s, need))
+            shard_evict(b, t, s, round_goal(s, need), now_ms)
         give_back(t, s)
         if deadline_ns != INT64_MAX and fl_mono_ns() > deadline_ns:
             break
@@ -1273,7 +1317,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
         memcpy(v + RECORD_HEADER, value, BUCKET_VALUE_SIZE)
         note_change(t, &p, key, keylen)
         return FL_OK
-    rc = table_insert(t, &p, key, keylen, expire_second(expire_ms), value)
+    rc = table_insert(t, &p, key, keylen, expire_second(expire_ms), value, now_ms)
     if rc == FL_OK:
         note_change(t, &p, key, keylen)
     return rc
@@ -1441,13 +1485,14 @@ cdef class MemoryBound:
         self.b.policy = POLICIES[policy]
         self.b.samples = samples
 
-    def evict(self, double budget_ms=1.0):
+    def evict(self, int64_t now_ms, double budget_ms=1.0):
         """Brings the tables back under the limit (after it was lowered),
-        for at most budget_ms; returns how many records were evicted."""
+        for at most budget_ms, ranking records as they stand at now_ms
+        (server time); returns how many records were evicted."""
         cdef uint64_t before = self.b.evicted
         cdef int64_t deadline = fl_mono_ns() + <int64_t>(budget_ms * 1e6)
         if self.b.limit and self.b.used > self.b.limit:
-            bound_reclaim(&self.b, 0, 1 << 30, deadline)
+            bound_reclaim(&self.b, 0, 1 << 30, deadline, now_ms)
         return self.b.evicted - before
 
     @property
@@ -1483,6 +1528,7 @@ cdef class BucketStore:
         if table_init(&self.table, shards, BUCKET_VALUE_SIZE,
                       <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
+        self.table.spent = bucket_spent
 
     def __dealloc__(self):
         table_free(&self.table)

@@ -46,6 +46,13 @@ cdef struct RuleSpec:
     uint64_t shadow_denied
 
 
+# The rules as C code outside the engine reads them (by a record's rule
+# number): slot routing, and the eviction ranks of the rules' tables.
+cdef struct RuleRoute:
+    const RuleSpec* rules
+    uint32_t nrules
+
+
 # One algorithm step.  Without commit nothing is stored and the result
 # describes the state as it stands.  Return FL_OK or an FL_E* code.
 cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
@@ -71,6 +78,9 @@ cdef class RuleEngine:
     cdef uint8_t seed[16]
     cdef RuleSpec* rules
     cdef uint32_t nrules          # allocated entries; numbers are indexes
+    # rules and nrules for the tables' eviction ranks (their spent_ctx),
+    # which need an address that stays put while define() reallocates
+    cdef RuleRoute ruleset
     cdef readonly Clock clock
     cdef char* keybuf
     cdef size_t keycap

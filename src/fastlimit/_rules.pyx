@@ -20,7 +20,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               SlotKeys, SlotCursor, count_in_slot, keys_in_slot,
                               walk_slots, filter_section, whole_key, MemoryBound,
                               set_table_bound, raise_for, MemBound, bound_reclaim,
-                              insert_cost, INSERT_ROUNDS, FL_EOOM)
+                              insert_cost, INSERT_ROUNDS, FL_EOOM, RECORD_HEADER,
+                              record_spent, spent_share)
 from fastlimit._core import checked_slot
 
 import collections
@@ -86,25 +87,91 @@ cdef bint lease_value_ok(const char* v, uint32_t size) noexcept nogil:
     return True
 
 
-# Eviction weights (see _core.pxd's record_weight): a window's record
-# expires when its window does, whatever its count, so among records
-# expiring together the one counting least goes first; a token bucket's and
-# a GCRA record's expiry is already when they are full again.
-cdef int64_t fixed_window_weight(const char* v, uint32_t size) noexcept nogil:
-    return fl_get_i64(v)
+# Eviction ranks (see _core.pxd's record_spent): how spent a record's
+# limit is at now_ms, by its rule's own numbers (the record's key names the
+# rule), from the value, not the expiry (a second, too coarse for a limit
+# refilling in one).  A bucket of a rule that is gone (or now of another
+# algorithm) is read by nothing again: spent 0, evicted first.
+cdef const RuleSpec* record_rule(const char* rec, uint32_t value_size, const void* ctx,
+                                 int algorithm) noexcept nogil:
+    cdef const RuleRoute* ruleset = <const RuleRoute*>ctx
+    cdef uint32_t num
+    if fl_get_u16(rec + 4) < 4:
+        return NULL
+    num = fl_get_u32(rec + RECORD_HEADER + value_size)
+    if num >= ruleset.nrules or not ruleset.rules[num].in_use \
+            or ruleset.rules[num].algorithm != algorithm:
+        return NULL
+    return &ruleset.rules[num]
 
 
-cdef int64_t sliding_window_weight(const char* v, uint32_t size) noexcept nogil:
-    return fl_get_i64(v) + fl_get_i64(v + 8)
+cdef uint64_t token_bucket_spent(const char* rec, uint32_t value_size, const void* ctx,
+                                 int64_t now_ms) noexcept nogil:
+    """Milli-tokens missing at now_ms (what was missing at the last write
+    less the refill since, the remainder's fraction of one left out) over
+    the capacity's.  elapsed * refill * 1000 <= 4e12 * 1e15 * 1e3 < 2^102."""
+    cdef const RuleSpec* r = record_rule(rec, value_size, ctx, ALG_TOKEN_BUCKET)
+    cdef const char* v = rec + RECORD_HEADER
+    cdef int64_t cap_m, elapsed
+    if r == NULL:
+        return 0
+    cap_m = r.bucket.capacity * 1000
+    elapsed = now_ms - fl_get_i64(v + 8)
+    return spent_share(cap_m - fl_get_i64(v) - (
+        <fl_i128>elapsed * r.bucket.refill * 1000 // r.bucket.period_ms if elapsed > 0 else 0),
+        cap_m)
 
 
-cdef int64_t lease_weight(const char* v, uint32_t size) noexcept nogil:
-    """Leases not released (some may have run out: no clock here)."""
+cdef uint64_t gcra_spent(const char* rec, uint32_t value_size, const void* ctx,
+                         int64_t now_ms) noexcept nogil:
+    """Time until the theoretical arrival time over the tolerance
+    (period_ms * (burst + 1) / count ms), both in ticks of the stored
+    count: (tat - now * c) * count / (c * period_ms * (burst + 1)), below
+    2^63 * 2^20 over at most 10^6 * 10^18 (gcra_value_ok's bounds)."""
+    cdef const RuleSpec* r = record_rule(rec, value_size, ctx, ALG_GCRA)
+    cdef const char* v = rec + RECORD_HEADER
+    cdef int64_t c = fl_get_i64(v + 8)
+    if r == NULL:
+        return 0
+    return spent_share((fl_get_i64(v) - <fl_i128>now_ms * c) * r.count,
+                       <fl_i128>c * r.period_ms * (r.burst + 1))
+
+
+cdef uint64_t fixed_window_spent(const char* rec, uint32_t value_size, const void* ctx,
+                                 int64_t now_ms) noexcept nogil:
+    cdef const RuleSpec* r = record_rule(rec, value_size, ctx, ALG_FIXED_WINDOW)
+    if r == NULL:
+        return 0
+    return spent_share(fl_get_i64(rec + RECORD_HEADER), r.limit)
+
+
+cdef uint64_t sliding_window_spent(const char* rec, uint32_t value_size, const void* ctx,
+                                   int64_t now_ms) noexcept nogil:
+    """Both windows' counts over the limit: the most the sliding estimate
+    can make of them."""
+    cdef const RuleSpec* r = record_rule(rec, value_size, ctx, ALG_SLIDING_WINDOW)
+    if r == NULL:
+        return 0
+    return spent_share(<fl_i128>fl_get_i64(rec + RECORD_HEADER)
+                       + fl_get_i64(rec + RECORD_HEADER + 8), r.limit)
+
+
+cdef uint64_t lease_spent(const char* rec, uint32_t value_size, const void* ctx,
+                          int64_t now_ms) noexcept nogil:
+    """Leases held at now_ms over the rule's limit (its record's slots)."""
+    cdef const char* v = rec + RECORD_HEADER
     cdef int64_t held = 0
     cdef uint32_t i
-    for i in range(size // LEASE_SLOT):
-        held += fl_get_i64(v + i * LEASE_SLOT) != 0
-    return held
+    for i in range(value_size // LEASE_SLOT):
+        held += fl_get_i64(v + i * LEASE_SLOT) > now_ms
+    return spent_share(held, value_size // LEASE_SLOT)
+
+
+cdef record_spent SPENT[N_SHARED_TABLES]
+SPENT[<int>ALG_TOKEN_BUCKET] = token_bucket_spent
+SPENT[<int>ALG_FIXED_WINDOW] = fixed_window_spent
+SPENT[<int>ALG_SLIDING_WINDOW] = sliding_window_spent
+SPENT[<int>ALG_GCRA] = gcra_spent
 
 
 cdef value_check VALUE_CHECKS[N_SHARED_TABLES]
@@ -145,8 +212,10 @@ cdef inline int64_t ceil_div(fl_i128 a, fl_i128 b) noexcept nogil:
 
 
 cdef inline int store_value(Table* t, Probe* p, const char* key, size_t keylen,
-                            int64_t expire_ms, const char* value, size_t n) noexcept nogil:
-    """Writes a record's value and expiry, inserting it when absent."""
+                            int64_t expire_ms, const char* value, size_t n,
+                            int64_t now_ms) noexcept nogil:
+    """Writes a record's value and expiry, inserting it when absent (at
+    now_ms, the time an eviction it makes ranks records at)."""
     cdef char* rec
     cdef int rc = FL_OK
     if p.found:
@@ -154,7 +223,7 @@ cdef inline int store_value(Table* t, Probe* p, const char* key, size_t keylen,
         fl_put_u32(rec, expire_second(expire_ms))
         memcpy(probe_value(t, p), value, n)
     else:
-        rc = table_insert(t, p, key, keylen, expire_second(expire_ms), value)
+        rc = table_insert(t, p, key, keylen, expire_second(expire_ms), value, now_ms)
     if rc == FL_OK:
         note_change(t, p, key, keylen)
     return rc
@@ -207,7 +276,7 @@ cdef int fixed_window_check(Table* t, const char* key, size_t keylen, const Rule
         return drop_record(t, &p, key, keylen)
     fl_put_i64(value, count)
     fl_put_i64(value + 8, start)
-    return store_value(t, &p, key, keylen, start + W, value, FIXED_WINDOW_VALUE)
+    return store_value(t, &p, key, keylen, start + W, value, FIXED_WINDOW_VALUE, now_ms)
 
 
 # ---- sliding window counter ------------------------------------------------------
@@ -274,7 +343,8 @@ cdef int sliding_window_check(Table* t, const char* key, size_t keylen, const Ru
     fl_put_i64(value, prev)
     fl_put_i64(value + 8, curr)
     fl_put_i64(value + 16, start)
-    return store_value(t, &p, key, keylen, start + 2 * W, value, SLIDING_WINDOW_VALUE)
+    return store_value(t, &p, key, keylen, start + 2 * W, value, SLIDING_WINDOW_VALUE,
+                       now_ms)
 
 
 # ---- GCRA ---------------------------------------------------------------------
@@ -338,7 +408,8 @@ cdef int gcra_check(Table* t, const char* key, size_t keylen, const RuleSpec* r,
     invariant(tat <= now_t + dvt)
     fl_put_i64(value, <int64_t>tat)
     fl_put_i64(value + 8, r.count)
-    return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE)
+    return store_value(t, &p, key, keylen, now_ms + out.reset_after_ms, value, GCRA_VALUE,
+                       now_ms)
 
 
 # ---- concurrency -----------------------------------------------------------------
@@ -388,7 +459,7 @@ cdef int concurrency_acquire(Table* t, const char* key, size_t keylen, RuleSpec*
     out.retry_after_ms = 0
     out.reset_after_ms = (<int64_t>generation << 16) | free_slot   # the lease id
     latest = now_ms + r.lease_ms if now_ms + r.lease_ms > latest else latest
-    return store_value(t, &p, key, keylen, latest, value, n)
+    return store_value(t, &p, key, keylen, latest, value, n, now_ms)
 
 
 cdef int concurrency_release(Table* t, const char* key, size_t keylen, const RuleSpec* r,
@@ -458,11 +529,6 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
 
 # ---- cluster slots ---------------------------------------------------------------
 
-cdef struct RuleRoute:
-    const RuleSpec* rules
-    uint32_t nrules
-
-
 cdef int rule_client_key(const char* key, size_t keylen, const void* ctx,
                          const char** out, size_t* outlen) noexcept nogil:
     """The client key inside a rule bucket's key (see compose_key): after
@@ -509,10 +575,12 @@ cdef class RuleEngine:
         if table_init(&self.throttle_table, shards, GCRA_VALUE,
                       <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
-        self.tables[<int>ALG_FIXED_WINDOW].weight = fixed_window_weight
-        self.tables[<int>ALG_SLIDING_WINDOW].weight = sliding_window_weight
         self.rules = NULL
         self.nrules = 0
+        self.ruleset = RuleRoute(NULL, 0)
+        for i in range(N_SHARED_TABLES):
+            self.tables[i].spent = SPENT[i]
+            self.tables[i].spent_ctx = &self.ruleset
         self.keybuf = <char*>malloc(256)
         self.keycap = 256 if self.keybuf != NULL else 0
         self.match_cache = {}
@@ -552,6 +620,7 @@ cdef class RuleEngine:
             memset(grown + self.nrules, 0, (cap - self.nrules) * sizeof(RuleSpec))
             self.rules = grown
             self.nrules = cap
+            self.ruleset = RuleRoute(grown, cap)
         elif self.rules[num].in_use and self.rules[num].algorithm == compiled.algorithm:
             compiled.allowed = self.rules[num].allowed
             compiled.denied = self.rules[num].denied
@@ -584,7 +653,7 @@ cdef class RuleEngine:
         if self.change_limit and table_track(compiled.leases, self.change_limit) != FL_OK:
             release_lease_table(compiled)
             raise MemoryError()
-        compiled.leases.weight = lease_weight
+        compiled.leases.spent = lease_spent
         set_table_bound(compiled.leases, self.bound)
         return 0
 
@@ -788,7 +857,7 @@ cdef class RuleEngine:
                 need += insert_cost(t, p.shard, keylen)
         if need == 0 or b.used + need <= b.limit:
             return FL_OK
-        return bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX)
+        return bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX, now_ms)
 
     cdef bint selected(self, uint32_t num, int n) noexcept:
         cdef int i

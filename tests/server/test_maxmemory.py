@@ -6,11 +6,19 @@ itself, so only eviction makes room."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shutil
+import sys
 
 import pytest
 import redis
 from wire import Wire, command, wait_until
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+import keyflood  # noqa: E402  (bench/ is not a package)
 
 OOM = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
 T0 = 1_000_000
@@ -21,12 +29,13 @@ FLOOD_CHECK = (10, 1)
 WAIT = 20.0
 
 
-def flood(port: int, prefix: str, n: int, chunk: int = 5000) -> None:
+def flood(port: int, prefix: str, n: int, chunk: int = 5000,
+          cmd: tuple = ("CL.CHECK", "{key}", *FLOOD_CHECK)) -> None:
     """n new keys, pipelined in chunks; every reply read (and not an error)."""
     with Wire.to(port) as w:
         for start in range(0, n, chunk):
             count = min(chunk, n - start)
-            w.send(b"".join(command("CL.CHECK", f"{prefix}:{i}", *FLOOD_CHECK)
+            w.send(b"".join(command(*(str(a).format(key=f"{prefix}:{i}") for a in cmd))
                             for i in range(start, start + count)))
             for _ in range(count):
                 reply = w.read_reply()
@@ -103,6 +112,75 @@ def test_flood_of_new_keys_evicts_them_and_keeps_the_exhausted(make_server):
     assert 8_000 < c.dbsize() < 25_000
     assert info["evicted_keys"] == 60_100 - c.dbsize()
     assert still_exhausted(c, victims) == 100
+
+
+# A flood's limits against victims exhausted under 5 a minute (as logins
+# are): a slower refill (a daily quota: each new key full again only after
+# 86 s, later than the victims), a faster one and theirs.
+LOGIN = (5, 5, "PERIOD", 60_000)
+FLOODS = {"slower": (1000, 1000, "PERIOD", 86_400_000), "faster": (10, 10), "equal": LOGIN}
+
+
+def rule_json(resource: str, capacity: int, refill: int, *period) -> str:
+    """The token-bucket rule of a CL.CHECK's numbers."""
+    spec = {"match": {"resource": resource}, "capacity": capacity}
+    spec.update({"refill": refill, "period_ms": period[1]} if period
+                else {"refill_per_second": refill})
+    return json.dumps(spec)
+
+
+def victims_reset(c, keys, cmd) -> int:
+    """How many victims' buckets are full again (peeks: nothing spent)."""
+    pipe = c.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command(*(str(a).format(key=k) for a in cmd), "COST", 0)
+    return sum(reply[2] != 0 for reply in pipe.execute())
+
+
+@pytest.mark.parametrize("kind", FLOODS)
+def test_no_flood_of_any_refill_resets_exhausted_buckets(make_server, kind):
+    # Regression (finding 5): nearest-full evicted the bucket soonest full,
+    # so a daily quota's new keys outlasted exhausted per-minute buckets
+    # and every one of those was reset.  The clock stands still: only
+    # eviction makes room (tests/test_core_bound.py moves it).
+    srv, c = started(make_server, "--maxmemory", "512kb")
+    check = ("CL.CHECK", "{key}", *LOGIN)
+    victims = [f"login:{i}" for i in range(100)]
+    pipe = c.pipeline(transaction=False)
+    for k in victims:
+        pipe.execute_command(*(str(a).format(key=k) for a in check), "COST", 5)
+    assert all(reply[0] == 1 for reply in pipe.execute())
+    flood(srv.port, "q", 15_000, cmd=("CL.CHECK", "{key}", *FLOODS[kind]))
+    assert c.info("stats")["evicted_keys"] > 3_000
+    assert victims_reset(c, victims, check) == 0
+
+
+@pytest.mark.parametrize("kind", FLOODS)
+def test_no_flood_of_any_refill_resets_exhausted_rule_buckets(make_server, kind):
+    # The same for CL.LIMIT: a rule's buckets ranked by the rule's numbers.
+    srv, c = started(make_server, "--maxmemory", "512kb")
+    c.execute_command("CL.RULE", "SET", "login", rule_json("POST /login", *LOGIN))
+    c.execute_command("CL.RULE", "SET", "quota", rule_json("GET /api", *FLOODS[kind]))
+    victims = [f"user:{i}" for i in range(100)]
+    pipe = c.pipeline(transaction=False)
+    for k in victims:
+        pipe.execute_command("CL.LIMIT", k, "POST /login", "COST", 5)
+    assert all(reply[0] == 1 for reply in pipe.execute())
+    flood(srv.port, "q", 15_000, cmd=("CL.LIMIT", "{key}", "GET /api"))
+    assert c.info("stats")["evicted_keys"] > 3_000
+    assert victims_reset(c, victims, ("CL.LIMIT", "{key}", "POST /login")) == 0
+
+
+@pytest.mark.release_only
+def test_keyflood_slow_refill_run_resets_no_victim(tmp_path):
+    # bench/keyflood.py's closing-note figure, briefly (real time: the
+    # victims get a token back only after 2 minutes).
+    args = argparse.Namespace(redis_benchmark=shutil.which("redis-benchmark"), pipeline=16,
+                              unbounded_cap=0)
+    run = keyflood.flood_one(args, tmp_path, "slow refill", 2 * MB, 3.0,
+                             keyflood.SLOW_FLOOD, keyflood.LOGIN)
+    assert run.samples[-1].evicted > 1000, keyflood.report([run], args)
+    assert run.reset == 0 and run.denied == run.answers > 0, keyflood.report([run], args)
 
 
 def test_random_eviction_loses_exhausted_keys_the_default_keeps(make_server):

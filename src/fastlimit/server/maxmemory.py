@@ -40,7 +40,7 @@ class MaxMemory(Subsystem):
         # A standby keeps what its primary keeps: it applies the primary's
         # evictions (tombstones in the stream) and makes none of its own.
         if self.attached and not self.server.core.readonly:
-            self.bound.evict(self.budget_ms)
+            self.bound.evict(self.server.clock.now(), self.budget_ms)
 
     def cron(self) -> None:
         self.used_memory()
