@@ -188,7 +188,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--rls-xds-server", "127.0.0.1:18001", "--rls-xds-node-id", "eg",
             "--rls-xds-backoff", "1 5.5", "--rls-xds-tls", "yes",
             "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",
-            "--grpc-deadline-ms", "2.5",
+            "--grpc-deadline-ms", "2.5", "--grpc-max-descriptors", "64",
             "--tls-port", "7004", "--tls-cert-file", "s.crt", "--tls-key-file", "s.key",
             "--tls-key-file-pass", "kp", "--tls-client-cert-file", "c.crt",
             "--tls-client-key-file", "c.key", "--tls-client-key-file-pass", "ckp",
