@@ -26,8 +26,8 @@ One run:
          millions of descriptors, rewritten into the watched folder;
        - zero-window gRPC: connections that advertise a window of 0, send
          calls, and never let an answer out;
-       - a fake cluster peer: a listener at an address of the map that
-         answers every catch-up with a newer, empty set of rules;
+       - a fake cluster peer: a client that answers CL.PEERAUTH's challenge
+         with a made-up proof and pushes a newer, empty set of rules;
   4. samples the server's RSS, its children's RSS and the machine's Shmem
      every 100 ms, and prints one markdown report: latency idle vs
      attacked (p50, p99, worst, and the p99 ratio; target <= 2x) and memory
@@ -106,42 +106,22 @@ def read_replies(s: socket.socket, count: int) -> None:
 
 @dataclass
 class Ports:
-    """Where the attacks aim: the server's fronts, the folder its rls-config
-    watches, and the address its slot map gives the fake peer's shard."""
+    """Where the attacks aim: the server's fronts and the folder its
+    rls-config watches."""
     resp: int
     http: int
     grpc: int
-    fake_peer: int
     rls_dir: Path
 
 
-# The map's second shard (the fake peer) owns this one slot; every key the
-# soak sends is on the server's own slots.
-FAKE_PEER_SLOT = 16383
-
-
-def own_slot(key: bytes) -> bool:
-    from redis.crc import key_slot
-    return key_slot(key) != FAKE_PEER_SLOT
-
-
-def cluster_map(ports: Ports) -> str:
-    return (f'version = 1\n\n[[shard]]\nname = "fl-0"\nslots = ["0-{FAKE_PEER_SLOT - 1}"]\n'
-            f'primary = "127.0.0.1:{ports.resp}"\nstandbys = []\n\n'
-            f'[[shard]]\nname = "fl-1"\nslots = ["{FAKE_PEER_SLOT}"]\n'
-            f'primary = "127.0.0.1:{ports.fake_peer}"\nstandbys = []\n')
-
-
 def server_args(ports: Ports, workdir: Path) -> list[str]:
-    """The fronts on fixed ports, rls-config on a folder the bomb attack
-    writes into, and cluster mode on a map with the fake peer in it."""
-    (workdir / "map.toml").write_text(cluster_map(ports))
+    """The fronts on fixed ports, and rls-config on a folder the bomb
+    attack writes into."""
     (ports.rls_dir / "good.yaml").write_text(
         "domain: soak\ndescriptors:\n  - key: key\n"
         "    rate_limit: {unit: second, requests_per_unit: 1000000}\n")
     return ["--port", str(ports.resp), "--http-port", str(ports.http),
-            "--grpc-port", str(ports.grpc), "--rls-config", str(ports.rls_dir),
-            "--cluster-enabled", "yes", "--cluster-config-file", str(workdir / "map.toml")]
+            "--grpc-port", str(ports.grpc), "--rls-config", str(ports.rls_dir)]
 
 
 # ---- the attacks: each runs in its own process until `until` (monotonic) ----
@@ -359,42 +339,23 @@ def attack_grpc_zero_window(ports: Ports, until: float, count: int = 10) -> None
 
 
 def attack_fake_peer(ports: Ports, until: float) -> None:
-    """Listens at the map's second shard address and answers like a node
-    that has a newer version of everything, with no rules at all."""
-    import selectors
-    srv = socket.create_server(("127.0.0.1", ports.fake_peer))
-    srv.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(srv, selectors.EVENT_READ)
-    answers = {
-        b"hello": b"%2\r\n+server\r\n+fake\r\n+proto\r\n:3\r\n",
-        b"versions": b"*3\r\n:1\r\n:999999\r\n$40\r\n" + b"f" * 40 + b"\r\n",
-        b"rules": b"*3\r\n:999999\r\n$40\r\n" + b"f" * 40 + b"\r\n$2\r\n[]\r\n",
-    }
+    """A process posing as a cluster node: asks for a challenge, answers it
+    with a made-up proof, then pushes an empty set of rules with a newer
+    version, over and over."""
+    proof = b"f" * 64
     while time.monotonic() < until:
-        for key, _ in sel.select(0.2):
-            if key.fileobj is srv:
-                try:
-                    c, _ = srv.accept()
-                    c.setblocking(False)
-                    sel.register(c, selectors.EVENT_READ)
-                except OSError:
-                    pass
-                continue
-            c = key.fileobj
-            try:
-                data = c.recv(65536).lower()
-            except OSError:
-                data = b""
-            if not data:
-                sel.unregister(c)
-                c.close()
-                continue
-            reply = next((a for k, a in answers.items() if k in data), b"+OK\r\n")
-            try:
-                c.sendall(reply)
-            except OSError:
-                pass
+        try:
+            s = connect(ports.resp)
+            while time.monotonic() < until:
+                s.sendall(frame(b"CL.PEERAUTH", b"CHALLENGE"))
+                challenge = s.recv(4096).split(b"\r\n")[1] or b"x"
+                s.sendall(frame(b"CL.PEERAUTH", b"PROVE", b"fl-cluster", challenge, b"n" * 32,
+                                proof) +
+                          frame(b"CL.CLUSTER", b"SETRULES", b"999999", b"f" * 40, b"[]"))
+                read_replies(s, 2)
+                time.sleep(0.01)
+        except OSError:
+            time.sleep(0.05)
 
 
 def attacker(fn, ports: Ports, until: float) -> None:
@@ -414,6 +375,7 @@ ATTACKS = {
     "rule churn": (attack_rule_churn, 1),
     "non-reading pipeliner": (attack_non_reader, 1),
     "protocol errors": (attack_protocol_errors, 1),
+    "fake cluster peer": (attack_fake_peer, 1),
     "HTTP pipeliner": (attack_http_pipeliner, 1),
     "HTTP bodies never finished (20)": (attack_http_slow_bodies, 1),
     "rls-config alias bombs": (attack_alias_bombs, 1),
@@ -432,7 +394,7 @@ def good_client(port: int, seconds: float) -> list[float]:
     i = 0
     s = None
     while time.monotonic() < until:
-        req = frame(b"CL.CHECK", b"good:%d" % (i % 100), b"1000000", b"1000000")  # own slots
+        req = frame(b"CL.CHECK", b"good:%d" % (i % 100), b"1000000", b"1000000")
         t = time.perf_counter()
         try:
             if s is None:
@@ -552,8 +514,6 @@ def configure(client) -> None:
 def preload(client, buckets: int, rules: int) -> None:
     p = client.pipeline(transaction=False)
     for i in range(buckets):
-        if not own_slot(b"pre:%d" % i):
-            continue
         p.execute_command("CL.CHECK", f"pre:{i}", 1000, 1, "COST", 500)
         if i % 10_000 == 9_999:
             p.execute()
@@ -568,14 +528,8 @@ def preload(client, buckets: int, rules: int) -> None:
 def run_soak(seconds: float = 20.0, buckets: int = PRELOAD_BUCKETS, rules: int = PRELOAD_RULES,
              attacks: dict = ATTACKS, extra_args: list[str] = ()) -> SoakResult:
     with tempfile.TemporaryDirectory(prefix="fastlimit-soak-") as tmp:
-        ports = Ports(free_port(), free_port(), free_port(), free_port(), Path(tmp) / "rls")
+        ports = Ports(free_port(), free_port(), free_port(), Path(tmp) / "rls")
         ports.rls_dir.mkdir()
-        # The fake peer is up from the start: a cluster node refuses rule
-        # changes while a primary of its map does not answer.
-        ctx = mp.get_context("fork")
-        fake_peer = ctx.Process(target=attack_fake_peer, daemon=True,
-                                args=(ports, time.monotonic() + 3 * seconds + 600))
-        fake_peer.start()
         server = Fastlimit(Path(tmp), [*server_args(ports, Path(tmp)), *extra_args])
         try:
             server.wait_ready()
@@ -588,6 +542,7 @@ def run_soak(seconds: float = 20.0, buckets: int = PRELOAD_BUCKETS, rules: int =
             idle = good_client(server.port, seconds)
             idle_rss = rss_bytes(server.pid)
             base_shmem = shmem_bytes()
+            ctx = mp.get_context("fork")
             until = time.monotonic() + seconds + 2
             procs = [ctx.Process(target=attacker, args=(fn, ports, until), daemon=True)
                      for fn, n in attacks.values() for _ in range(n)]
@@ -615,7 +570,6 @@ def run_soak(seconds: float = 20.0, buckets: int = PRELOAD_BUCKETS, rules: int =
                               alive, log_lines, info, rules_before, rules_after)
         finally:
             server.stop()
-            fake_peer.kill()
 
 
 def report(r: SoakResult, seconds: float) -> str:
