@@ -17,6 +17,8 @@ import json
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
+from fastlimit.rules.model import NESTED_TOO_DEEPLY, no_duplicate_keys
+
 # A response's body is made here first, so its length leads it.  The server
 # is single-threaded and a response is made to completion before the next.
 cdef Writer BODY
@@ -180,13 +182,16 @@ cdef int64_t integer_field(dict doc, str name, int64_t default, int64_t low,
 
 
 # The json module's C scanner: json.loads runs four Python functions
-# around it, which cost a check more than everything else it does.
-_SCAN = json.JSONDecoder().scan_once
+# around it, which cost a check more than everything else it does.  Its
+# objects go through the rules' hook, which refuses a key given twice (as
+# CL.RULE SET and /json do): a filter that reads the first "cost" must not
+# see a different request than the one decided.
+_SCAN = json.JSONDecoder(object_pairs_hook=no_duplicate_keys).scan_once
 
 
 cdef object parse_json(bytes body):
     """A JSON document, as json.loads reads it (UTF-8, surrounding
-    whitespace allowed), or BadField."""
+    whitespace allowed) with no key twice in an object, or BadField."""
     try:
         text = body.decode("utf-8").strip(" \t\n\r")
         doc, end = _SCAN(text, 0)
@@ -196,6 +201,8 @@ cdef object parse_json(bytes body):
         raise BadField(None, f"the body is not JSON: Expecting value: char {e.value}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadField(None, f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadField(None, f"the body is not JSON: {NESTED_TOO_DEEPLY}") from None
     return doc
 
 
@@ -395,13 +402,13 @@ cdef class HttpConnection:
         """One of the check endpoints, timed as a command is."""
         cdef Command stats = self.shared.fast_stats[endpoint]
         cdef size_t mark = self.out.len
-        cdef bint enforce = b"enforce=1" in query or b"enforce=true" in query
         cdef int64_t t0 = fl_mono_ns()
         try:
             if endpoint == EP_CHECK_BATCH:
                 self.batch(keep)
             else:
-                self.one_check(endpoint, enforce, keep)
+                self.one_check(endpoint, bool(query) and self.shared.front.enforced(query),
+                               keep)
         except BadField as e:
             stats.failed_calls += 1
             self.out.len = mark

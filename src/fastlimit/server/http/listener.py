@@ -13,6 +13,7 @@ from typing import cast
 
 from fastlimit._http import (
     ERROR_STATUS,
+    BadField,
     OPEN_PATHS,
     REASONS,
     HttpConnection,
@@ -26,6 +27,7 @@ from fastlimit.server.http.routes import (
     RouteTable,
     parse_query,
     problem,
+    query_flag,
     unquote,
 )
 from fastlimit.server.subsystem import Subsystem
@@ -205,6 +207,13 @@ class HttpFront(Subsystem):
                        code="NOAUTH",
                        headers=[("WWW-Authenticate", 'Basic realm="fastlimit", '
                                                      'Bearer realm="fastlimit"')])
+
+    def enforced(self, query: bytes) -> bool:
+        """Whether a check's query asks a denial to be a 429 (?enforce=)."""
+        try:
+            return query_flag(parse_query(query), "enforce")
+        except ValueError as e:
+            raise BadField("enforce", str(e)) from None
 
     def bad_field(self, e) -> Response:
         title = "not found" if e.status == 404 else (
