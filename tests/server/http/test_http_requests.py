@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from test_http_front import TOKEN_BUCKET, post_bytes, raw, set_rule
+from test_http_front import TOKEN_BUCKET, raw, set_rule
 
 # Deeper than any recursion limit, within the rules API's 64 KB documents.
 NESTED = b"[" * 50_000
@@ -96,3 +96,92 @@ def test_an_enforce_value_not_documented_is_400_naming_it(hs, query):
     status, _, doc = hs.post("/v1/check?" + query, {"client_key": "q", "resource": "api"})
     assert (status, doc["field"]) == (400, "enforce")
     assert doc["detail"] == "enforce must be one of 1, true, 0, false"
+
+
+# ---- RFC 9112's framing -----------------------------------------------------------------
+
+@pytest.mark.parametrize("head", [
+    b"GET /livez HTTP/1.1\r\n\r\n",
+    b"GET /livez HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"GET /livez HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n",
+], ids=["no-host", "two-hosts", "two-hosts-1.0"])
+def test_a_request_without_exactly_one_host_is_400_and_closed(hs, head):
+    reply = raw(hs.http_port, head + b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert b"exactly one Host header" in reply and b"Connection: close" in reply
+    assert b"HTTP/1.1 200" not in reply            # the one after it is not answered
+    assert hs.client().info("stats")["http_bad_requests"] == 1
+
+
+def test_http_1_0_needs_no_host_and_1_1_one(hs):
+    assert raw(hs.http_port, b"GET /livez HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 OK")
+    assert raw(hs.http_port, b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+               ).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_an_unsupported_major_version_is_505(hs):
+    reply = raw(hs.http_port, b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")
+    assert b"HTTP/2.0 is not supported" in reply
+
+
+def expect_head(body_len: int, extra: bytes = b"", expect: bytes = b"100-continue") -> bytes:
+    return (b"POST /v1/check/bucket HTTP/1.1\r\nHost: x\r\nExpect: %s\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (expect, body_len, extra))
+
+
+BUCKET_DOC = b'{"key":"e","capacity":5,"refill_per_sec":1}'
+
+
+def test_expect_100_continue_gets_100_before_the_body_is_sent(hs):
+    s = socket.create_connection(("127.0.0.1", hs.http_port), timeout=5)
+    s.sendall(expect_head(len(BUCKET_DOC)))
+    assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    s.sendall(BUCKET_DOC)
+    reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and b'"remaining":4' in reply
+    s.close()
+
+
+def test_curl_sending_expect_gets_its_answer_without_waiting(hs):
+    """curl waits --expect100-timeout for a 100 before it sends the body:
+    with the interim answer it never waits that long."""
+    curl = shutil.which("curl")
+    assert curl, "curl is part of the set-up"
+    started = time.monotonic()
+    out = subprocess.run(
+        [curl, "-s", "--expect100-timeout", "30", "-H", "Expect: 100-continue",
+         "--data-binary", BUCKET_DOC.decode(), f"http://127.0.0.1:{hs.http_port}/v1/check/bucket"],
+        capture_output=True, timeout=60, check=True).stdout
+    assert json.loads(out)["remaining"] == 4
+    assert time.monotonic() - started < 20      # 30 s had it waited for the timeout
+
+
+def test_expect_100_continue_without_credentials_gets_401_before_the_body(make_http_server):
+    hs = make_http_server("--manual-clock", "--requirepass", "pw")
+    s = socket.create_connection(("127.0.0.1", hs.http_port), timeout=5)
+    s.sendall(expect_head(len(BUCKET_DOC)))
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
+    assert b"WWW-Authenticate: Basic" in reply and b"Connection: close" in reply
+    s.close()
+    # with the password, the same request gets its 100
+    s = socket.create_connection(("127.0.0.1", hs.http_port), timeout=5)
+    s.sendall(expect_head(len(BUCKET_DOC), b"Authorization: Bearer pw\r\n"))
+    assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    s.close()
+
+
+def test_an_expectation_other_than_100_continue_is_417(hs):
+    reply = raw(hs.http_port, expect_head(len(BUCKET_DOC), expect=b"something-else"))
+    assert reply.startswith(b"HTTP/1.1 417 Expectation Failed\r\n")
+    assert b"Connection: close" in reply
+    assert hs.client().execute_command("CL.CHECK", "e", 5, 1, "COST", 0)[2] == 5
+
+
+def test_expect_without_a_body_gets_no_100(hs):
+    reply = raw(hs.http_port, b"GET /livez HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                              b"Connection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n")

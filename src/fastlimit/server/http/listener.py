@@ -13,9 +13,9 @@ from typing import cast
 
 from fastlimit._http import (
     ERROR_STATUS,
-    BadField,
     OPEN_PATHS,
     REASONS,
+    BadField,
     HttpConnection,
     HttpShared,
     status_line,
@@ -70,6 +70,8 @@ class HttpFront(Subsystem):
         shared.max_header_bytes = s.http_max_header_bytes
         shared.max_body_bytes = s.http_max_body_bytes
         shared.header_timeout_ns = int(s.http_header_timeout * NS)
+        shared.body_timeout_ns = int(s.http_body_timeout * NS)
+        shared.body_memory = s.http_body_memory
         shared.batch_max = s.http_batch_max
         shared.metrics_auth = s.http_metrics_auth
 
@@ -101,6 +103,7 @@ class HttpFront(Subsystem):
     def info_sections(self, sections, named):
         shared = self.shared
         return {"clients": {"http_connected_clients": len(shared.connections)},
+                "memory": {"mem_http_bodies": shared.body_bytes},
                 "stats": {"http_port": self.port,
                           "http_total_connections_received": shared.total_connections,
                           "http_rejected_connections": shared.rejected_connections,
