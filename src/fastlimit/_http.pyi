@@ -5,6 +5,7 @@ ERROR_STATUS: dict[str, int]
 FAST_ENDPOINTS: dict[bytes, int]
 FAST_ENDPOINT_NAMES: dict[int, str]
 OPEN_PATHS: frozenset[bytes]
+CONTINUE: bytes
 
 class BadField(Exception):
     field: str | None
@@ -24,6 +25,9 @@ class HttpShared:
     max_headers: int
     max_body_bytes: int
     header_timeout_ns: int
+    body_timeout_ns: int
+    body_memory: int
+    body_bytes: int
     batch_max: int
     metrics_auth: bool
     connections: set[HttpConnection]
@@ -45,6 +49,7 @@ class HttpConnection:
     def pause_writing(self) -> None: ...
     def resume_writing(self) -> None: ...
     def data_received(self, data: bytes) -> None: ...
+    def next_turn(self) -> None: ...
     def task_done(self, task: Any) -> None: ...
 
 def credentials(header: bytes) -> tuple[str, bytes] | None: ...

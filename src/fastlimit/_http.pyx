@@ -7,6 +7,7 @@ from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
 from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit, record_call,
                                   acl_verdict)
 from fastlimit._resp cimport Arg
+from fastlimit._protocol import SLICE_BUDGET_S
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
@@ -17,11 +18,25 @@ import json
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
+from fastlimit.rules.model import NESTED_TOO_DEEPLY, no_duplicate_keys
+
 # A response's body is made here first, so its length leads it.  The server
 # is single-threaded and a response is made to completion before the next.
 cdef Writer BODY
 if writer_init(&BODY, 4096) != 0:
     raise MemoryError()
+
+# A connection's requests are answered this many bytes of them per
+# event-loop turn, then the other clients get theirs, as RESP's TURN_BYTES
+# (_protocol.pyx); and for no longer than a sliced reply's share of a turn,
+# since one request may cost milliseconds (/metrics with many rules).
+cdef Py_ssize_t TURN_BYTES = 16384
+cdef int64_t TURN_NS = <int64_t>(SLICE_BUDGET_S * 1e9)
+# Responses made during a turn are written once they are this large (the
+# transport's default high-water mark), so a client that does not read is
+# seen (pause_writing) before more are made.
+cdef Py_ssize_t OUT_WRITE_BYTES = 65536
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # The largest cost a check may ask for: CL.LIMIT's and CL.CHECK's bound.
 cdef int64_t MAX_COST = 10 ** 15
@@ -29,10 +44,12 @@ cdef int64_t MAX_COST = 10 ** 15
 REASONS = {200: "OK", 201: "Created", 204: "No Content", 304: "Not Modified",
            400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 408: "Request Timeout", 412: "Precondition Failed",
-           413: "Content Too Large", 415: "Unsupported Media Type", 421: "Misdirected Request",
+           413: "Content Too Large", 415: "Unsupported Media Type", 417: "Expectation Failed",
+           421: "Misdirected Request",
            422: "Unprocessable Content", 429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
-           501: "Not Implemented", 503: "Service Unavailable"}
+           501: "Not Implemented", 503: "Service Unavailable",
+           505: "HTTP Version Not Supported"}
 
 # The RESP error code of a decision's error, as an HTTP status.
 ERROR_STATUS = {"ERR": 400, "READONLY": 503, "OOM": 503, "MOVED": 421, "CLUSTERDOWN": 503,
@@ -82,6 +99,9 @@ cdef class HttpShared:
         self.max_headers = 100
         self.max_body_bytes = 1024 * 1024
         self.header_timeout_ns = 10 * 1000000000
+        self.body_timeout_ns = 60 * 1000000000
+        self.body_memory = 64 * 1024 * 1024
+        self.body_bytes = 0
         self.batch_max = 1000
         self.metrics_auth = True
         self.date = b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n"
@@ -180,13 +200,16 @@ cdef int64_t integer_field(dict doc, str name, int64_t default, int64_t low,
 
 
 # The json module's C scanner: json.loads runs four Python functions
-# around it, which cost a check more than everything else it does.
-_SCAN = json.JSONDecoder().scan_once
+# around it, which cost a check more than everything else it does.  Its
+# objects go through the rules' hook, which refuses a key given twice (as
+# CL.RULE SET and /json do): a filter that reads the first "cost" must not
+# see a different request than the one decided.
+_SCAN = json.JSONDecoder(object_pairs_hook=no_duplicate_keys).scan_once
 
 
 cdef object parse_json(bytes body):
     """A JSON document, as json.loads reads it (UTF-8, surrounding
-    whitespace allowed), or BadField."""
+    whitespace allowed) with no key twice in an object, or BadField."""
     try:
         text = body.decode("utf-8").strip(" \t\n\r")
         doc, end = _SCAN(text, 0)
@@ -196,6 +219,8 @@ cdef object parse_json(bytes body):
         raise BadField(None, f"the body is not JSON: Expecting value: char {e.value}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadField(None, f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadField(None, f"the body is not JSON: {NESTED_TOO_DEEPLY}") from None
     return doc
 
 
@@ -213,6 +238,7 @@ cdef class HttpConnection:
         self.core = shared.core
         self.parser = HttpRequestParser(self)
         self.pending = None
+        self.reading = True
         self.reset_request()
 
     def __dealloc__(self):
@@ -236,6 +262,8 @@ cdef class HttpConnection:
     def connection_lost(self, exc):
         self.closed = True
         self.shared.connections.discard(self)
+        self.forget_body()
+        self.inbuf = None
         if self.pending:
             for item in self.pending:
                 if not isinstance(item, bytes):
@@ -252,32 +280,112 @@ cdef class HttpConnection:
         return False     # the transport closes itself
 
     def pause_writing(self):
-        # A client that does not read its responses stops being read: what it
-        # holds is bounded by the transport's high-water mark plus one read.
-        if self.transport is not None:
-            self.transport.pause_reading()
+        # A client that does not read its responses gets no more of them
+        # made, and is not read: its unsent output stays within the
+        # transport's high-water mark plus the responses of one request.
+        self.writing_paused = True
+        self.stalled_since = fl_mono_ns()
+        self.update_reading()
 
     def resume_writing(self):
-        if self.transport is not None and not self.closing and self.pending is None:
-            self.transport.resume_reading()
+        self.writing_paused = False
+        self.stalled_since = 0
+        self.go_on()
 
     def data_received(self, bytes data):
         if self.closing:
             return
         self.started = True
+        if self.inbuf is not None:
+            # read before the pause took effect (TLS): behind what waits
+            self.inbuf = self.inbuf[self.inpos:] + data
+            self.inpos = 0
+            return
+        self.feed(data, 0)
+
+    def next_turn(self):
+        """This connection's next share of the loop: the requests left
+        unparsed when its last turn's budget ran out."""
+        self.turn_scheduled = False
+        if self.inbuf is None or self.closed or self.waits():
+            return
+        data, self.inbuf = self.inbuf, None
+        self.feed(data, self.inpos)
+
+    # ---- turns ---------------------------------------------------------------------
+
+    cdef void feed(self, bytes data, Py_ssize_t pos):
+        """Parses and answers data[pos:] until this turn's budget is spent
+        (TURN_BYTES of requests or TURN_NS of the loop's time) or something
+        waits (a handler's task, a client that does not read); the rest is
+        kept, unread, for the next turn.  The parser is fed one piece at a
+        time, each ending after a blank line, so that at most two requests
+        complete in a piece (a body's end and one without a body) and the
+        turn can stop between them: llhttp cannot be paused through
+        httptools."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t stop = pos + TURN_BYTES
+        cdef Py_ssize_t end
+        cdef int64_t t0 = fl_mono_ns()
+        view = None
         try:
-            self.parser.feed_data(data)
+            while pos < n and not self.waits():
+                if pos >= stop or fl_mono_ns() - t0 > TURN_NS:
+                    self.inbuf, self.inpos = data, pos
+                    break
+                end = data.find(b"\r\n\r\n", pos)
+                end = n if end < 0 else end + 4
+                if pos == 0 and end == n:
+                    self.parser.feed_data(data)     # the usual read: one request
+                else:
+                    if view is None:
+                        view = memoryview(data)
+                    self.parser.feed_data(view[pos:end])
+                pos = end
+                if self.out.len >= OUT_WRITE_BYTES:
+                    self.write_out()                # may pause writing
+            else:
+                if pos < n and not self.closing:
+                    self.inbuf, self.inpos = data, pos
         except HttpParserUpgrade:
             # The request was answered as if Upgrade were not there (RFC 9110
             # lets a server ignore it); what follows would be another protocol.
             self.closing = True
         except HttpParserError as e:
-            if self.refusal:
-                self.fail(self.refusal, self.refusal_title, self.refusal_detail)
+            if self.refusal is not None:
+                self.fail_with(self.refusal)
             else:
                 self.shared.bad_requests += 1
                 self.fail(400, "malformed request", str(e) or "the request cannot be parsed")
+        if self.closing:
+            self.inbuf = None
         self.flush()
+
+    cdef bint waits(self):
+        """Whether answering more must wait: for a handler's task (whose
+        response goes first), or for the client to read what it was sent."""
+        return self.pending is not None or self.writing_paused or self.closing
+
+    cdef void go_on(self):
+        """After what waited is done: the unparsed rest on the next turn,
+        or reading again."""
+        if self.closing or self.closed:
+            return
+        if self.inbuf is not None and not self.waits() and not self.turn_scheduled:
+            self.turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self.next_turn)
+        self.update_reading()
+
+    cdef void update_reading(self):
+        """Reads the client while nothing of its input waits."""
+        cdef bint want = self.inbuf is None and not self.waits()
+        if want == self.reading or self.transport is None:
+            return
+        self.reading = want
+        if want:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
 
     # ---- httptools' callbacks ------------------------------------------------------
 
@@ -303,6 +411,10 @@ cdef class HttpConnection:
         name = name.lower()
         if name == b"authorization":
             self.authorization = value
+        elif name == b"host":
+            self.host_lines += 1
+        elif name == b"expect":
+            self.expect = value
         elif name == b"content-length" and value.strip().isdigit() and \
                 int(value) > shared.max_body_bytes:
             # refused now, not after reading up to the bound
@@ -311,13 +423,24 @@ cdef class HttpConnection:
         self.headers.append((name, value))
 
     def on_headers_complete(self):
-        self.ready_since = 0        # the header timeout is met
+        # the header timeout is met; the body's begin
+        self.ready_since = self.body_since = fl_mono_ns()
+        if self.host_lines != 1 or self.expect is not None or \
+                self.parser.get_http_version() != "1.1":
+            self.check_framing(self.parser.get_http_version())
 
     def on_body(self, bytes body):
-        self.body_len += PyBytes_GET_SIZE(body)
-        if self.body_len > self.shared.max_body_bytes:
+        cdef HttpShared shared = self.shared
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
+        self.ready_since = fl_mono_ns()      # each read restarts the idle timeout
+        if self.body_len + n > shared.max_body_bytes:
             self.refuse(413, "content too large",
-                        f"the body exceeds {self.shared.max_body_bytes} bytes")
+                        f"the body exceeds {shared.max_body_bytes} bytes")
+        if shared.body_bytes + n > shared.body_memory:
+            self.refuse(503, "server busy", f"the request bodies being read exceed "
+                        f"http-body-memory ({shared.body_memory} bytes); try again")
+        self.body_len += n
+        shared.body_bytes += n
         self.body.append(body)
 
     def on_message_complete(self):
@@ -330,35 +453,106 @@ cdef class HttpConnection:
         else:
             self.closing = True
 
+    cdef void check_framing(self, str version):
+        """RFC 9112's rules for what a request's head must be, and its
+        Expect (RFC 9110 §10.1.1), decided before the body is read."""
+        if not version.startswith("1."):
+            self.refuse(505, "http version not supported",
+                        f"HTTP/{version} is not supported: this server speaks HTTP/1.1")
+        if self.host_lines > 1 or (self.host_lines == 0 and version != "1.0"):
+            self.shared.bad_requests += 1
+            self.refuse(400, "bad request", "an HTTP/1.1 request has exactly one Host header "
+                        "(RFC 9112 section 3.2)")
+        if self.expect is not None and version != "1.0":     # 1.0: ignored (RFC 9110)
+            self.expectation()
+
+    cdef void expectation(self):
+        """Expect: 100-continue gets the interim 100 before the body is
+        read, or the final status when it is known without the body (401
+        for missing credentials, 413 was at Content-Length); any other
+        expectation gets 417.  Each refusal closes the connection, whether
+        or not the client then sends the body."""
+        if self.expect.strip().lower() != b"100-continue":
+            self.refuse(417, "expectation failed",
+                        "the only expectation this server meets is 100-continue")
+        if not self.body_follows():
+            return
+        if not self.authorized((self.url or b"/").partition(b"?")[0]):
+            self.refuse_with(self.shared.front.unauthorized())
+        self.emit(CONTINUE)
+
+    cdef bint body_follows(self):
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and
+                                                value.strip().strip(b"0") != b""):
+                return True
+        return False
+
     cdef void refuse(self, int status, str title, str detail):
-        """Stops the parser on a bound: data_received answers status."""
-        self.refusal = status
-        self.refusal_title = title
-        self.refusal_detail = detail
-        raise OverflowError(detail)
+        """Stops the parser on a bound: feed answers status and closes."""
+        self.refuse_with(self.shared.front.problem(status, title, detail))
+
+    cdef void refuse_with(self, response):
+        self.refusal = response
+        raise OverflowError(response.status)
 
     cdef void reset_request(self):
+        self.forget_body()
         self.url = None
         self.headers = []
         self.authorization = None
-        self.body = []
-        self.body_len = 0
+        self.expect = None
+        self.host_lines = 0
         self.header_bytes = 0
         self.nheaders = 0
+        self.body_since = 0
         self.started = False
+
+    cdef void forget_body(self):
+        """The request's body stops counting against http-body-memory."""
+        self.shared.body_bytes -= self.body_len
+        self.body = []
+        self.body_len = 0
 
     # ---- time limits ---------------------------------------------------------------
 
     cdef void check_deadline(self, int64_t now_ns):
-        if self.ready_since == 0 or self.closing or self.closed \
-                or now_ns - self.ready_since < self.shared.header_timeout_ns:
+        """Every phase of the connection that waits on the client has its
+        time: its headers http-header-timeout from their first byte, its
+        body http-body-timeout in all and http-header-timeout between two
+        reads, its next request http-header-timeout, and a client that
+        does not read its responses is closed after http-header-timeout
+        with no byte taken.  A handler's task is the server's time."""
+        cdef HttpShared shared = self.shared
+        if self.closing or self.closed or self.pending is not None:
+            return
+        if self.writing_paused:
+            if now_ns - self.stalled_since >= shared.header_timeout_ns:
+                self.core.log.warning("closing an HTTP client that has not read its responses "
+                                      "for http-header-timeout")
+                self.abort()
+            return
+        if self.body_since and now_ns - self.body_since >= shared.body_timeout_ns:
+            self.fail(408, "request timeout", "the request's body did not arrive within "
+                      "http-body-timeout")
+            self.flush()
+            return
+        if self.ready_since == 0 or now_ns - self.ready_since < shared.header_timeout_ns:
             return
         if self.started:
-            self.fail(408, "request timeout", "the request's headers did not arrive in time")
+            self.fail(408, "request timeout", "the request did not arrive in time (each of "
+                      "its reads is due within http-header-timeout)")
             self.flush()
         elif self.transport is not None:
             self.closing = True
             self.transport.close()
+
+    cdef void abort(self):
+        """Drops the connection now, with whatever output is unsent."""
+        self.closing = True
+        self.inbuf = None
+        if self.transport is not None:
+            self.transport.abort()
 
     # ---- dispatch --------------------------------------------------------------------
 
@@ -395,13 +589,13 @@ cdef class HttpConnection:
         """One of the check endpoints, timed as a command is."""
         cdef Command stats = self.shared.fast_stats[endpoint]
         cdef size_t mark = self.out.len
-        cdef bint enforce = b"enforce=1" in query or b"enforce=true" in query
         cdef int64_t t0 = fl_mono_ns()
         try:
             if endpoint == EP_CHECK_BATCH:
                 self.batch(keep)
             else:
-                self.one_check(endpoint, enforce, keep)
+                self.one_check(endpoint, bool(query) and self.shared.front.enforced(query),
+                               keep)
         except BadField as e:
             stats.failed_calls += 1
             self.out.len = mark
@@ -696,8 +890,7 @@ cdef class HttpConnection:
         task = asyncio.ensure_future(self.shared.front.finish(response, keep, method == b"HEAD"))
         if self.pending is None:
             self.pending = []
-            if self.transport is not None:
-                self.transport.pause_reading()
+            self.update_reading()
         self.pending.append(task)
         task.add_done_callback(self.task_done)
 
@@ -714,20 +907,27 @@ cdef class HttpConnection:
 
     cdef void fail(self, int status, str title, str detail):
         """Answers a request that cannot be read on, and closes."""
-        self.closing = True
-        self.emit(self.shared.front.encode(
-            self.shared.front.problem(status, title, detail), False, False))
+        self.fail_with(self.shared.front.problem(status, title, detail))
 
-    cdef void flush(self):
-        """Sends what is ready, in request order."""
+    cdef void fail_with(self, response):
+        self.closing = True
+        self.emit(self.shared.front.encode(response, False, False))
+
+    cdef void write_out(self):
+        """Sends the responses made in out."""
         cdef bytes data
-        if self.transport is None:
-            writer_reset(&self.out)
-            return
-        if self.out.len:
+        if self.out.len and self.transport is not None:
             data = PyBytes_FromStringAndSize(self.out.buf, self.out.len)
             writer_reset(&self.out)
             self.transport.write(data)
+
+    cdef void flush(self):
+        """Sends what is ready, in request order, then goes on with what
+        waited for it."""
+        if self.transport is None:
+            writer_reset(&self.out)
+            return
+        self.write_out()
         if self.pending is not None:
             while self.pending:
                 item = self.pending[0]
@@ -739,10 +939,27 @@ cdef class HttpConnection:
                     return
                 self.pending.pop(0)
             self.pending = None
-            if not self.closing:
-                self.transport.resume_reading()
         if self.closing:
             self.transport.close()
+            return
+        if self.over_output_limit():
+            return
+        self.go_on()
+
+    cdef bint over_output_limit(self):
+        """Drops a client whose unsent output is past the normal class's
+        client-output-buffer-limit hard limit, as RESP drops one."""
+        cdef int64_t hard = self.core.output_hard_limit
+        cdef int64_t unsent
+        if hard <= 0 or self.transport is None:
+            return False
+        unsent = self.transport.get_write_buffer_size()
+        if unsent <= hard:
+            return False
+        self.core.log.warning("closing an HTTP client: output buffer %d bytes over the hard "
+                              "limit", unsent)
+        self.abort()
+        return True
 
 
 def status_line(int status):

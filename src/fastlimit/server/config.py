@@ -255,6 +255,8 @@ class Settings:
     http_max_header_bytes: int = 16 * 1024
     http_max_body_bytes: int = 1024 * 1024
     http_header_timeout: float = 10.0
+    http_body_timeout: float = 60.0
+    http_body_memory: int = 64 * 1024 * 1024
     http_batch_max: int = 1000
     metrics_rule_labels: int = 1000
     rls_config: str | None = None
@@ -426,6 +428,8 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "http-max-header-bytes": (lambda v: parse_memory(v, 1024, 1024**2), str),
     "http-max-body-bytes": (lambda v: parse_memory(v, 1024, 512 * 1024**2), str),
     "http-header-timeout": (lambda v: parse_number(v, 0, 3600, above_low=True), str),
+    "http-body-timeout": (lambda v: parse_number(v, 0, 3600, above_low=True), str),
+    "http-body-memory": (lambda v: parse_memory(v, 1024 * 1024, 1024**4), str),
     "http-batch-max": (lambda v: parse_int(v, 1, 100_000), str),
     "metrics-rule-labels": (lambda v: parse_int(v, 0, 100_000), str),
     "rls-config": (lambda v: str(v) or None, lambda v: v or ""),
@@ -564,7 +568,8 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "maxmemory-samples", "cluster-announce-ip", "cluster-user",
                     "cluster-password",
                     "cluster-announce-port", "http-metrics-auth", "http-max-header-bytes",
-                    "http-max-body-bytes", "http-header-timeout", "http-batch-max",
+                    "http-max-body-bytes", "http-header-timeout", "http-body-timeout",
+                    "http-body-memory", "http-batch-max",
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
                     "rls-xds-server", "rls-xds-node-id", "rls-xds-backoff",
@@ -1066,7 +1071,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request bodies past this get 413 (default 1mb)")
     p.add_argument("--http-header-timeout", metavar="N",
                    help="seconds a request's headers may take to arrive before 408, and a "
-                        "gRPC client's HTTP/2 preface before it is closed (default 10)")
+                        "gRPC client's HTTP/2 preface before it is closed; also the most "
+                        "between two reads of an HTTP body, for an idle keep-alive "
+                        "connection and for a client that reads none of its responses "
+                        "(default 10)")
+    p.add_argument("--http-body-timeout", metavar="N",
+                   help="seconds an HTTP request's body may take in all before 408 "
+                        "(default 60)")
+    p.add_argument("--http-body-memory", metavar="SIZE",
+                   help="request bodies being read, all HTTP connections together; a body "
+                        "past it gets 503 (default 64mb)")
     p.add_argument("--http-batch-max", metavar="N",
                    help="checks in one POST /v1/check/batch (default 1000)")
     p.add_argument("--metrics-rule-labels", metavar="N",

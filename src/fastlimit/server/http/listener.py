@@ -15,6 +15,7 @@ from fastlimit._http import (
     ERROR_STATUS,
     OPEN_PATHS,
     REASONS,
+    BadField,
     HttpConnection,
     HttpShared,
     status_line,
@@ -26,6 +27,7 @@ from fastlimit.server.http.routes import (
     RouteTable,
     parse_query,
     problem,
+    query_flag,
     unquote,
 )
 from fastlimit.server.subsystem import Subsystem
@@ -68,6 +70,8 @@ class HttpFront(Subsystem):
         shared.max_header_bytes = s.http_max_header_bytes
         shared.max_body_bytes = s.http_max_body_bytes
         shared.header_timeout_ns = int(s.http_header_timeout * NS)
+        shared.body_timeout_ns = int(s.http_body_timeout * NS)
+        shared.body_memory = s.http_body_memory
         shared.batch_max = s.http_batch_max
         shared.metrics_auth = s.http_metrics_auth
 
@@ -88,6 +92,7 @@ class HttpFront(Subsystem):
     def info_sections(self, sections, named):
         shared = self.shared
         return {"clients": {"http_connected_clients": len(shared.connections)},
+                "memory": {"mem_http_bodies": shared.body_bytes},
                 "stats": {"http_port": self.port,
                           "http_total_connections_received": shared.total_connections,
                           "http_rejected_connections": shared.rejected_connections,
@@ -194,6 +199,13 @@ class HttpFront(Subsystem):
                        code="NOAUTH",
                        headers=[("WWW-Authenticate", 'Basic realm="fastlimit", '
                                                      'Bearer realm="fastlimit"')])
+
+    def enforced(self, query: bytes) -> bool:
+        """Whether a check's query asks a denial to be a 429 (?enforce=)."""
+        try:
+            return query_flag(parse_query(query), "enforce")
+        except ValueError as e:
+            raise BadField("enforce", str(e)) from None
 
     def bad_field(self, e) -> Response:
         title = "not found" if e.status == 404 else (

@@ -31,10 +31,6 @@ class Request:
     params: dict[str, str]
     server: Any
 
-    def json(self) -> Any:
-        """The body as JSON; a ValueError names what is wrong."""
-        return json.loads(self.body)
-
 
 @dataclass
 class Response:
@@ -114,6 +110,22 @@ def unquote(text: str) -> str:
     """Percent-decoding to UTF-8; bytes that are not UTF-8 become U+FFFD,
     which no rule id may hold."""
     return unquote_to_bytes(text).decode("utf-8", "replace")
+
+
+# The values a yes/no query parameter takes (?enforce=1); any other is 400.
+FLAG_VALUES = {"1": True, "true": True, "0": False, "false": False}
+
+
+def query_flag(query: dict[str, str], name: str) -> bool:
+    """A yes/no parameter of a parsed query (absent: no), exactly one of
+    FLAG_VALUES; ValueError for anything else, so a typo is an error and
+    not a silent "no" (nor, as a substring test was, a silent "yes")."""
+    value = query.get(name)
+    if value is None:
+        return False
+    if value not in FLAG_VALUES:
+        raise ValueError(f"{name} must be one of {', '.join(FLAG_VALUES)}")
+    return FLAG_VALUES[value]
 
 
 def parse_query(query: bytes) -> dict[str, str]:
