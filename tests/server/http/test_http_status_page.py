@@ -267,3 +267,29 @@ def test_status_page_behind_requirepass_polls_with_the_credentials_it_was_opened
         assert page.evaluate(READ_PAGE)["state"] == "live"
         assert console_problems(page.events) == []
         page.close()
+
+
+def test_rules_named_like_object_properties_appear_in_the_chart_and_legend(start):
+    """Rule ids are any string: __proto__, constructor and toString are
+    charted as every other (kept in a Map, not in a plain object whose
+    prototype they would name)."""
+    server = start()
+    c = server.client()
+    ids = ["__proto__", "constructor", "toString", "normal"]
+    for i, rule_id in enumerate(ids):
+        c.execute_command("CL.RULE", "SET", rule_id, rule(f"res{i}", 5))
+    with Chromium() as chromium:
+        page = open_page(chromium, f"http://127.0.0.1:{server.http_port}/")
+        page.wait_for(f"({READ_PAGE}).points >= 1", WAIT)
+        for i in range(len(ids)):
+            checks(c, "x", f"res{i}", 10)             # 5 allowed, 5 denied each
+        page.wait_for(f"({READ_PAGE}).chart_denied === 20", WAIT)
+        page.wait_for(f"({READ_PAGE}).rule_series.length === 4", WAIT)
+        seen = page.evaluate(READ_PAGE)
+        legend = page.evaluate("[...document.querySelectorAll('#rule-legend span[data-rule]')]"
+                               ".map((s) => s.dataset.rule)")
+        problems = console_problems(page.events)
+        page.close()
+    assert problems == []
+    assert sorted(seen["rule_series"]) == sorted([rule_id, 5] for rule_id in ids)
+    assert sorted(legend) == sorted(ids)

@@ -205,7 +205,7 @@ def _buckets(out: Exposition, server, stats: dict) -> None:
     out.counter("fastlimit_buckets_expired_total", "Buckets removed once full again.",
                 [("", core.store.expired_total + core.rules.expired_total)])
     out.counter("fastlimit_buckets_evicted_total", "Buckets evicted under memory pressure.",
-                [("", 0)])
+                [("", server.maxmemory.evicted)])
     out.counter("fastlimit_sweep_runs_total", "Runs of the expiry sweep.",
                 [("", stats.get("sweep_runs", 0))])
     out.gauge("fastlimit_sweep_budget_seconds", "The expiry sweep's time budget per run.",

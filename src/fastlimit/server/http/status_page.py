@@ -210,12 +210,13 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     if (last && !restarted) {
       const dt = Math.max((s.time_ms - last.time_ms) / 1000, 0.001);
       const before = new Map(last.rules.top.map((r) => [r.id, r]));
-      const rules = {};
+      // A Map, not an object: a rule id is any string, "__proto__" too.
+      const rules = new Map();
       for (const r of s.rules.top) {
         const b = before.get(r.id);
         if (!b) continue;             // newly listed: no delta to show yet
         const d = [r.allowed - b.allowed, r.denied - b.denied, r.shadow_denied - b.shadow_denied];
-        if (d[0] > 0 || d[1] > 0 || d[2] > 0) rules[r.id] = d.map((x) => Math.max(x, 0));
+        if (d[0] > 0 || d[1] > 0 || d[2] > 0) rules.set(r.id, d.map((x) => Math.max(x, 0)));
       }
       const t = s.rules.totals, p = last.rules.totals;
       history.push({ t: s.time_ms, dt: dt, allowed: Math.max(t.allowed - p.allowed, 0),
@@ -239,7 +240,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   function ruleSums(samples) {
     const sums = new Map();
     for (const h of samples) {
-      for (const [id, d] of Object.entries(h.rules)) {
+      for (const [id, d] of h.rules) {
         const s = sums.get(id) || [0, 0, 0];
         s[0] += d[0]; s[1] += d[1]; s[2] += d[2];
         sums.set(id, s);
@@ -337,7 +338,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   function drawSelectedRule(samples, times) {
     const ruleChart = $("rule-chart");
     draw(ruleChart, times, decisionSeries(samples, (h, k) => {
-      const d = h.rules[selected];
+      const d = h.rules.get(selected);
       return d ? d[k] / h.dt : 0;
     }));
     const d = ruleSums(samples).get(selected) || [0, 0, 0];
@@ -363,7 +364,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     const series = ranked.map(([id], i) => ({
       id: id, color: RULE_COLORS[i % RULE_COLORS.length],
       values: samples.map((h) => {
-        const d = h.rules[id];
+        const d = h.rules.get(id);
         return d ? (d[1] + d[2]) / h.dt : 0;
       }) }));
     const ruleChart = $("rule-chart");
