@@ -907,10 +907,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
                    help="start as a read-only replica of this primary")
     p.add_argument("--masterauth", metavar="PW",
-                   help="password a replica gives its primary: its requirepass, or with "
-                        "masteruser its repl-password")
+                   help="password a replica AUTHs to its primary with: the default user's "
+                        "(requirepass), or masteruser's")
     p.add_argument("--masteruser", metavar="USER",
-                   help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+                   help="the primary's ACL user a replica AUTHs as (AUTH <user> "
+                        "<masterauth>), which needs +cl.sync +replconf")
     p.add_argument("--replica-priority", metavar="N",
                    help="Sentinel promotes the replica with the lowest priority first; "
                         "0: never (default 100)")
@@ -923,10 +924,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-announced", metavar="yes|no",
                    help="whether Sentinel lists this replica (default yes)")
     p.add_argument("--repl-user", metavar="USER",
-                   help="user name replicas give with repl-password (default replica)")
+                   help="the ACL user repl-password makes for replicas (default replica)")
     p.add_argument("--repl-password", metavar="PW",
-                   help="CL.SYNC needs <repl-user> <repl-password>, which also stand in "
-                        "for requirepass on that connection (default: none)")
+                   help="makes repl-user an ACL user with this password that may only "
+                        "replicate (+cl.sync +replconf), and the only one CL.SYNC "
+                        "serves (default: none)")
     p.add_argument("--repl-max-full-copies", metavar="N",
                    help="full copies (a fork and a dataset-sized memory file each) in "
                         "flight at once; replicas arriving meanwhile share one (default 2)")
