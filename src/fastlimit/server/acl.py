@@ -414,11 +414,12 @@ class Acl(Subsystem):
         self.make_replication_user(s)
         self.users_changed()
 
-    def set_default_password(self, password: str | None) -> None:
-        """Redis's ACLUpdateDefaultUserPassword: resetpass then >pw, or nopass."""
+    def set_default_password(self, password: bytes | None) -> None:
+        """Redis's ACLUpdateDefaultUserPassword: resetpass then >pw (its
+        bytes, whatever they are, as Redis takes binary passwords), or nopass."""
         user = self.default
         user.apply(b"resetpass", self.commands)
-        user.apply(b">" + password.encode() if password else b"nopass", self.commands)
+        user.apply(b">" + password if password else b"nopass", self.commands)
 
     def make_replication_user(self, s) -> None:
         """repl-user/repl-password as the ACL user a replica AUTHs as (its
@@ -426,7 +427,7 @@ class Acl(Subsystem):
         when repl-password is set, made again when either changes and after
         ACL LOAD, removed (its links closed) when repl-password is unset or
         the name changes.  ConfigError refuses a name no user can have."""
-        wanted = (s.repl_user, s.repl_password.encode()) if s.repl_password else None
+        wanted = (s.repl_user, s.repl_password) if s.repl_password else None
         if wanted == self.replication:
             return
         if wanted is not None and (wanted[0] == "default" or _has_spaces(

@@ -25,7 +25,7 @@ START_TIMEOUT_S = 0.3
 
 
 class Peers:
-    def __init__(self, password: Callable[[], str | None], tls: Callable[[], dict]):
+    def __init__(self, password: Callable[[], bytes | None], tls: Callable[[], dict]):
         self.password = password
         self.tls = tls            # redis-py's ssl_* arguments (tls-cluster), or {}
         self._clients: dict[Address, redis.asyncio.Redis] = {}
@@ -35,7 +35,7 @@ class Peers:
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = redis.asyncio.Redis(
-                host=addr.host, port=addr.port, password=self.password(),
+                host=addr.host, port=addr.port, password=self.password(),  # type: ignore[arg-type]
                 socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S,
                 single_connection_client=True,
                 retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0), **self.tls())
@@ -64,7 +64,7 @@ class Peers:
 
     def call_at_start(self, addr: Address, *args):
         """A blocking call, before the loop runs (catching up at start)."""
-        with redis.Redis(host=addr.host, port=addr.port, password=self.password(),
+        with redis.Redis(host=addr.host, port=addr.port, password=self.password(),  # type: ignore[arg-type]
                          socket_timeout=START_TIMEOUT_S,
                          socket_connect_timeout=START_TIMEOUT_S,
                          retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),

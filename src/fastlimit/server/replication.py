@@ -688,7 +688,7 @@ class PrimaryLink(asyncio.Protocol):
             return []
         user = [settings.masteruser.encode("utf-8", "surrogateescape")] \
             if settings.masteruser else []
-        return [[b"AUTH", *user, settings.masterauth.encode()]]
+        return [[b"AUTH", *user, settings.masterauth]]
 
     def _announce(self) -> list[bytes]:
         """REPLCONF with the address the primary is to list this replica

@@ -33,7 +33,7 @@ class GrpcFront(Subsystem):
         return self.shared.endpoint_stats
 
     def apply_settings(self, s) -> None:
-        self.shared.set_password(s.requirepass.encode() if s.requirepass else None)
+        self.shared.set_password(s.requirepass)
         self.shared.max_streams = s.grpc_max_concurrent_streams
         self.shared.deadline_ns = int(s.grpc_deadline_ms * 1_000_000)
         # as an HTTP/1.1 client has it to send its request's headers
