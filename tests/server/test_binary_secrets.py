@@ -5,6 +5,8 @@ set and CONFIG REWRITE writes them so that a restart reads them back."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from servers import ServerProcess
 from wire import Wire, wait_until
 
@@ -71,48 +73,46 @@ def test_replicas_authenticate_with_binary_masterauth(make_server):
         assert w.call("AUTH", "replica", REPLACED) == WRONGPASS
 
 
-def started_with(path) -> ServerProcess:
-    return ServerProcess("--manual-clock", "--config", str(path)).start()
+FILE = "[server]\nmaxclients = 100\n"
+
+
+@contextmanager
+def running(path):
+    """A raw connection to a server started with the config file at path,
+    stopped cleanly after."""
+    s = ServerProcess("--manual-clock", "--config", str(path)).start()
+    try:
+        with Wire.to(s.port) as w:
+            yield w
+    finally:
+        assert s.stop() == 0, s.log()
 
 
 def test_config_rewrite_writes_a_binary_secret_that_a_restart_reads_back(tmp_path):
     path = tmp_path / "fastlimit.toml"
-    path.write_text("[server]\nmaxclients = 100\n")
-    s = started_with(path)
-    try:
-        with Wire.to(s.port) as w:
-            assert w.call("CONFIG", "SET", "requirepass", PW, "masterauth",
-                          "pässwörd".encode()) == b"+OK\r\n"
-            assert w.call("CONFIG", "REWRITE") == b"+OK\r\n"
-    finally:
-        assert s.stop() == 0, s.log()
+    path.write_text(FILE)
+    with running(path) as w:
+        assert w.call("CONFIG", "SET", "requirepass", PW, "masterauth",
+                      "pässwörd".encode()) == b"+OK\r\n"
+        assert w.call("CONFIG", "REWRITE") == b"+OK\r\n"
     text = path.read_text()
     assert f"requirepass = {list(PW)}\n" in text and 'masterauth = "pässwörd"\n' in text
-    s = started_with(path)
-    try:
-        with Wire.to(s.port) as w:
-            assert w.call("AUTH", PW) == b"+OK\r\n"
-            assert w.call("CONFIG", "GET", "masterauth") == \
-                b"*2\r\n$10\r\nmasterauth\r\n$10\r\n" + "pässwörd".encode() + b"\r\n"
-            assert w.call("CONFIG", "REWRITE") == b"+OK\r\n"
-        assert path.read_text() == text        # what the file says is what runs
-    finally:
-        assert s.stop() == 0, s.log()
+    with running(path) as w:
+        assert w.call("AUTH", PW) == b"+OK\r\n"
+        assert w.call("CONFIG", "GET", "masterauth") == \
+            b"*2\r\n$10\r\nmasterauth\r\n$10\r\n" + "pässwörd".encode() + b"\r\n"
+        assert w.call("CONFIG", "REWRITE") == b"+OK\r\n"
+    assert path.read_text() == text        # what the file says is what runs
 
 
 def test_config_rewrite_refuses_text_a_toml_file_cannot_hold(tmp_path):
     path = tmp_path / "fastlimit.toml"
-    path.write_text("[server]\nmaxclients = 100\n")
-    s = started_with(path)
-    try:
-        with Wire.to(s.port) as w:
-            assert w.call("CONFIG", "SET", "masteruser", b"u\xff", "masterauth", "pw") == \
-                b"+OK\r\n"
-            assert w.call("CONFIG", "GET", "masteruser") == \
-                b"*2\r\n$10\r\nmasteruser\r\n$2\r\nu\xff\r\n"
-            assert w.call("CONFIG", "REWRITE") == (
-                b"-ERR Rewriting config file: masteruser is not UTF-8 text, which a TOML "
-                b"file cannot hold\r\n")
-        assert path.read_text() == "[server]\nmaxclients = 100\n"
-    finally:
-        assert s.stop() == 0, s.log()
+    path.write_text(FILE)
+    with running(path) as w:
+        assert w.call("CONFIG", "SET", "masteruser", b"u\xff", "masterauth", "pw") == b"+OK\r\n"
+        assert w.call("CONFIG", "GET", "masteruser") == \
+            b"*2\r\n$10\r\nmasteruser\r\n$2\r\nu\xff\r\n"
+        assert w.call("CONFIG", "REWRITE") == (
+            b"-ERR Rewriting config file: masteruser is not UTF-8 text, which a TOML file "
+            b"cannot hold\r\n")
+    assert path.read_text() == FILE
