@@ -807,7 +807,7 @@ cdef class Connection:
         cdef Command sub
         cdef int pos = 0
         if cmd.no_auth:
-            return False     # AUTH, HELLO, QUIT, RESET: always, as in Redis
+            return False     # AUTH, HELLO, QUIT, RESET (the table's only no-auth ones), as Redis
         if cmd.subcommands and self.parser.argc >= 2:
             sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
                 self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
@@ -857,13 +857,16 @@ cdef class Connection:
         and only REPLCONF ACKs in.  Anything else is refused as Redis
         refuses it ("Replica can't interact with the keyspace"), but with
         no reply, which would corrupt the stream: one warning, and the
-        link is closed before it runs."""
+        link is closed before it runs.  A REPLCONF passes the user's ACL as
+        any command does: one its rules no longer admit is in ACL LOG, and
+        the link closes."""
         cdef size_t mark = OUT.len
-        if cmd is not None and cmd.name == "replconf":
+        if cmd is not None and cmd.name == "replconf" and not (
+                self.restricted and self.acl_denied(cmd, False)):
             self.run(cmd, None)
             if OUT.len == mark:
                 return
-            OUT.len = mark     # a REPLCONF that answers is not an ACK
+        OUT.len = mark     # neither a refusal nor a REPLCONF that answers is an ACK
         self.core.log.warning("replica id=%d addr=%s sent %s, which a replication link "
                               "does not take; closing the link", self.id, self.addr,
                               ascii(arg_text(&self.parser.argv[0], 32)))

@@ -96,6 +96,8 @@ def run_with_config(tmp_path, text: str | bytes | None,
     ("bind = []\n", "bind needs at least one address"),
     ("repl-user = \"\"\n", "repl-user must not be empty"),
     ("masteruser = \"sync\"\n", "masteruser needs masterauth (its password)"),
+    ("requirepass = [255, 256]\n",
+     "requirepass: argument must be a string or an array of byte values (0 to 255)"),
 ])
 def test_a_config_file_the_server_cannot_use_stops_it_with_one_clear_line(tmp_path, text, error):
     done = run_with_config(tmp_path, text)

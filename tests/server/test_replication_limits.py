@@ -246,8 +246,9 @@ def test_cl_sync_on_a_requirepass_server_needs_auth(make_server):
         assert w.call("CL.SYNC") == b"-NOAUTH Authentication required.\r\n"
         assert w.call("REPLCONF", "listening-port", "1") == \
             b"-NOAUTH Authentication required.\r\n"
-        # no repl-password: credentials in CL.SYNC are no way around AUTH
-        assert w.call("CL.SYNC", "replica", "pw").startswith(b"-WRONGPASS")
+        # CL.SYNC takes no credentials of its own: nothing is a way around AUTH
+        assert w.call("CL.SYNC", "replica", "pw") == \
+            b"-ERR wrong number of arguments for 'cl.sync' command\r\n"
         assert w.call("PING") == b"-NOAUTH Authentication required.\r\n"
     assert primary.client(password="pw").info("replication")["connected_slaves"] == 0
 
@@ -269,8 +270,8 @@ def test_repl_password_is_required_by_cl_sync(make_server):
     with Wire.to(primary.port) as w:
         assert w.call("CL.SYNC").startswith(b"-NOPERM this primary requires replication "
                                             b"credentials")
-        assert w.call("CL.SYNC", "rep", "nope").startswith(b"-WRONGPASS")
-        assert w.call("CL.SYNC", "other", "s3cret").startswith(b"-WRONGPASS")
+        assert w.call("AUTH", "rep", "nope").startswith(b"-WRONGPASS")
+        assert w.call("AUTH", "other", "s3cret").startswith(b"-WRONGPASS")
     assert p.info("replication")["connected_slaves"] == 0
 
     wrong = make_server("--replicaof", "127.0.0.1", str(primary.port),
@@ -293,7 +294,10 @@ def test_replication_credentials_stand_in_for_requirepass_only_to_replicate(make
         assert w.call("AUTH", "adminpw") == b"+OK\r\n"
         assert w.call("CL.SYNC").startswith(b"-NOPERM")
     with Wire.to(primary.port) as w:     # the replication one is no admin password
-        w.send(command("CL.SYNC", "replica", "replpw"))
+        assert w.call("AUTH", "replica", "replpw") == b"+OK\r\n"
+        assert w.call("CL.RESET", "k") == \
+            b"-NOPERM this user has no permissions to run the 'cl.reset' command\r\n"
+        w.send(command("CL.SYNC"))
         assert w.read_reply().startswith(b"+FULLSYNC ")
         w.send(command("CL.RESET", "k") + command("FLUSHALL"))
         time.sleep(0.5)

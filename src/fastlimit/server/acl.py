@@ -70,6 +70,12 @@ LOG_GROUPING_MS = 60_000
 LOG_GROUPING_SCAN = 10
 
 
+# repl-user's rules besides its password (repl-password): what a replica's
+# link sends after its AUTH (CL.SYNC, then REPLCONF listening-port,
+# ip-address and ACK), and nothing else: no key, no channel.
+REPLICATION_RULES = (b"reset", b"on", b"+cl.sync", b"+replconf")
+
+
 # The commands whose arguments name channels ACL rules restrict, and
 # whether they are patterns (compared literally, as Redis does).
 CHANNEL_COMMANDS = {"subscribe": False, "psubscribe": True, "publish": False}
@@ -365,11 +371,9 @@ class Acl(Subsystem):
         self.aclfile: str | None = settings.aclfile
         self.log_max_len = settings.acllog_max_len
         self.protected_mode = settings.protected_mode
-        default = self.new_user("default")
-        for rule in (b"+@all", b"~*", b"&*", b"on", b"nopass"):
-            default.apply(rule, self.commands)
-        default.update_grant()
-        self.users["default"] = default
+        self.users["default"] = self.open_default()
+        # (repl-user, repl-password) while repl-password makes an ACL user
+        self.replication: tuple[str, bytes] | None = None
         # With an aclfile, requirepass at start is ignored, as in Redis;
         # CONFIG SET requirepass later still sets the default user's password.
         self.requirepass = settings.requirepass
@@ -379,6 +383,7 @@ class Acl(Subsystem):
                 raise ConfigError(error)
         elif settings.requirepass:
             self.set_default_password(settings.requirepass)
+        self.make_replication_user(settings)
         self.users_changed()
 
     @property
@@ -387,6 +392,15 @@ class Acl(Subsystem):
 
     def new_user(self, name: str) -> User:
         return User(name, self.commands.size)
+
+    def open_default(self) -> User:
+        """The default user with no aclfile saying otherwise: everything,
+        no password."""
+        default = self.new_user("default")
+        for rule in (b"+@all", b"~*", b"&*", b"on", b"nopass"):
+            default.apply(rule, self.commands)
+        default.update_grant()
+        return default
 
     # ---- settings ---------------------------------------------------------------------
 
@@ -397,13 +411,43 @@ class Acl(Subsystem):
         if s.requirepass != self.requirepass:
             self.requirepass = s.requirepass
             self.set_default_password(s.requirepass)
+        self.make_replication_user(s)
         self.users_changed()
 
-    def set_default_password(self, password: str | None) -> None:
-        """Redis's ACLUpdateDefaultUserPassword: resetpass then >pw, or nopass."""
+    def set_default_password(self, password: bytes | None) -> None:
+        """Redis's ACLUpdateDefaultUserPassword: resetpass then >pw (its
+        bytes, whatever they are, as Redis takes binary passwords), or nopass."""
         user = self.default
         user.apply(b"resetpass", self.commands)
-        user.apply(b">" + password.encode() if password else b"nopass", self.commands)
+        user.apply(b">" + password if password else b"nopass", self.commands)
+
+    def make_replication_user(self, s) -> None:
+        """repl-user/repl-password as the ACL user a replica AUTHs as (its
+        masteruser/masterauth): REPLICATION_RULES and that password, made
+        when repl-password is set, made again when either changes and after
+        ACL LOAD, removed (its links closed) when repl-password is unset or
+        the name changes.  ConfigError refuses a name no user can have."""
+        wanted = (s.repl_user, s.repl_password) if s.repl_password else None
+        if wanted == self.replication:
+            return
+        if wanted is not None and (wanted[0] == "default" or _has_spaces(
+                wanted[0].encode("utf-8", "surrogateescape"))):
+            raise ConfigError("argument must be an ACL user name other than default, "
+                              "without spaces", "repl-user")
+        old, self.replication = self.replication, wanted
+        if old is not None and (wanted is None or wanted[0] != old[0]) and old[0] in self.users:
+            self.deluser([old[0]])
+        if wanted is not None:
+            self.install(self.replication_user())
+
+    def replication_user(self) -> User:
+        assert self.replication is not None
+        name, password = self.replication
+        user = self.new_user(name)
+        for rule in (*REPLICATION_RULES, b">" + password):
+            user.apply(rule, self.commands)
+        user.update_grant()
+        return user
 
     def users_changed(self) -> None:
         """What the connection layer reads from the users: whether new
@@ -433,7 +477,13 @@ class Acl(Subsystem):
                 raise RuleError(f"Error in ACL SETUSER modifier "
                                 f"'{rule.decode('utf-8', 'surrogateescape')}': {e}") from None
         user.update_grant()
-        self.users[name] = user
+        self.install(user)
+
+    def install(self, user: User) -> None:
+        """Puts user in place of the one of its name, whose connections run
+        as it from now on (a subscriber it no longer admits is closed)."""
+        old = self.users.get(user.name)
+        self.users[user.name] = user
         for conn in self.connections_of(old):
             if conn.subscribed and not self.may_keep_subscriptions(user, conn):
                 self.disconnect(old, only=conn)
@@ -522,6 +572,10 @@ class Acl(Subsystem):
         return None
 
     def authenticate(self, name: str, password: bytes) -> User | None:
+        """The user AUTH <name> <password> runs as, from the users as they
+        are now (every front asks this: a changed password, a user switched
+        off or deleted counts at once), or None.  The password is bytes,
+        any bytes; name is str, surrogateescape for bytes that are not UTF-8."""
         user = self.users.get(name)
         if user is None or not user.check_password(password):
             return None
@@ -588,18 +642,19 @@ class Acl(Subsystem):
         except ValueError as e:
             return str(e)
         if "default" not in users:
-            default = self.new_user("default")
-            for rule in (b"+@all", b"~*", b"&*", b"on", b"nopass"):
-                default.apply(rule, self.commands)
-            default.update_grant()
-            users["default"] = default
+            users["default"] = self.open_default()
+        kept = {"default"}
+        if self.replication is not None:     # the settings', whatever the file says
+            users[self.replication[0]] = self.replication_user()
+            kept.add(self.replication[0])
         old, self.users = self.users, users
         # As Redis 7.0's ACL LOAD: the old users' connections are closed, but
-        # the default user's, which take its new rules.
+        # the default user's, which take its new rules (and repl-user's:
+        # its rules are the settings', so its replicas stay).
         for user in old.values():
-            if user.name == "default":
+            if user.name in kept:
                 for conn in self.connections_of(user):
-                    conn.set_user(users["default"], conn.authenticated)
+                    conn.set_user(users[user.name], conn.authenticated)
             else:
                 self.disconnect(user)
         self.users_changed()

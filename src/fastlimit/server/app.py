@@ -112,7 +112,7 @@ class Server:
 
     def _apply_limits(self, s: cfg.Settings) -> None:
         core = self.core
-        core.requirepass = s.requirepass.encode() if s.requirepass else None
+        core.requirepass = s.requirepass
         core.max_bulk_len = s.proto_max_bulk_len
         core.max_multibulk_len = s.max_multibulk_len
         core.query_buffer_limit = s.client_query_buffer_limit

@@ -152,7 +152,7 @@ class Cluster(Subsystem):
         if masters:
             password = self.app.settings.cluster_sentinel_password
             self.watcher = ShardRoles(self.slot_map.sentinels, masters, self.sentinels_changed,
-                                      password=password.encode() if password else None,
+                                      password=password,
                                       log=self.log)
             await self.watcher.start()
         self._merge_roles(map_changed=True)

@@ -205,7 +205,7 @@ def parse_loglevel(value) -> str:
 class Settings:
     bind: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     port: int = DEFAULT_PORT
-    requirepass: str | None = None
+    requirepass: bytes | None = None
     aclfile: str | None = None
     acllog_max_len: int = 128
     protected_mode: bool = True
@@ -227,14 +227,14 @@ class Settings:
     rules_db: str | None = DEFAULT_RULES_DB
     rules_file: str | None = None
     replicaof: tuple[str, int] | None = None
-    masterauth: str | None = None
+    masterauth: bytes | None = None
     masteruser: str | None = None
     replica_priority: int = 100
     replica_announce_ip: str | None = None
     replica_announce_port: int = 0
     replica_announced: bool = True
     repl_user: str = "replica"
-    repl_password: str | None = None
+    repl_password: bytes | None = None
     repl_max_full_copies: int = 2
     repl_timeout: int = 60
     repl_flush_ms: float = 2.0
@@ -247,7 +247,7 @@ class Settings:
     cluster_config_file: str | None = None
     cluster_announce_ip: str | None = None
     cluster_announce_port: int = 0
-    cluster_sentinel_password: str | None = None
+    cluster_sentinel_password: bytes | None = None
     cluster_user: str | None = None
     cluster_password: bytes | None = None
     http_port: int | None = None      # None: follows port (front_port)
@@ -274,10 +274,10 @@ class Settings:
     tls_port: int = 0
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
-    tls_key_file_pass: str | None = None
+    tls_key_file_pass: bytes | None = None
     tls_client_cert_file: str | None = None
     tls_client_key_file: str | None = None
-    tls_client_key_file_pass: str | None = None
+    tls_client_key_file_pass: bytes | None = None
     tls_ca_cert_file: str | None = None
     tls_ca_cert_dir: str | None = None
     tls_auth_clients: str = "yes"
@@ -372,12 +372,35 @@ def defaults_for(settings: Settings) -> Settings:
 
 LOGLEVELS = {"debug": 10, "verbose": 15, "notice": 20, "warning": 30}
 
+
+def parse_secret(value) -> bytes | None:
+    """A password or passphrase is its bytes, whatever they are, as Redis
+    takes binary passwords: CONFIG SET's and the command line's text carry
+    them surrogateescaped, a TOML string is its UTF-8, and a TOML array of
+    byte values (what CONFIG REWRITE writes for bytes that are not UTF-8)
+    those bytes.  The empty secret is none."""
+    if isinstance(value, bytes):
+        secret = value
+    elif isinstance(value, list):
+        if not all(type(b) is int and 0 <= b <= 255 for b in value):
+            raise ConfigError("argument must be a string or an array of byte values (0 to 255)")
+        secret = bytes(value)
+    else:
+        secret = str(value).encode("utf-8", "surrogateescape")
+    return secret or None
+
+
+def format_secret(value: bytes | None) -> str:
+    """As CONFIG GET shows a secret: its bytes again once the reply encodes
+    the text (surrogateescape)."""
+    return value.decode("utf-8", "surrogateescape") if value else ""
+
 # name -> (parse from text or a TOML value, format for CONFIG GET).  Every
 # size fits the C fields it ends in (int64); ConfigError says what is wrong.
 _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "bind": (lambda v: v.split() if isinstance(v, str) else list(v), " ".join),
     "port": (lambda v: parse_int(v, 0, 65535), str),
-"requirepass": (lambda v: str(v) or None, lambda v: v or ""),
+    "requirepass": (parse_secret, format_secret),
     "aclfile": (lambda v: str(v) or None, lambda v: v or ""),
     "acllog-max-len": (lambda v: parse_int(v, 0, 2**31 - 1), str),
     "protected-mode": (parse_bool, lambda v: "yes" if v else "no"),
@@ -397,14 +420,14 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rules-db": (lambda v: str(v) or None, lambda v: v or ""),
     "rules-file": (lambda v: str(v) or None, lambda v: v or ""),
     "replicaof": (lambda v: parse_replicaof(v), lambda v: f"{v[0]} {v[1]}" if v else ""),
-    "masterauth": (lambda v: str(v) or None, lambda v: v or ""),
+    "masterauth": (parse_secret, format_secret),
     "masteruser": (lambda v: str(v) or None, lambda v: v or ""),
     "replica-priority": (lambda v: parse_int(v, 0, 2**31 - 1), str),
     "replica-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "replica-announce-port": (lambda v: parse_int(v, 0, 65535), str),
     "replica-announced": (parse_bool, lambda v: "yes" if v else "no"),
     "repl-user": (str, str),
-    "repl-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "repl-password": (parse_secret, format_secret),
     "repl-max-full-copies": (lambda v: parse_int(v, 1, 64), str),
     "repl-timeout": (lambda v: parse_int(v, 1, 86400), str),
     "repl-flush-ms": (lambda v: parse_number(v, 0.1, 1000), str),
@@ -417,12 +440,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "cluster-config-file": (lambda v: str(v) or None, lambda v: v or ""),
     "cluster-announce-ip": (lambda v: parse_announce_ip(v), lambda v: v or ""),
     "cluster-announce-port": (lambda v: parse_int(v, 0, 65535), str),
-    "cluster-sentinel-password": (lambda v: str(v) or None, lambda v: v or ""),
+    "cluster-sentinel-password": (parse_secret, format_secret),
     "cluster-user": (lambda v: str(v) or None, lambda v: v or ""),
-    # a secret is bytes, as it came (the command line's undecodable bytes too)
-    "cluster-password": (lambda v: (v if isinstance(v, bytes) else
-                                    str(v).encode("utf-8", "surrogateescape")) or None,
-                         lambda v: v.decode("utf-8", "surrogateescape") if v else ""),
+    "cluster-password": (parse_secret, format_secret),
     "http-port": (parse_front_port, lambda v: "" if v is None else str(v)),
     "http-metrics-auth": (parse_bool, lambda v: "yes" if v else "no"),
     "http-max-header-bytes": (lambda v: parse_memory(v, 1024, 1024**2), str),
@@ -446,9 +466,10 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "grpc-deadline-ms": (lambda v: parse_number(v, 0, 60_000), str),
     "tls-port": (lambda v: parse_int(v, 0, 65535), str),
     **{name: (lambda v: str(v) or None, lambda v: v or "") for name in (
-        "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
-        "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file",
-        "tls-ca-cert-dir", "tls-ciphers")},
+        "tls-cert-file", "tls-key-file", "tls-client-cert-file", "tls-client-key-file",
+        "tls-ca-cert-file", "tls-ca-cert-dir", "tls-ciphers")},
+    "tls-key-file-pass": (parse_secret, format_secret),
+    "tls-client-key-file-pass": (parse_secret, format_secret),
     "tls-auth-clients": (lambda v: parse_tls_auth_clients(v), str),
     "tls-protocols": (lambda v: parse_tls_protocols(v), lambda v: v or ""),
     "tls-ciphersuites": (lambda v: parse_tls_ciphersuites(v), lambda v: v or ""),
@@ -882,7 +903,7 @@ def rewrite(settings: Settings, path: str) -> None:
             if lines:
                 del table[lines[0]]
         elif lines or value != getattr(defaults, attr_name(key)):
-            table[lines[0] if lines else key] = _toml_value(value, fmt)
+            table[lines[0] if lines else key] = _toml_value(key, value, fmt)
     replace_file(target, tomlkit.dumps(doc).encode())
 
 
@@ -908,13 +929,26 @@ def _says(parse, item, value) -> bool:
         return False
 
 
-def _toml_value(value, fmt):
+def _toml_value(key: str, value, fmt):
     """A running value as TOML: numbers, booleans, strings and the address
-    list as themselves, anything else (replicaof, the output limit) in the
-    text CONFIG GET shows, which its parser reads back."""
-    if isinstance(value, (bool, int, float, str, list)):
-        return value
-    return fmt(value)
+    list as themselves, a secret as its text or, when it is not UTF-8, its
+    bytes (an array parse_secret reads back), anything else (replicaof,
+    the output limit) in the text CONFIG GET shows, which its parser reads
+    back.  Text that is not UTF-8 (CONFIG SET takes any bytes) has no TOML
+    form: ConfigError."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return list(value)
+    out = value if isinstance(value, (bool, int, float, str, list)) else fmt(value)
+    texts = [t for t in (out if isinstance(out, list) else [out]) if isinstance(t, str)]
+    try:
+        for text in texts:
+            text.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"{key} is not UTF-8 text, which a TOML file cannot hold") from None
+    return out
 
 
 def replace_file(path: str, data: bytes) -> None:
@@ -1002,10 +1036,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicaof", nargs=2, metavar=("HOST", "PORT"),
                    help="start as a read-only replica of this primary")
     p.add_argument("--masterauth", metavar="PW",
-                   help="password a replica gives its primary: its requirepass, or with "
-                        "masteruser its repl-password")
+                   help="password a replica AUTHs to its primary with: the default user's "
+                        "(requirepass), or masteruser's")
     p.add_argument("--masteruser", metavar="USER",
-                   help="a replica syncs as this repl-user (CL.SYNC <user> <masterauth>)")
+                   help="the primary's ACL user a replica AUTHs as (AUTH <user> "
+                        "<masterauth>), which needs +cl.sync +replconf")
     p.add_argument("--replica-priority", metavar="N",
                    help="Sentinel promotes the replica with the lowest priority first; "
                         "0: never (default 100)")
@@ -1018,10 +1053,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-announced", metavar="yes|no",
                    help="whether Sentinel lists this replica (default yes)")
     p.add_argument("--repl-user", metavar="USER",
-                   help="user name replicas give with repl-password (default replica)")
+                   help="the ACL user repl-password makes for replicas (default replica)")
     p.add_argument("--repl-password", metavar="PW",
-                   help="CL.SYNC needs <repl-user> <repl-password>, which also stand in "
-                        "for requirepass on that connection (default: none)")
+                   help="makes repl-user an ACL user with this password that may only "
+                        "replicate (+cl.sync +replconf), and the only one CL.SYNC "
+                        "serves (default: none)")
     p.add_argument("--repl-max-full-copies", metavar="N",
                    help="full copies (a fork and a dataset-sized memory file each) in "
                         "flight at once; replicas arriving meanwhile share one (default 2)")

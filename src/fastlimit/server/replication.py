@@ -674,18 +674,21 @@ class PrimaryLink(asyncio.Protocol):
         self.handshake = bytearray()
         self._ends = (_address(transport.get_extra_info("sockname")),
                       _address(transport.get_extra_info("peername")))
-        settings = self.app.settings
-        if settings.masteruser:
-            # CL.SYNC's own credentials (the primary's repl-user) stand in
-            # for AUTH.
-            commands = [[b"CL.SYNC", settings.masteruser.encode(),
-                         settings.masterauth.encode()]]
-        else:
-            commands = [[b"AUTH", settings.masterauth.encode()]] if settings.masterauth else []
-            commands += [[b"CL.SYNC"]]
+        commands = [*self._auth(), [b"CL.SYNC"]]
         self.replies_due = len(commands)
         # The address follows, unanswered, on the replica link.
         transport.write(b"".join(_resp_command(c) for c in commands + [self._announce()]))
+
+    def _auth(self) -> list[list[bytes]]:
+        """The AUTH a Redis replica sends: as masteruser when set (an ACL
+        user of the primary's, which needs +cl.sync +replconf), else as
+        the default user; none without masterauth."""
+        settings = self.app.settings
+        if not settings.masterauth:
+            return []
+        user = [settings.masteruser.encode("utf-8", "surrogateescape")] \
+            if settings.masteruser else []
+        return [[b"AUTH", *user, settings.masterauth]]
 
     def _announce(self) -> list[bytes]:
         """REPLCONF with the address the primary is to list this replica

@@ -88,11 +88,11 @@ def _common(ctx: ssl.SSLContext, s) -> None:
 
 
 def _load_pair(ctx: ssl.SSLContext, cert: str | None, key: str | None,
-               password: str | None, what: str = "tls") -> None:
+               password: bytes | None, what: str = "tls") -> None:
     cert, key = _require_pair(cert, key, what)
     try:
         # "" rather than None: OpenSSL would ask for a passphrase on the terminal
-        ctx.load_cert_chain(cert, key, password=password or "")
+        ctx.load_cert_chain(cert, key, password=password or b"")
     except (OSError, ssl.SSLError) as e:
         raise TlsError(f"Failed to load certificate: {cert} or private key: {key}: "
                        f"{_reason(e)}") from None
@@ -145,7 +145,7 @@ def client_context(s) -> ssl.SSLContext:
     return ctx
 
 
-def client_pair(s) -> tuple[str, str | None, str | None, str] | None:
+def client_pair(s) -> tuple[str, str | None, bytes | None, str] | None:
     """The certificate this end shows when it calls out: (cert, key,
     passphrase, the settings' prefix), or None."""
     if s.tls_client_cert_file:

@@ -14,8 +14,10 @@ def cmd_config_get(conn, args):
 def cmd_config_set(conn, args):
     if len(args) % 2:      # Redis 7.0: pairs or a syntax error
         raise ReplyError("ERR syntax error")
-    pairs = [(args[i].decode("utf-8", "replace"), args[i + 1].decode("utf-8", "replace"))
-             for i in range(2, len(args), 2)]
+    # surrogateescape: every byte as sent (a password is its bytes, see
+    # cfg.parse_secret), and an error names the argument as sent, as Redis's
+    pairs = [(args[i].decode("utf-8", "surrogateescape"),
+              args[i + 1].decode("utf-8", "surrogateescape")) for i in range(2, len(args), 2)]
     try:
         conn.core.app.config_set(pairs)
     except cfg.UnknownSetting as e:

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString
 from fastlimit.server import config as cfg
 from fastlimit.server.arguments import integer, lowercase
-from fastlimit.server.commands.replies import OK, WRONGPASS
+from fastlimit.server.commands.replies import OK
 from fastlimit.server.replication import Follower
 
 
@@ -36,12 +35,8 @@ def cmd_replconf(conn, args):
     """REPLCONF <option> <value> ...: what a replica tells its primary.
     ACK <offset> gets no reply, as in Redis.  On a replica link (after
     CL.SYNC) nothing does, as a reply would land amid the stream's
-    frames: a malformed REPLCONF there closes the link instead.  It runs
-    before AUTH only on a link CL.SYNC opened with replication
-    credentials."""
+    frames: a malformed REPLCONF there closes the link instead."""
     if conn.replica is None:
-        if not conn.authenticated:
-            raise ReplyError("NOAUTH Authentication required.")
         return _replconf(conn, args)
     try:
         _replconf(conn, args)
@@ -87,41 +82,23 @@ def _announce_ip(conn, value: bytes) -> None:
 
 
 def cmd_cl_sync(conn, args):
-    """CL.SYNC [<repl-user> <repl-password>]: makes this connection a
-    replica's: a full copy follows the reply, then the stream (see
-    replstream.py); a replica in sync serves it too, relaying its
-    primary's stream.  It only reads: nothing a client sends here can
-    change a bucket.  With repl-password set, the credentials are
-    required; they stand in for requirepass for CL.SYNC and REPLCONF on
-    this connection, and for nothing else."""
+    """CL.SYNC: makes this connection a replica's: a full copy follows the
+    reply, then the stream (see replstream.py); a replica in sync serves
+    it too, relaying its primary's stream.  It only reads: nothing a
+    client sends here can change a bucket.  Like any command it needs a
+    user whose ACL allows it (a replica AUTHs as its masteruser); with
+    repl-password set, only repl-user (the ACL user server/acl.py makes
+    of the two) may sync, whatever other users may run."""
     app = conn.core.app
     settings = app.settings
-    if len(args) not in (1, 3):
-        raise ReplyError("ERR syntax error")
-    if len(args) == 3:
-        if not _replication_credentials_ok(settings, args[1], args[2]):
-            raise ReplyError(WRONGPASS)
-    elif not conn.authenticated:
-        raise ReplyError("NOAUTH Authentication required.")
-    elif settings.repl_password is not None:
+    if settings.repl_password is not None and conn.user.name != settings.repl_user:
         raise ReplyError("NOPERM this primary requires replication credentials: "
-                         "CL.SYNC <repl-user> <repl-password>")
+                         "AUTH <repl-user> <repl-password>")
     link = app.replication.link
     if link is not None and link.state != "connected":   # a replica relays once in sync
         raise ReplyError("NOMASTERLINK Can't SYNC while not connected with my master")
-    if conn.replica is not None:
-        raise ReplyError("ERR this connection is already a replica's")
     conn.replica = Follower(conn, conn.addr.rpartition(":")[0].strip("[]"), conn.replica_port)
     asyncio.get_running_loop().call_soon(app.replication.attach, conn)
     repl = app.replication
     replid, offset = (link.master_replid, link.offset) if link else (repl.replid, repl.offset)
     return SimpleString(f"FULLSYNC {replid} {offset}")
-
-
-def _replication_credentials_ok(settings, user: bytes, password: bytes) -> bool:
-    expected = settings.repl_password
-    if expected is None:
-        return False
-    # both compared, so the time taken says nothing about which was wrong
-    user_ok = hmac.compare_digest(user, settings.repl_user.encode())
-    return hmac.compare_digest(password, expected.encode()) and user_ok

@@ -37,6 +37,9 @@ from fastlimit.server.commands.spec import command, container, ratelimit_command
 
 
 def build_table() -> dict[bytes, Command]:
+    # "no-auth": runs before AUTH (and, as in Redis, whatever the user's
+    # commands). Only these four connection commands carry it, Redis's own:
+    # anything else a connection may do needs a user and passes its ACL.
     conn_flags = ("noscript", "loading", "stale", "fast", "no-auth", "allow-busy")
     # Redis's: admin also keeps CONFIG SET requirepass out of MONITOR
     config_flags = ("admin", "noscript", "loading", "stale")
@@ -161,17 +164,13 @@ def build_table() -> dict[bytes, Command]:
              replication.cmd_role,
              acl=("@admin", "@fast", "@dangerous"), group="server",
              summary="Returns the replication role."),
-        command("replconf", -1,
-             ("admin", "noscript", "loading", "stale", "allow-busy", "no-auth"),
+        command("replconf", -1, ("admin", "noscript", "loading", "stale", "allow-busy"),
              replication.cmd_replconf, acl=("@admin", "@slow", "@dangerous"), group="server",
              summary="An internal command a replica sends its primary."),
-        command("cl.sync", -1, ("admin", "noscript", "no-multi", "no-auth"),
-             replication.cmd_cl_sync,
+        command("cl.sync", 1, ("admin", "noscript", "no-multi"), replication.cmd_cl_sync,
              acl=("@admin", "@slow", "@dangerous"), group="server", since="0.4.0",
              summary="An internal command: a replica asks for a full copy and the "
-                     "stream of changes.",
-             arguments=[("repl-user", "string", {"optional": True}),
-                        ("repl-password", "string", {"optional": True})]),
+                     "stream of changes."),
         client_container(),
         container("command", -1, ("loading", "stale"), [
             sub("command", "count", 2, introspection.cmd_command_count,
