@@ -807,7 +807,7 @@ cdef class Connection:
         cdef Command sub
         cdef int pos = 0
         if cmd.no_auth:
-            return False     # AUTH, HELLO, QUIT, RESET (the table's only no-auth ones), as Redis
+            return False     # AUTH, HELLO, QUIT, RESET and CL.PEERAUTH (the table's only no-auth ones), as Redis
         if cmd.subcommands and self.parser.argc >= 2:
             sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
                 self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
