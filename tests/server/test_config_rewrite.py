@@ -182,6 +182,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--cluster-user", "cu", "--cluster-password", "cp",
             "--http-port", "8000", "--http-metrics-auth", "no", "--http-max-header-bytes", "8kb",
             "--http-max-body-bytes", "64kb", "--http-header-timeout", "2.5",
+            "--http-body-timeout", "30", "--http-body-memory", "32mb",
             "--http-batch-max", "10", "--metrics-rule-labels", "5",
             "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
             "--rls-shadow-mode", "yes", "--rls-merge-domains", "yes",
