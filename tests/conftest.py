@@ -75,6 +75,12 @@ UNTRACED = (
     "test_async_cluster_client_answers_as_one_standalone_server_pipelined_per_node",
     "tests/cluster/test_reshard.py",
     "tests/cluster/test_slots_data.py",
+    # configurations of thousands of descriptors or rules read while a client is timed
+    "tests/rls/test_rls_server.py::test_the_server_answers_while_a_large_configuration_is_read",
+    "tests/rls/test_rls_server.py::"
+    "test_a_reload_puts_the_new_configuration_in_force_in_one_step",
+    "tests/rules/test_server_rules.py::"
+    "test_the_server_answers_while_a_large_rules_file_is_read_on_sighup",
     # CPU bounds on whole responses over many rules
     "tests/server/http/test_http_metrics.py::test_a_scrape_with_1000_rules_is_cheap",
     "tests/server/http/test_http_status_page.py::"

@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 
 # The port pickers are the HA rig's (scripts/ha.py), which the tests use too.
@@ -233,3 +234,37 @@ class RecordingTransport:
         self.closed = True
 
     abort = close
+
+
+class Pinger(threading.Thread):
+    """A well-behaved RESP client: a PING every 2 ms, its latencies kept."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.port, self.latencies, self.stopped = port, [], False
+
+    def run(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=60) as conn:
+            while not self.stopped:
+                sent = time.perf_counter()
+                conn.sendall(b"PING\r\n")
+                assert conn.recv(100) == b"+PONG\r\n"
+                self.latencies.append(time.perf_counter() - sent)
+                time.sleep(0.002)
+
+    def stop(self) -> float:
+        """The longest wait."""
+        self.stopped = True
+        self.join(10)
+        return max(self.latencies)
+
+
+def longest_ping_while(port: int, begin, done, what: str, timeout: float = 60.0) -> float:
+    """The longest a well-behaved client's PING waits from begin() until
+    done() holds: what the server's other clients notice of that work."""
+    pinger = Pinger(port)
+    pinger.start()
+    time.sleep(0.2)
+    begin()
+    wait_until(done, timeout, what)
+    return pinger.stop()

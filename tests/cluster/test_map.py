@@ -10,6 +10,8 @@ import pytest
 
 from fastlimit._cluster import SLOTS
 from fastlimit.cluster.map import (
+    MAX_MAP_BYTES,
+    MAX_SHARDS,
     Address,
     MapError,
     Roles,
@@ -344,3 +346,36 @@ def test_cluster_nodes_equals_redis_from_every_node_but_for_times_and_bus_ports(
             assert fields[2:4] == real[2:4], node_id                  # flags, master id
             assert fields[4:6] == ["0", "0"]                          # ping sent, pong received
             assert fields[6:] == real[6:], node_id                    # epoch, link, slots
+
+
+# ---- a map is bounded work to read ---------------------------------------------------------
+
+def test_a_map_larger_than_its_bound_is_refused():
+    padded = TWO_STATIC + "#" * (MAX_MAP_BYTES - len(TWO_STATIC)) + "\n"
+    with pytest.raises(MapError) as e:
+        loads(padded, "the new slot map")
+    assert str(e.value) == (f"the new slot map is larger than the {MAX_MAP_BYTES} bytes a "
+                            "slot map may have")
+    assert loads(padded[:MAX_MAP_BYTES - 1] + "\n") == loads(TWO_STATIC)
+
+
+def test_a_map_with_more_shards_than_its_bound_is_refused():
+    def shards(count: int) -> str:
+        every_slot = '"0-16383"'
+        return "version = 1\n" + "".join(
+            f'[[shard]]\nname = "s{i}"\nslots = [{every_slot if i == 0 else ""}]\n'
+            f'primary = "10.0.{i // 250}.{i % 250 + 1}:7000"\n' for i in range(count))
+    assert len(loads(shards(MAX_SHARDS)).shards) == MAX_SHARDS
+    with pytest.raises(MapError) as e:
+        loads(shards(MAX_SHARDS + 1))
+    assert str(e.value) == (f"slot map: {MAX_SHARDS + 1} shards, more than the {MAX_SHARDS} "
+                            "a slot map may have")
+
+
+def test_more_slot_ranges_than_slots_are_refused_before_they_are_sorted():
+    text = ('version = 1\n[[shard]]\nname = "a"\nslots = [' + ", ".join(['"0"'] * (SLOTS + 1))
+            + ']\nprimary = "127.0.0.1:7000"\n')
+    with pytest.raises(MapError) as e:
+        loads(text)
+    assert str(e.value) == f"slot map: {SLOTS + 1} slot ranges, more than the {SLOTS} slots: " \
+                           "some overlap"

@@ -364,7 +364,10 @@ def rls_config_seeds() -> list[bytes]:
               b"{unit: second, requests_per_unit: 1, unit_multiplier: 10}\n",
               b"\x00domain: d\ndescriptors:\n  - key: k\n    value: v*\n    shadow_mode: true\n"
               b"    rate_limit: {unit: hour, requests_per_unit: 3, name: n}\n",
-              b"\x00a: &x [1]\nb: *x\n", b"\x00domain: [\n"]
+              b"\x00a: &x [1]\nb: *x\n", b"\x00domain: [\n",
+              EVEN + rls_tables.alias_bomb(10, 3).encode(),        # accepted, expanded
+              EVEN + rls_tables.alias_bomb(10, 6).encode(),        # excessive aliasing
+              b"\x00domain: d\ndescriptors: &x\n  - key: a\n    descriptors: *x\n"]
     return seeds
 
 

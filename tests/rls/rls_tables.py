@@ -4,6 +4,9 @@ of its test/config/basic_config.yaml, typed again as our fixtures: the
 decision's tests (test_rls_service.py) and /json's (test_rls_json.py)
 run the same tables."""
 
+import os
+import sys
+
 SECOND, MINUTE, HOUR, DAY = 1, 2, 3, 4
 
 # A Thursday, at the start of a UTC day: every window from a second to a
@@ -114,3 +117,20 @@ BASIC_MATCHES = [
     ([("multiWild", "foobaz")], None),
     ([("nothing", "here")], None),
 ]
+
+
+# ---- bounded work: documents made to be large -------------------------------------------
+
+# alias_bomb(width, levels): the second review's file, as the soak sends it
+# (each level's anchor used width times by the next: a 2 KB file (10, 6)
+# stands for a million descriptors).  bench/ is not a package.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "bench"))
+from soak import alias_bomb  # noqa: E402,F401
+
+
+def plain(count: int, domain: str = "d", rpu: int = 1) -> str:
+    """A domain of count descriptors, each with a limit of rpu a second."""
+    return f"domain: {domain}\ndescriptors:\n" + "".join(
+        f"  - key: k{i}\n    rate_limit: {{unit: second, requests_per_unit: {rpu}}}\n"
+        for i in range(count))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from rls_tables import alias_bomb, plain
 
 from fastlimit.rls.config import ConfigError, load, load_text
 from fastlimit.rls.matcher import find_limit
@@ -147,3 +148,58 @@ def test_a_date_like_value_is_a_string_as_go_yaml_reads_it():
     d = one("domain: d\ndescriptors:\n  - key: day\n    value: 2026-12-01\n"
             "    rate_limit: {unit: second, requests_per_unit: 1}\n")
     assert find_limit(d.root, [(b"day", b"2026-12-01")])[0] is not None
+
+
+# ---- bounded work: aliases, descriptors, bytes -------------------------------------------
+
+@pytest.mark.parametrize("levels", [4, 6])
+def test_an_alias_bomb_is_refused_as_go_yaml_refuses_it(levels):
+    text = alias_bomb(10, levels)
+    assert len(text) < 3000
+    with pytest.raises(ConfigError) as e:
+        one(text)
+    assert str(e.value) == ("c.yaml: error loading config file: yaml: document contains "
+                            "excessive aliasing")
+
+
+def test_aliases_that_expand_little_are_accepted_as_go_yaml_accepts_them():
+    d = one(alias_bomb(10, 3))         # 1.4 KB, expanded: under go-yaml's ratio
+    # the anchors, then each level's 10 keys over the level below, expanded
+    assert (d.descriptors, d.limits) == (4 + 1 + (10 + 10) + (10 + 200) + (10 + 2100), 1111)
+    shared = ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: &lim {unit: second, "
+              "requests_per_unit: 3}\n  - key: b\n    rate_limit: *lim\n")
+    assert find_limit(one(shared).root, [(b"b", b"x")])[0].limits[0].requests_per_unit == 3
+
+
+def test_an_anchor_used_inside_itself_is_go_yamls_error_not_a_recursion():
+    with pytest.raises(ConfigError) as e:
+        one("domain: d\ndescriptors: &x\n  - key: a\n    descriptors: *x\n")
+    assert str(e.value) == ("c.yaml: error loading config file: yaml: anchor 'x' value "
+                            "contains itself")
+
+
+def test_more_descriptors_than_rls_max_descriptors_are_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text(plain(3, "a"))
+    (tmp_path / "b.yaml").write_text(plain(3, "b"))
+    assert load(str(tmp_path), max_descriptors=6).descriptor_count == 6
+    with pytest.raises(ConfigError) as e:
+        load(str(tmp_path), max_descriptors=5)
+    assert str(e.value) == (f"{tmp_path / 'b.yaml'}: the configuration has more than 5 "
+                            "descriptors (rls-max-descriptors)")
+
+
+def test_aliases_under_go_yamls_ratio_still_count_every_descriptor(tmp_path):
+    (tmp_path / "a.yaml").write_text(alias_bomb(10, 3))
+    with pytest.raises(ConfigError, match="more than 1000 descriptors"):
+        load(str(tmp_path), max_descriptors=1000)
+
+
+def test_a_configuration_larger_than_rls_max_config_bytes_is_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text(plain(10, "a"))
+    (tmp_path / "b.yaml").write_text(plain(10, "b"))
+    size = sum(len(p.read_bytes()) for p in tmp_path.iterdir())
+    assert load(str(tmp_path), max_bytes=size).text_bytes == size
+    with pytest.raises(ConfigError) as e:
+        load(str(tmp_path), max_bytes=size - 1)
+    assert str(e.value) == (f"{tmp_path / 'b.yaml'}: the configuration (its files together) "
+                            f"is more than the {size - 1} bytes of rls-max-config-bytes")

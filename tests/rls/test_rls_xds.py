@@ -171,6 +171,24 @@ def test_two_resources_of_one_domain_are_nacked_as_a_duplicate_domain(ads, make_
     assert user_call(srv)["limit"] == (5, MINUTE, b"")
 
 
+def test_a_response_over_the_configuration_bounds_is_nacked_and_says_which(ads, make_rls):
+    ads.set_snapshot("1", USERS_5)
+    srv = make_rls(ads.address, "--rls-max-descriptors", "2")
+    in_force(srv, "1")
+    three = rate_limit_config("many", *(descriptor(f"k{i}", rate_limit=policy(1, "SECOND"))
+                                        for i in range(3)))
+    assert ads.answer_to(ads.set_snapshot("2", three))["error"][1] == (
+        "many: the configuration has more than 2 descriptors (rls-max-descriptors)")
+    srv.client().config_set("rls-max-config-bytes", "1kb")
+    big = rate_limit_config("users", descriptor("user", value="v" * 1100,
+                                                rate_limit=policy(5, "MINUTE")))
+    message = ads.answer_to(ads.set_snapshot("3", big))["error"][1]
+    assert message.startswith("the configuration is ") and message.endswith(
+        " bytes, more than the 1024 bytes of rls-max-config-bytes"), message
+    assert user_call(srv)["limit"] == (5, MINUTE, b"")
+    assert xds_info(srv)["rls_xds_version"] == "1"
+
+
 def test_with_rls_merge_domains_resources_of_one_domain_make_one_tree(ads, make_rls):
     ads.set_snapshot("1", rate_limit_config("users", descriptor("x"), name="first"),
                      rate_limit_config("users", descriptor("user", rate_limit=policy(7, "MINUTE")),

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from fastlimit.rules import files
 from fastlimit.rules.files import load_rules_file
 from fastlimit.rules.model import RuleError, parse_rule
 
@@ -151,3 +152,21 @@ def test_unknown_top_level_key(tmp_path):
     assert error_of(path) == f"rules file {path}: rules must be a table of rules by id"
     path = write(tmp_path, "rules.json", '[1]')
     assert "no rules table" in error_of(path)
+
+
+def test_a_rules_file_larger_than_its_bound_is_refused_unread(tmp_path, monkeypatch):
+    text = as_json(EXPECTED)
+    path = write(tmp_path, "rules.json", text)
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", len(text))
+    assert load_rules_file(path) == EXPECTED
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", len(text) - 1)
+    assert error_of(path) == (f"rules file {path} is larger than the {len(text) - 1} bytes "
+                              "a rules file may have")
+
+
+def test_a_rules_file_with_more_rules_than_its_bound_is_refused(tmp_path, monkeypatch):
+    path = write(tmp_path, "rules.toml", TOML)
+    monkeypatch.setattr(files, "MAX_FILE_RULES", 3)
+    assert load_rules_file(path) == EXPECTED
+    monkeypatch.setattr(files, "MAX_FILE_RULES", 2)
+    assert error_of(path) == f"rules file {path} has 3 rules, more than the 2 a rules file may have"

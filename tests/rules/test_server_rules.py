@@ -13,6 +13,9 @@ import time
 
 import pytest
 import redis
+from wire import longest_ping_while
+
+from fastlimit.rules.files import load_rules_file
 
 TB = {"capacity": 2, "refill_per_second": 1}
 
@@ -133,6 +136,32 @@ def test_rules_file_sighup_and_reload(start, tmp_path):
         assert time.monotonic() < deadline, s.log()
         time.sleep(0.02)
     assert c.execute_command("CL.RULE", "LIST") == [b"mine", b"search"]
+
+
+def many_rules(count: int, capacity: int = 20) -> str:
+    return "".join(f'[rules.r{i}]\nmatch = {{ resource = "GET /api/{i}/*" }}\n'
+                   f"capacity = {capacity if i == 0 else 20}\nrefill_per_second = 10\n"
+                   for i in range(count))
+
+
+def test_the_server_answers_while_a_large_rules_file_is_read_on_sighup(start, tmp_path):
+    """The file is read and checked in a thread; only its one changed rule
+    is put in force on the loop."""
+    path = tmp_path / "rules.toml"
+    path.write_text(many_rules(10_000))
+    s = start("--rules-db", "", "--rules-file", str(path))
+    c = s.client()
+    path.write_text(many_rules(10_000, capacity=7))
+    began = time.perf_counter()
+    load_rules_file(str(path))
+    reading = time.perf_counter() - began     # what the loop would have stalled for
+    assert reading > 0.4
+    longest = longest_ping_while(
+        s.port, lambda: s.proc.send_signal(signal.SIGHUP),
+        lambda: json.loads(c.execute_command("CL.RULE", "GET", "r0"))["capacity"] == 7,
+        "the changed rule")
+    assert longest < reading / 4, (longest, reading)
+    assert c.info("default")["rules"] == 10_000
 
 
 def test_a_bad_rules_file_refuses_the_start(make_server, tmp_path):

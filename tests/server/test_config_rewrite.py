@@ -186,6 +186,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--http-batch-max", "10", "--metrics-rule-labels", "5",
             "--rls-config", "rls.yaml", "--rls-response-headers", "yes",
             "--rls-shadow-mode", "yes", "--rls-merge-domains", "yes",
+            "--rls-max-config-bytes", "2mb", "--rls-max-descriptors", "500",
             "--rls-xds-server", "127.0.0.1:18001", "--rls-xds-node-id", "eg",
             "--rls-xds-backoff", "1 5.5", "--rls-xds-tls", "yes",
             "--grpc-port", "8001", "--grpc-max-concurrent-streams", "7",

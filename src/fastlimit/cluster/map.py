@@ -48,6 +48,11 @@ from fastlimit._cluster import SLOTS
 from fastlimit._resp import parse_integer
 
 VERSION_MAX = 2**63 - 1
+# What a map may hold, so that reading one (CL.CLUSTER MAP, a peer's, the
+# cluster-config-file) is bounded work: Redis Cluster's advised most
+# nodes is 1,000, and no slot is in two ranges.
+MAX_MAP_BYTES = 1024**2
+MAX_SHARDS = 1000
 # Shard and Sentinel master names: printable, no spaces (they go into
 # commands and logs as one word).
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -293,6 +298,8 @@ _TOP_KEYS = {"version", "sentinels", "shard", "nodes"}
 
 def loads(text: str, source: str = "slot map") -> SlotMap:
     """Parses and validates a map; MapError says what is wrong and where."""
+    if len(text) > MAX_MAP_BYTES:
+        raise MapError(f"{source} is larger than the {MAX_MAP_BYTES} bytes a slot map may have")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -306,6 +313,9 @@ def loads(text: str, source: str = "slot map") -> SlotMap:
     raw_shards = data.get("shard", [])
     if not isinstance(raw_shards, list):
         raise MapError(f"{source}: write each shard as a [[shard]] table")
+    if len(raw_shards) > MAX_SHARDS:
+        raise MapError(f"{source}: {len(raw_shards)} shards, more than the {MAX_SHARDS} "
+                       "a slot map may have")
     sentinels = tuple(Address.parse(a, f"{source}: sentinels")
                       for a in _string_list(data.get("sentinels", []), f"{source}: sentinels"))
     nodes = data.get("nodes", {})
@@ -314,13 +324,17 @@ def loads(text: str, source: str = "slot map") -> SlotMap:
     pinned = {Address.parse(a, f"{source}: [nodes]"): i for a, i in nodes.items()}
     shards = [_shard_from_table(t, f"{source}: shard #{n + 1}")
               for n, t in enumerate(raw_shards)]
+    ranges = sum(len(shard.slots) for shard in shards)
+    if ranges > SLOTS:
+        raise MapError(f"{source}: {ranges} slot ranges, more than the {SLOTS} slots: "
+                       "some overlap")
     return SlotMap.build(data["version"], shards, sentinels, pinned)
 
 
 def load(path: str) -> SlotMap:
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_MAP_BYTES + 1)     # loads refuses a larger one
     except (OSError, UnicodeDecodeError) as e:
         raise MapError(f"cannot read slot map {path}: {e}") from None
     return loads(text, path)

@@ -70,6 +70,7 @@ class Limit:
     window_s: int               # unit seconds x unit_multiplier
     full_key: str               # "domain.key_value.key" as the reference's stats name it
     index: int                  # which limit of the node, so each has its own counter
+    counter: tuple              # counter_key(): the engine rule it counts in
 
     @property
     def current_limit(self) -> tuple[int, int, bytes]:
@@ -119,6 +120,32 @@ class RlsConfig:
 EMPTY = RlsConfig({}, ())
 
 
+def counter_key(algorithm: str, rpu: int, window_s: int) -> tuple:
+    """The engine rule a limit counts in: one per algorithm and numbers,
+    except that the reference's fixed windows of one length share one
+    (their keys keep them apart, and a changed requests_per_unit keeps
+    its counts)."""
+    return (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+
+
+class _Budget:
+    """What rls-max-descriptors leaves to the documents still to load,
+    counted as descriptors are made, so that aliases expanding to too
+    many stop at the bound rather than after the whole tree is built."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.left = limit
+
+    def spend(self, name: str) -> None:
+        if self.left is None:
+            return
+        self.left -= 1
+        if self.left < 0:
+            raise ConfigError(f"{name}: the configuration has more than {self.limit} "
+                              "descriptors (rls-max-descriptors)")
+
+
 def config_files(path: str) -> list[str]:
     """The files a path stands for: itself, or a directory's *.yaml files
     in name order, without dotfiles (Kubernetes' ..data, ..2026_...)."""
@@ -129,44 +156,73 @@ def config_files(path: str) -> list[str]:
             if stat.S_ISREG(os.stat(os.path.join(path, n)).st_mode)]
 
 
-def load(path: str, merge_domains: bool = False) -> RlsConfig:
+def load(path: str, merge_domains: bool = False, max_bytes: int | None = None,
+         max_descriptors: int | None = None) -> RlsConfig:
     """Loads a file or directory all or nothing; ConfigError naming the
     file and the problem otherwise.  With merge_domains (the reference's
     MERGE_DOMAIN_CONFIG) files of one domain make one tree; without it a
-    second file of a domain is an error."""
+    second file of a domain is an error.  max_bytes bounds the files
+    together (rls-max-config-bytes), max_descriptors the descriptors of
+    every domain together (rls-max-descriptors); None: no bound."""
     try:
         files = config_files(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration: {e.strerror}") from None
-    texts = [(name, _read(name)) for name in files]
+    texts, size = [], 0
+    for name in files:
+        data = _read(name, None if max_bytes is None else max_bytes - size + 1)
+        size += len(data)
+        if max_bytes is not None and size > max_bytes:
+            raise ConfigError(f"{name}: the configuration (its files together) is more than "
+                              f"{_too_large(max_bytes)}")
+        texts.append((name, _decode(name, data)))
     return _config([(name, _parse(name, text)) for name, text in texts], tuple(files),
-                   sum(len(text) for _, text in texts), merge_domains)
+                   size, merge_domains, _Budget(max_descriptors))
 
 
-def load_documents(named_docs, size: int = 0, merge_domains: bool = False) -> RlsConfig:
+def load_documents(named_docs, size: int = 0, merge_domains: bool = False,
+                   max_bytes: int | None = None,
+                   max_descriptors: int | None = None) -> RlsConfig:
     """Loads (name, document) pairs (each what one YAML file would parse
     to: an xDS RateLimitConfig, say) all or nothing, with the files'
-    checks and errors, the name standing for the file; size is what the
-    documents took to send."""
+    checks, errors and bounds (see load), the name standing for the file;
+    size is what the documents took to send."""
     named_docs = list(named_docs)
-    return _config(named_docs, tuple(name for name, _ in named_docs), size, merge_domains)
+    if max_bytes is not None and size > max_bytes:
+        raise ConfigError(f"the configuration is {size} bytes, more than "
+                          f"{_too_large(max_bytes)}")
+    return _config(named_docs, tuple(name for name, _ in named_docs), size, merge_domains,
+                   _Budget(max_descriptors))
 
 
-def _config(named_docs: list, names: tuple, size: int, merge: bool) -> RlsConfig:
+def _config(named_docs: list, names: tuple, size: int, merge: bool,
+            budget: _Budget) -> RlsConfig:
     """One configuration of several domains, each document checked
     against the ones before it (a second one of a domain: see load)."""
     domains: dict[bytes, Domain] = {}
     for name, doc in named_docs:
-        domain = load_document(name, doc, domains, merge)
+        domain = load_document(name, doc, domains, merge, budget)
         domains[domain.name] = domain
     return RlsConfig(domains, names, size)
 
 
-def _read(name: str) -> str:
+def _too_large(max_bytes: int) -> str:
+    return f"the {max_bytes} bytes of rls-max-config-bytes"
+
+
+def _read(name: str, most: int | None) -> bytes:
+    """A file's bytes, no more than most of them (None: all)."""
     try:
-        with open(name, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
+        with open(name, "rb") as f:
+            return f.read() if most is None else f.read(most)
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
+
+
+def _decode(name: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{name}: cannot read the configuration: {e}") from None
 
 
@@ -196,12 +252,12 @@ def _parse(name: str, text: str) -> dict:
 
 
 def load_document(name: str, doc: dict, loaded: dict | None = None,
-                  merge: bool = False) -> Domain:
+                  merge: bool = False, budget: _Budget | None = None) -> Domain:
     """One document's domain (loadConfig), named name in its errors; see
-    load_text for loaded and merge."""
+    load_text for loaded and merge, _Budget for budget (None: no bound)."""
     try:
         _validate_keys(name, doc)
-        return _Loader(name).domain(doc, loaded or {}, merge)
+        return _Loader(name, budget or _Budget(None)).domain(doc, loaded or {}, merge)
     except RecursionError:
         raise ConfigError(f"{name}: error loading config file: nested too deeply") from None
 
@@ -238,8 +294,9 @@ def _text(v) -> str:
 
 
 class _Loader:
-    def __init__(self, name: str):
+    def __init__(self, name: str, budget: _Budget):
         self.name = name
+        self.budget = budget
         self.descriptors = 0
         self.limits = 0
 
@@ -324,6 +381,7 @@ class _Loader:
                     if final_key.startswith(key + "_") else composite
             if "*" in final_key:
                 parent.wildcards.append((tuple(composite.split(b"*")), node))
+            self.budget.spend(self.name)
             self.descriptors += 1
             self.limits += len(limits)
             self.load_descriptors(node, full_key + ".",
@@ -364,4 +422,4 @@ class _Loader:
             raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
         return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],
                      flags["quota_mode"], frozenset(r.encode("utf-8") for r in replaces),
-                     algorithm, window_s, full_key, index)
+                     algorithm, window_s, full_key, index, counter_key(algorithm, rpu, window_s))

@@ -36,7 +36,9 @@ request is read first, and only if the request passes is anything spent.
 
 from __future__ import annotations
 
-from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig
+from dataclasses import dataclass
+
+from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig, counter_key
 from fastlimit.rls.matcher import find_limit
 from fastlimit.structured_fields import sf_string
 
@@ -86,8 +88,10 @@ def override_limit(domain: bytes, entries, rpu: int, unit: int) -> Limit:
     if unit not in UNIT_SECONDS:
         raise RlsError(f"invalid rate limit unit {unit} in the descriptor's limit")
     key = ".".join((k + b"_" + v if v else k).decode("utf-8", "replace") for k, v in entries)
+    window_s = UNIT_SECONDS[unit]
     return Limit(rpu, unit, b"", False, False, False, frozenset(), "fixed_window",
-                 UNIT_SECONDS[unit], domain.decode("utf-8", "replace") + "." + key, 0)
+                 window_s, domain.decode("utf-8", "replace") + "." + key, 0,
+                 counter_key("fixed_window", rpu, window_s))
 
 
 class DomainStats:
@@ -129,6 +133,16 @@ class LimitStats:
                 self.near_limit += hits if before >= near else after - near
 
 
+@dataclass(eq=False)
+class Prepared:
+    """A configuration ready to be put in force (RateLimitService.prepare)."""
+    config: RlsConfig
+    counters: dict          # counter_key -> (a limit counting in it, its file)
+    stats: dict             # domain -> DomainStats, the old ones kept
+    limit_stats: dict       # (domain, full_key, index) -> LimitStats, the old ones kept
+    stats_of: dict          # Limit -> its LimitStats
+
+
 class RateLimitService:
     def __init__(self, engine, registry, response_headers: bool = False,
                  read_only=lambda: False, shadow_mode: bool = False):
@@ -145,8 +159,7 @@ class RateLimitService:
         self.shadow_mode = shadow_mode
         self.global_shadow_mode = 0     # requests it let through
         self.config: RlsConfig = EMPTY
-        self._num_by_spec: dict[tuple, int] = {}
-        self._num_of: dict[Limit, int] = {}
+        self._num_by_spec: dict[tuple, int] = {}    # counter_key -> engine rule number
         self.stats: dict[bytes, DomainStats] = {}
         # by (domain, limit name, index): what survives a reload
         self.limit_stats: dict[tuple[bytes, str, int], LimitStats] = {}
@@ -156,66 +169,72 @@ class RateLimitService:
     # ---- configuration ---------------------------------------------------------
 
     def set_config(self, config: RlsConfig) -> None:
-        """Puts a loaded configuration in force, defining its limits' engine
-        rules first (all or nothing: ValueError if the engine refuses one,
-        and the old configuration stays).  Rules the old one used and the
+        """Puts a loaded configuration in force (see install)."""
+        self.install(self.prepare(config))
+
+    def prepare(self, config: RlsConfig) -> Prepared:
+        """Everything a configuration needs before it is put in force that
+        takes time with its size: a walk of every limit.  It only reads
+        the service, so it may run in another thread (the loaders'),
+        provided install() comes after it and no other install between."""
+        counters: dict[tuple, tuple[Limit, str]] = {}
+        limit_stats: dict[tuple[bytes, str, int], LimitStats] = {}
+        stats_of: dict[Limit, LimitStats] = {}
+        for name, domain in config.domains.items():
+            for limit in walk_limits(domain.root):
+                if limit.unlimited:
+                    continue
+                counters.setdefault(limit.counter, (limit, domain.source))
+                at = (name, limit.full_key, limit.index)
+                stats_of[limit] = limit_stats[at] = self.limit_stats.get(at) or LimitStats()
+        stats = {name: self.stats.get(name) or DomainStats() for name in config.domains}
+        return Prepared(config, counters, stats, limit_stats, stats_of)
+
+    def install(self, prepared: Prepared) -> None:
+        """Puts a prepared configuration in force in one step, its engine
+        rules defined first (one per counter: a few, whatever the number of
+        descriptors); all or nothing: ValueError if the engine refuses one,
+        and the old configuration stays.  Rules the old one used and the
         new one does not are retired."""
         num_by_spec = dict(self._num_by_spec)
-        num_of: dict[Limit, int] = {}
-        created: list[int] = []
+        created: list[tuple] = []
         try:
-            for domain in config.domains.values():
-                for limit in walk_limits(domain.root):
-                    if limit.unlimited:
-                        continue
-                    num_of[limit] = self._number(num_by_spec, created, limit.algorithm,
-                                                 limit.requests_per_unit, limit.window_s,
-                                                 domain.source, limit.full_key)
+            for limit, source in prepared.counters.values():
+                self._number(num_by_spec, created, limit, source)
         except ValueError:
-            for spec_key, num in num_by_spec.items():
-                if num in created:
-                    self.engine.forget(num)
-                    self.registry.release(reserved_name(spec_key))
+            for spec_key in created:
+                self.engine.forget(num_by_spec[spec_key])
+                self.registry.release(reserved_name(spec_key))
             raise
-        used = set(num_of.values())
         for spec, num in list(num_by_spec.items()):
-            if num not in used and spec[0] != "fixed_window":
+            if spec not in prepared.counters and spec[0] != "fixed_window":
                 self.engine.forget(num)
                 self.registry.release(reserved_name(spec))
                 del num_by_spec[spec]
-        self.config, self._num_by_spec, self._num_of = config, num_by_spec, num_of
-        self.stats = {name: self.stats.get(name) or DomainStats() for name in config.domains}
-        limit_stats, stats_of = {}, {}
-        for name, domain in config.domains.items():
-            for limit in walk_limits(domain.root):
-                if not limit.unlimited:
-                    at = (name, limit.full_key, limit.index)
-                    stats_of[limit] = limit_stats[at] = (self.limit_stats.get(at)
-                                                         or LimitStats())
-        self.limit_stats, self._stats_of = limit_stats, stats_of
+        self.config, self._num_by_spec = prepared.config, num_by_spec
+        self.stats = prepared.stats
+        self.limit_stats, self._stats_of = prepared.limit_stats, prepared.stats_of
 
-    def _number(self, num_by_spec, created, algorithm, rpu, window_s, source, where) -> int:
-        spec = engine_spec(algorithm, rpu, window_s)
-        # the reference counters of one window length are one rule: their
-        # keys keep them apart, and a changed requests_per_unit keeps counts
-        spec_key = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+    def _number(self, num_by_spec, created, limit: Limit, source: str) -> int:
+        """The number of the engine rule limit counts in, defined now if
+        no limit used it yet."""
+        spec_key = limit.counter
         num = num_by_spec.get(spec_key)
         if num is None:
             name = reserved_name(spec_key)
-            num = self.registry.reserve(name, algorithm, RESERVED_SCOPE)
+            num = self.registry.reserve(name, limit.algorithm, RESERVED_SCOPE)
             try:
-                self.engine.define(num, spec)
+                self.engine.define(num, engine_spec(limit.algorithm, limit.requests_per_unit,
+                                                   limit.window_s))
             except ValueError as e:
                 self.registry.release(name)
-                raise ValueError(f"{source}: {where}: {e}") from None
-            created.append(num)
+                raise ValueError(f"{source}: {limit.full_key}: {e}") from None
+            created.append(spec_key)
             num_by_spec[spec_key] = num
         return num
 
     def override_number(self, limit: Limit) -> int:
-        created: list[int] = []
-        return self._number(self._num_by_spec, created, "fixed_window", 0, limit.window_s,
-                            "descriptor limit", limit.full_key)
+        return self._number(self._num_by_spec, [], limit, "descriptor limit")
 
     # ---- the decision ----------------------------------------------------------
 
@@ -310,8 +329,8 @@ class RateLimitService:
     def step(self, descriptor_key: bytes, limit: Limit, hits: int, now_ms: int,
              atomic: bool, commits: list):
         """One limit's count: ((code, current_limit, remaining, reset_s), limit)."""
-        num = self._num_of.get(limit)
-        if num is None:
+        num = self._num_by_spec.get(limit.counter)
+        if num is None:         # Envoy's descriptor limit, of a window no limit has
             num = self.override_number(limit)
         key = descriptor_key + b"%d" % limit.index
         cost = 0 if atomic else hits

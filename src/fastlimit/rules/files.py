@@ -18,6 +18,10 @@ TOML; any other name is JSON if it starts with "{" and TOML otherwise.
 The file must have the rules table, even empty (``[rules]`` or
 ``{"rules": {}}``): an empty or truncated file (an editor caught
 mid-save) then fails to load instead of deleting every file rule.
+
+A file is bounded (MAX_FILE_BYTES, MAX_FILE_RULES): it is read and
+checked in a thread on SIGHUP, but its changed rules are put in force on
+the event loop, which a bounded number of rules keeps short.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import tomllib
 
 from fastlimit.rules.model import NESTED_TOO_DEEPLY, Rule, RuleError, load_json, parse_rule, show
 
+MAX_FILE_BYTES = 16 * 1024**2
+MAX_FILE_RULES = 50_000
+
 
 def load_rules_file(path: str) -> dict[str, Rule]:
     """Every rule of the file, by id in file order; RuleError naming the
@@ -33,6 +40,9 @@ def load_rules_file(path: str) -> dict[str, Rule]:
     text = _read(path)
     data = _parse(path, text)
     rules = _rules_table(path, data)
+    if len(rules) > MAX_FILE_RULES:
+        raise RuleError(f"rules file {path} has {len(rules)} rules, more than the "
+                        f"{MAX_FILE_RULES} a rules file may have")
     out = {}
     for rule_id, doc in rules.items():
         try:
@@ -45,9 +55,12 @@ def load_rules_file(path: str) -> dict[str, Rule]:
 def _read(path: str) -> str:
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise RuleError(f"cannot read rules file {path}: {e.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise RuleError(f"rules file {path} is larger than the {MAX_FILE_BYTES} bytes "
+                        "a rules file may have")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import builtins  # RuleRegistry.list() hides the builtin in its annotations
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastlimit.rules.files import load_rules_file
@@ -107,6 +108,9 @@ class RuleRegistry:
         self._reserved: dict[str, tuple[int, str, str]] = {}
         # Called after every published change (replication sends the rules).
         self.on_change = None
+        # Reads of the rules file begun (here or in a thread): one made in
+        # a thread is stale once another began after it.
+        self.file_reads = 0
 
     # ---- start and reload -----------------------------------------------------------
 
@@ -128,15 +132,21 @@ class RuleRegistry:
             summary = self.reload()
             log.info("rules: rules file %s: %s", self.rules_file, _summary_text(summary))
 
-    def reload(self) -> dict:
+    def reload(self, read: Callable[[], dict[str, Rule]] | None = None) -> dict:
         """Re-reads the rules file, all or nothing: its rules replace those
         of the same ids; rules that came from it and are gone from it are
         deleted; rules set by CL.RULE SET and not in it stay.  A file that
         fails to parse or validate changes nothing and raises RuleError.
-        Returns counts: added, updated, deleted, unchanged."""
+        Returns counts: added, updated, deleted, unchanged.  read gives
+        the file's rules when they were read beforehand, in a thread
+        (load_rules_file; it raises what that raised); None: read now."""
         if not self.rules_file:
             raise RuleError("no rules file is configured (rules-file)")
-        wanted = load_rules_file(self.rules_file)
+        if read is None:
+            self.file_reads += 1
+            wanted = load_rules_file(self.rules_file)
+        else:
+            wanted = read()
         changes, summary = [], Counter(added=0, updated=0, deleted=0, unchanged=0)
         for rule_id, rule in wanted.items():
             old = self._entries.get(rule_id)
@@ -152,14 +162,15 @@ class RuleRegistry:
         self._commit(changes)
         return dict(summary)
 
-    def reload_from_signal(self) -> bool:
-        """SIGHUP: reload and log the outcome; a failure is logged and the
-        rules in force stay.  Returns whether the reload succeeded."""
+    def reload_from_signal(self, read: Callable[[], dict[str, Rule]] | None = None) -> bool:
+        """SIGHUP: reload (read: see reload) and log the outcome; a failure
+        is logged and the rules in force stay.  Returns whether the reload
+        succeeded."""
         if not self.rules_file:
             log.warning("SIGHUP: no rules file is configured; rules unchanged")
             return False
         try:
-            summary = self.reload()
+            summary = self.reload(read)
         except RuleError as e:
             log.warning("rules reload failed, the rules in force are unchanged: %s", e)
             return False

@@ -263,6 +263,8 @@ class Settings:
     rls_response_headers: bool = False
     rls_shadow_mode: bool = False
     rls_merge_domains: bool = False
+    rls_max_config_bytes: int = 4 * 1024**2
+    rls_max_descriptors: int = 100_000
     rls_xds_server: str | None = None
     rls_xds_node_id: str = "default"
     rls_xds_backoff: tuple[float, float] = (10.0, 60.0)
@@ -456,6 +458,8 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], str]]] = {
     "rls-response-headers": (parse_bool, lambda v: "yes" if v else "no"),
     "rls-shadow-mode": (parse_bool, lambda v: "yes" if v else "no"),
     "rls-merge-domains": (parse_bool, lambda v: "yes" if v else "no"),
+    "rls-max-config-bytes": (lambda v: parse_memory(v, 1024, 1024**3), str),
+    "rls-max-descriptors": (lambda v: parse_int(v, 1, 10_000_000), str),
     "rls-xds-server": (lambda v: parse_xds_server(v), lambda v: v or ""),
     "rls-xds-node-id": (str, str),
     "rls-xds-backoff": (lambda v: parse_backoff(v), lambda v: f"{v[0]:g} {v[1]:g}"),
@@ -593,6 +597,7 @@ RUNTIME_SETTABLE = {"bind", "port", "denial-log-seconds", "save-seconds", "maxcl
                     "http-body-memory", "http-batch-max",
                     "metrics-rule-labels",
                     "rls-response-headers", "rls-shadow-mode", "rls-merge-domains",
+                    "rls-max-config-bytes", "rls-max-descriptors",
                     "rls-xds-server", "rls-xds-node-id", "rls-xds-backoff",
                     "rls-xds-tls", "grpc-max-concurrent-streams", "grpc-max-descriptors",
                     "grpc-deadline-ms",
@@ -1148,6 +1153,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files of rls-config with the same domain are merged, as the "
                         "reference's MERGE_DOMAIN_CONFIG; otherwise a duplicate domain is an "
                         "error (default no)")
+    p.add_argument("--rls-max-config-bytes", metavar="SIZE",
+                   help="the most bytes the rate limit service's configuration may take, "
+                        "rls-config's files together or an xDS response (default 4mb)")
+    p.add_argument("--rls-max-descriptors", metavar="N",
+                   help="the most descriptors it may have, every domain together, aliases "
+                        "expanded (default 100000)")
     p.add_argument("--grpc-port", metavar="N",
                    help=f"gRPC port (cleartext HTTP/2) for Envoy's rate limit service "
                         f"(ShouldRateLimit) and the gRPC health check, on the bind addresses "

@@ -4,7 +4,15 @@ bad one stops the start), reloaded when it changes (polled once a second:
 the path's and every file's inode, mtime and size, following symlinks, so
 a Kubernetes ConfigMap's ``..data`` swap is seen), on SIGHUP and on
 CL.RULE RELOAD.  A bad file keeps the configuration in force and says
-why, in the log and in INFO rls.  ``server.rls.service`` is the decision
+why, in the log and in INFO rls.
+
+Reading and checking take time with the configuration's size (bounded by
+rls-max-config-bytes and rls-max-descriptors), so a change seen by the
+poll or SIGHUP is read in a thread while the loop serves clients; only
+the swap into force (RateLimitService.install) runs on the loop, in one
+step, so a call sees the old configuration or the new one.  The start,
+CL.RULE RELOAD and CONFIG SET rls-merge-domains, whose answer says how
+the reload went, read it on the loop.  ``server.rls.service`` is the decision
 (fastlimit.rls.service) the gRPC front and /json call.  rls-shadow-mode
 and rls-merge-domains are the reference's SHADOW_MODE and
 MERGE_DOMAIN_CONFIG."""
@@ -14,9 +22,9 @@ from __future__ import annotations
 import os
 import time
 
-from fastlimit.rls.config import ConfigError, config_files, load
-from fastlimit.rls.service import LIMIT_STAT_FIELDS, RateLimitService
-from fastlimit.server.subsystem import Subsystem
+from fastlimit.rls.config import ConfigError, config_files, load, load_documents
+from fastlimit.rls.service import LIMIT_STAT_FIELDS, Prepared, RateLimitService
+from fastlimit.server.subsystem import Subsystem, collector_paused, off_loop
 
 
 def _stamp(path: str):
@@ -48,11 +56,17 @@ class RlsSubsystem(Subsystem):
                                         read_only=lambda: app.core.readonly,
                                         shadow_mode=app.settings.rls_shadow_mode)
         self.merge_domains = app.settings.rls_merge_domains
+        self.max_config_bytes = app.settings.rls_max_config_bytes
+        self.max_descriptors = app.settings.rls_max_descriptors
         self.status = "none"
         self.reloaded_at = 0
         self.last_error = ""
         self.reloads = self.failures = 0
         self._stamp = None
+        # Each reload begun takes the next number; one read in a thread is
+        # put in force only if no reload began after it (that one decides).
+        self._generation = 0
+        self._reading: int | None = None     # the reload being read in a thread
 
     def load_at_start(self) -> None:
         """Raises ConfigError: the server refuses to start without the
@@ -63,6 +77,8 @@ class RlsSubsystem(Subsystem):
     def apply_settings(self, settings) -> None:
         self.service.response_headers = settings.rls_response_headers
         self.service.shadow_mode = settings.rls_shadow_mode
+        self.max_config_bytes = settings.rls_max_config_bytes
+        self.max_descriptors = settings.rls_max_descriptors
         if settings.rls_merge_domains != self.merge_domains:
             self.set_merge_domains(settings.rls_merge_domains)
 
@@ -80,40 +96,88 @@ class RlsSubsystem(Subsystem):
             raise ValueError(str(e)) from None
 
     def reload(self) -> None:
-        """Loads rls-config all or nothing; ConfigError leaves the
-        configuration in force."""
+        """Loads rls-config all or nothing, here and now; ConfigError
+        leaves the configuration in force."""
+        self._begin()
+        try:
+            with collector_paused():
+                prepared, error = self._read(self.merge_domains), None
+        except (ConfigError, ValueError) as e:
+            prepared, error = None, e
+        self._finish(prepared, error)
+
+    def reload_in_thread(self, why: str) -> None:
+        """Reads rls-config in a thread, then puts it in force on the loop,
+        or logs why not (the configuration in force stays)."""
+        generation = self._reading = self._begin()
+        merge = self.merge_domains
+
+        def done(prepared, error) -> None:
+            if self._reading == generation:
+                self._reading = None
+            if generation != self._generation:
+                return              # a reload begun since then decides
+            try:
+                self._finish(prepared, error)
+            except ConfigError as e:
+                self.log.warning("rls: %s: reload failed, the configuration in force is "
+                                 "unchanged: %s", why, e)
+
+        off_loop(lambda: self._read(merge), done, "rls-config")
+
+    def prepare_documents(self, named_docs, size: int) -> Prepared:
+        """An xDS response's configuration, checked as the files are and
+        with their bounds, prepared for the service (in the xDS thread)."""
+        return self.service.prepare(load_documents(
+            named_docs, size, self.merge_domains, self.max_config_bytes, self.max_descriptors))
+
+    def _begin(self) -> int:
         if not self.path:
             raise ConfigError("no rls-config is configured")
         self._stamp = _stamp(self.path)
         self.reloaded_at = int(time.time())
-        try:
-            config = load(self.path, self.merge_domains)
-            self.service.set_config(config)
-        except (ConfigError, ValueError) as e:
-            self.status, self.last_error = "failed", str(e)
+        self._generation += 1
+        return self._generation
+
+    def _read(self, merge: bool) -> Prepared:
+        """What grows with the configuration: reading, checking, preparing."""
+        assert self.path
+        return self.service.prepare(load(self.path, merge, self.max_config_bytes,
+                                         self.max_descriptors))
+
+    def _finish(self, prepared: Prepared | None, error: Exception | None) -> None:
+        """On the loop: prepared put in force in one step, or ConfigError
+        saying why not (error, or the engine's refusal)."""
+        if prepared is not None:
+            try:
+                self.service.install(prepared)
+            except ValueError as e:
+                error = e
+        if error is not None:
+            if not isinstance(error, (ConfigError, ValueError)):
+                self.log.error("rls: reading %s failed", self.path, exc_info=error)
+            self.status, self.last_error = "failed", str(error) or type(error).__name__
             self.failures += 1
-            raise ConfigError(str(e)) from None
+            raise ConfigError(self.last_error)
+        assert prepared is not None
         self.status, self.last_error = "ok", ""
         self.reloads += 1
         self.log.info("rls: %s loaded: %d domains, %d descriptors", self.path,
-                      len(config.domains), config.descriptor_count)
-
-    def reload_logged(self, why: str) -> bool:
-        try:
-            self.reload()
-        except ConfigError as e:
-            self.log.warning("rls: %s: reload failed, the configuration in force is "
-                             "unchanged: %s", why, e)
-            return False
-        return True
+                      len(prepared.config.domains), prepared.config.descriptor_count)
 
     def reload_from_signal(self) -> None:
-        if self.path:
-            self.reload_logged("SIGHUP")
+        if not self.path:
+            return
+        if self._reading is not None:
+            # the file may have changed after that read began: the poll
+            # reads it again once it is done
+            self._stamp = None
+            return
+        self.reload_in_thread("SIGHUP")
 
     def cron(self) -> None:
-        if self.path and _stamp(self.path) != self._stamp:
-            self.reload_logged("file changed")
+        if self.path and self._reading is None and _stamp(self.path) != self._stamp:
+            self.reload_in_thread("file changed")
 
     def info_sections(self, sections, named):
         config = self.service.config
@@ -121,11 +185,13 @@ class RlsSubsystem(Subsystem):
             "rls_config": self.path or "",
             "rls_domains": len(config.domains),
             "rls_descriptors": config.descriptor_count,
+            "rls_max_descriptors": self.max_descriptors,
             "rls_limits": config.limit_count,
             "rls_last_reload_status": self.status,
             "rls_last_reload_time": self.reloaded_at,
             "rls_reloads": self.reloads,
             "rls_reload_failures": self.failures,
+            "rls_reload_in_progress": int(self._reading is not None),
             "rls_last_error": " ".join(self.last_error.split()).replace(",", ";"),
             "rls_unknown_domain_calls": self.service.unknown_domain,
             "rls_global_shadow_mode": self.service.global_shadow_mode,
@@ -140,4 +206,5 @@ class RlsSubsystem(Subsystem):
             name = key if not index else f"{key}#{index}"
             fields[f"rls_limit_{_label(name.encode())}"] = ",".join(
                 f"{f}={getattr(st, f)}" for f in LIMIT_STAT_FIELDS)
-        return {"rls": fields, "memory": {"rls_config_text_bytes": config.text_bytes}}
+        return {"rls": fields, "memory": {"rls_config_text_bytes": config.text_bytes,
+                                          "rls_max_config_bytes": self.max_config_bytes}}

@@ -5,7 +5,9 @@ Gateway serves it: one ADS stream (State of the World) asking for every
 
 Each response is the whole configuration: its resources are decoded
 (fastlimit.rls.xds), checked as the YAML is (config.load_documents, one
-domain per resource) and put in force all or nothing; then ACKed (its
+domain per resource, with rls-max-config-bytes and rls-max-descriptors),
+prepared for the service, all of it in the stream's thread, and put in
+force on the loop in one step, all or nothing; then ACKed (its
 version_info and nonce echoed).  A response that cannot be used is NACKed
 (the last ACKed version, its nonce, and error_detail saying why) and the
 configuration in force stays.  A broken stream is opened again after a
@@ -17,7 +19,7 @@ unknown: OK), as the reference does with FORCE_START_WITHOUT_INITIAL_CONFIG.
 
 The stream is grpcio's (the xDS stream is not the hot path), blocking, in
 a daemon thread: the event loop never waits on the xDS server.  The
-thread hands a checked configuration to the loop (call_soon_threadsafe)
+thread hands a prepared configuration to the loop (call_soon_threadsafe)
 and waits for the service's verdict before it answers.  grpcio is imported
 only when rls-xds-server is set.
 """
@@ -34,10 +36,11 @@ import time
 
 from fastlimit import __version__
 from fastlimit.rls import xds
-from fastlimit.rls.config import ConfigError, RlsConfig, load_documents
+from fastlimit.rls.config import ConfigError
+from fastlimit.rls.service import Prepared
 from fastlimit.server import config as cfg
 from fastlimit.server import tls
-from fastlimit.server.subsystem import Subsystem
+from fastlimit.server.subsystem import Subsystem, collector_paused
 
 # google.rpc.Code of a NACK's error_detail: the configuration is invalid.
 INVALID_ARGUMENT = 3
@@ -76,14 +79,16 @@ class XdsClient:
     """One ADS stream at a time to server, in its own thread, until stop()."""
 
     def __init__(self, server: str, node_id: str, backoff: tuple[float, float], loop,
-                 put_in_force, log, merge_domains=lambda: False, tls_files=None):
+                 prepare, put_in_force, log, tls_files=None):
         self.server = server
         self.tls_files = tls_files            # rls-xds-tls: (root CAs, key, chain), or None
         self.node = xds.encode_node(node_id, "fastlimit", __version__)
         self.first_wait, self.longest_wait = backoff
         self.loop = loop
-        self.put_in_force = put_in_force      # on the loop: RlsConfig -> None, or raises
-        self.merge_domains = merge_domains    # rls-merge-domains now (the next response's)
+        # in this thread: (named documents, size) -> Prepared, or raises
+        # ConfigError (the settings of the moment: rls-merge-domains, bounds)
+        self.prepare = prepare
+        self.put_in_force = put_in_force      # on the loop: Prepared -> None, or raises
         self.log = log
         self.stats = XdsStats(server)
         self._stopping = threading.Event()
@@ -188,9 +193,9 @@ class XdsClient:
         response = xds.decode_discovery_response(message)
         nonce = response.nonce
         try:
-            config = load_documents(xds.rate_limit_documents(response), len(message),
-                                    self.merge_domains())
-            self._put_in_force(config)
+            with collector_paused():
+                prepared = self.prepare(xds.rate_limit_documents(response), len(message))
+            self._put_in_force(prepared)
         except (xds.XdsError, ConfigError, ValueError) as e:
             problem = str(e)[:MAX_NACK_MESSAGE]
             self.stats.nacks += 1
@@ -205,16 +210,16 @@ class XdsClient:
         self.stats.last_error = ""
         self.stats.last_update = int(time.time())
         self.log.info("rls: xDS server %s: version '%s' in force: %d domains, %d descriptors",
-                      self.server, _info_text(response.version_info), len(config.domains),
-                      config.descriptor_count)
+                      self.server, _info_text(response.version_info),
+                      len(prepared.config.domains), prepared.config.descriptor_count)
         return xds.encode_discovery_request(self.node, response.version_info, nonce)
 
-    def _put_in_force(self, config: RlsConfig) -> None:
+    def _put_in_force(self, prepared: Prepared) -> None:
         """Runs put_in_force on the loop and waits for it (its exception
         raised here), or raises _Stopped."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         try:
-            self.loop.call_soon_threadsafe(self._on_loop, config, done)
+            self.loop.call_soon_threadsafe(self._on_loop, prepared, done)
         except RuntimeError:        # the loop is closed: the server is exiting
             raise _Stopped() from None
         while True:
@@ -224,12 +229,12 @@ class XdsClient:
                 if self._stopping.is_set():
                     raise _Stopped() from None
 
-    def _on_loop(self, config: RlsConfig, done: concurrent.futures.Future) -> None:
+    def _on_loop(self, prepared: Prepared, done: concurrent.futures.Future) -> None:
         if self._stopping.is_set():
             done.set_exception(_Stopped())
             return
         try:
-            self.put_in_force(config)
+            self.put_in_force(prepared)
         except Exception as e:      # ValueError: refused; anything else reaches _run
             done.set_exception(e)
         else:
@@ -296,8 +301,8 @@ class RlsXdsSubsystem(Subsystem):
         self.client = None
         if server:
             self.client = XdsClient(server, node_id, backoff, self._loop,
-                                    self.rls.service.set_config, self.log,
-                                    lambda: self.rls.merge_domains, tls_files)
+                                    self.rls.prepare_documents, self.rls.service.install,
+                                    self.log, tls_files)
             self.client.start()
 
     async def stop(self) -> None:

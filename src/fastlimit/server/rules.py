@@ -10,7 +10,8 @@ import asyncio
 import signal
 import time
 
-from fastlimit.server.subsystem import Subsystem
+from fastlimit.rules.files import load_rules_file
+from fastlimit.server.subsystem import Subsystem, off_loop
 
 
 class RulesSubsystem(Subsystem):
@@ -33,9 +34,32 @@ class RulesSubsystem(Subsystem):
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.sighup)
 
     def sighup(self) -> None:
-        self.registry.reload_from_signal()
+        self.reload_file_in_thread()
         for reload in self.on_sighup:
             reload()
+
+    def reload_file_in_thread(self) -> None:
+        """The rules file read and checked in a thread (it takes time with
+        its size), its rules put in force on the loop in one commit; a
+        read that another reload overtook meanwhile is dropped."""
+        path = self.registry.rules_file
+        if not path:
+            self.registry.reload_from_signal()      # says there is no file
+            return
+        self.registry.file_reads += 1
+        begun = self.registry.file_reads
+
+        def done(wanted, error) -> None:
+            if self.registry.file_reads != begun:
+                return          # CL.RULE RELOAD or a later SIGHUP read it since
+
+            def read():
+                if error is not None:
+                    raise error
+                return wanted
+            self.registry.reload_from_signal(read)
+
+        off_loop(lambda: load_rules_file(path), done, "rules-file")
 
     def cron(self) -> None:
         """One line per denial-log-seconds when rules denied anything: loud
