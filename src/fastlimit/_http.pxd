@@ -64,6 +64,7 @@ cdef class HttpConnection:
     cdef bytes authorization
     cdef bytes expect
     cdef int host_lines
+    cdef bint connection_header   # it has one
     cdef list body
     cdef size_t body_len
     cdef size_t header_bytes

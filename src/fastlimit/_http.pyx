@@ -318,11 +318,11 @@ cdef class HttpConnection:
         """Parses and answers data[pos:] until this turn's budget is spent
         (TURN_BYTES of requests or TURN_NS of the loop's time) or something
         waits (a handler's task, a client that does not read); the rest is
-        kept, unread, for the next turn.  The parser is fed one piece at a
-        time, each ending after a blank line, so that at most two requests
-        complete in a piece (a body's end and one without a body) and the
-        turn can stop between them: llhttp cannot be paused through
-        httptools."""
+        kept, unread, for the next turn (checked between requests).  The
+        parser is fed one piece at a time, each holding at most one blank
+        line that is not its last bytes, so that at most two requests
+        complete in a piece (a body's end and one head) and the turn can
+        stop between them: llhttp cannot be paused through httptools."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
         cdef Py_ssize_t stop = pos + TURN_BYTES
         cdef Py_ssize_t end
@@ -330,11 +330,15 @@ cdef class HttpConnection:
         view = None
         try:
             while pos < n and not self.waits():
-                if pos >= stop or fl_mono_ns() - t0 > TURN_NS:
+                # between requests only: one request's head and body go together
+                if self.url is None and (pos >= stop or fl_mono_ns() - t0 > TURN_NS):
                     self.inbuf, self.inpos = data, pos
                     break
                 end = data.find(b"\r\n\r\n", pos)
-                end = n if end < 0 else end + 4
+                if end >= 0 and data.find(b"\r\n\r\n", end + 4) >= 0:
+                    end += 4
+                else:
+                    end = n    # one head at most ends in the rest: one piece
                 if pos == 0 and end == n:
                     self.parser.feed_data(data)     # the usual read: one request
                 else:
@@ -415,6 +419,8 @@ cdef class HttpConnection:
             self.host_lines += 1
         elif name == b"expect":
             self.expect = value
+        elif name == b"connection":
+            self.connection_header = True
         elif name == b"content-length" and value.strip().isdigit() and \
                 int(value) > shared.max_body_bytes:
             # refused now, not after reading up to the bound
@@ -425,8 +431,11 @@ cdef class HttpConnection:
     def on_headers_complete(self):
         # the header timeout is met; the body's begin
         self.ready_since = self.body_since = fl_mono_ns()
-        if self.host_lines != 1 or self.expect is not None or \
-                self.parser.get_http_version() != "1.1":
+        # Only HTTP/1.1 (llhttp refuses versions but 0.9, 1.0, 1.1 and 2.0) is
+        # kept alive without a Connection header: the usual request is known
+        # to be 1.1 without formatting its version.
+        if self.host_lines != 1 or self.expect is not None or self.connection_header or \
+                not self.parser.should_keep_alive():
             self.check_framing(self.parser.get_http_version())
 
     def on_body(self, bytes body):
@@ -502,6 +511,7 @@ cdef class HttpConnection:
         self.headers = []
         self.authorization = None
         self.expect = None
+        self.connection_header = False
         self.host_lines = 0
         self.header_bytes = 0
         self.nheaders = 0

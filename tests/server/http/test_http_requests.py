@@ -119,8 +119,9 @@ def test_http_1_0_needs_no_host_and_1_1_one(hs):
                ).startswith(b"HTTP/1.1 200 OK")
 
 
-def test_an_unsupported_major_version_is_505(hs):
-    reply = raw(hs.http_port, b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n")
+@pytest.mark.parametrize("extra", [b"", b"Connection: keep-alive\r\n"])
+def test_an_unsupported_major_version_is_505(hs, extra):
+    reply = raw(hs.http_port, b"GET /livez HTTP/2.0\r\nHost: x\r\n%s\r\n" % extra)
     assert reply.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")
     assert b"HTTP/2.0 is not supported" in reply
 
