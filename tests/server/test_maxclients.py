@@ -62,6 +62,14 @@ def frame_types(data: bytes) -> list[int]:
     return types
 
 
+def held_resp(port: int) -> socket.socket:
+    """A RESP connection, answered once (so admitted) and left open."""
+    s = connect(port)
+    s.sendall(b"PING\r\n")
+    assert s.recv(100) == b"+PONG\r\n"
+    return s
+
+
 def held_http(port: int) -> socket.socket:
     """An HTTP keep-alive connection, answered once and left open."""
     s = connect(port)
@@ -126,7 +134,7 @@ def test_maxclients_is_fitted_to_the_open_file_limit_as_redis_fits_it():
 def test_one_budget_counts_every_front_and_each_refuses_in_its_words(make_fronts, redis_server):
     srv = make_fronts("--maxclients", "3")
     stats = srv.stats()
-    held = [srv.connect(), held_http(stats["http_port"]), held_grpc(stats["grpc_port"])]
+    held = [held_resp(srv.port), held_http(stats["http_port"]), held_grpc(stats["grpc_port"])]
     with connect(srv.port) as s:
         fastlimit_refusal = reply(s)
     rs = redis_server.client()

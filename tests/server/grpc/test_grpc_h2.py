@@ -214,6 +214,8 @@ def test_connections_past_maxclients_get_goaway_with_nothing_processed(make_grpc
     first = RawH2(srv.grpc_port)
     first.wait(lambda ev: any(isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
     resp = srv.connect()        # one budget for every front: a RESP client fills it
+    resp.sendall(b"PING\r\n")    # answered, so admitted before the gRPC one arrives
+    assert resp.recv(64) == b"+PONG\r\n"
     s = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=10)
     s.sendall(PREFACE + frame(4, 0, 0, b""))
     goaways = [p for t, _, p in read_frames(s) if t == 7]
