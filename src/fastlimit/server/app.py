@@ -95,7 +95,6 @@ class Server:
         self.auth_failures = 0
         self.run_id = os.urandom(20).hex()
         self.started = time.monotonic()
-        self.started_wall = time.time()
         self.peak_rss = 0
         self.loop_name = "asyncio"
         self.ops_per_sec = 0

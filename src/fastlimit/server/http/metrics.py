@@ -18,6 +18,7 @@ order, are summed under ``rule="__other__"``, limits under each domain's
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -115,6 +116,18 @@ class Exposition:
 
 # ---- what is measured ------------------------------------------------------------------
 
+@functools.cache
+def _process_start_time() -> float:
+    """When the process started, as Prometheus's process collectors read
+    it (/proc/self/stat's starttime after the boot time), not when the
+    server was ready: a slow start must not look like a restart."""
+    with open("/proc/stat") as f:
+        boot = int(next(line for line in f if line.startswith("btime")).split()[1])
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _process(out: Exposition, server) -> None:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
@@ -132,7 +145,7 @@ def _process(out: Exposition, server) -> None:
               [("", resource.getrlimit(resource.RLIMIT_NOFILE)[0])])
     out.gauge("process_start_time_seconds",
               "Start time of the process since unix epoch in seconds.",
-              [("", server.started_wall)])
+              [("", _process_start_time())])
 
 
 def _fronts(server) -> list[tuple[str, Iterable[tuple[str, Command]]]]:
