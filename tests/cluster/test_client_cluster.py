@@ -83,6 +83,7 @@ def calls(prefix: bytes):
 
 # ---- answers ------------------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_sync_cluster_client_answers_as_one_standalone_server(ruled):
     cluster, single = ruled
     with Client(cluster=addr(cluster.primaries[0]), timeout_ms=TIMEOUT_MS) as ours, \
@@ -98,6 +99,7 @@ def test_sync_cluster_client_answers_as_one_standalone_server(ruled):
         assert ours.stats.server == 4 * 2 * len(KEYS)
 
 
+@pytest.mark.untraced
 def test_async_cluster_client_answers_as_one_standalone_server_pipelined_per_node(ruled):
     cluster, single = ruled
 
