@@ -20,7 +20,7 @@ from wire import free_port
 
 from fastlimit._cluster import keyslot
 from fastlimit.client import AsyncClient, Client, ClusterMapError
-from fastlimit.cluster_client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
+from fastlimit.cluster.client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -213,7 +213,7 @@ def test_an_online_replica_that_stops_reading_is_dropped_at_repl_buffer_limit(ma
 def read_stream(sock: socket.socket, frames_wanted: int) -> list[int]:
     """The kinds of the first frames after +FULLSYNC; fails on anything
     that is not a frame (a reply spliced into the stream)."""
-    from fastlimit.server import replstream as rs
+    from fastlimit.replication import stream as rs
     wire, reader, kinds = Wire(sock), rs.FrameReader(), []
     assert wire.read_reply().startswith(b"+FULLSYNC ")
     data, deadline = wire.buf, time.monotonic() + WAIT
