@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ha import HASet, Node, free_ports, wait_until  # noqa: E402
 
 from fastlimit._cluster import SLOTS  # noqa: E402
-from fastlimit.cluster import map as clustermap  # noqa: E402
-from fastlimit.cluster.map import Address, Shard, SlotMap, SlotRange  # noqa: E402
-from fastlimit.server.peers import LINK_PERMISSIONS  # noqa: E402
+from fastlimit.cluster import slot_map as clustermap  # noqa: E402
+from fastlimit.cluster.slot_map import Address, Shard, SlotMap, SlotRange  # noqa: E402
+from fastlimit.cluster.peers import LINK_PERMISSIONS  # noqa: E402
 
 DEFAULT_DIR = Path(tempfile.gettempdir()) / "fastlimit-cluster"
 DEFAULT_BASE_PORT = 7000

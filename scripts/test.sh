@@ -12,6 +12,8 @@ echo "== lint: ruff"
 .venv/bin/ruff check src
 echo "== types: mypy"
 .venv/bin/mypy src/fastlimit
+echo "== layers: import-linter ([tool.importlinter] in pyproject.toml)"
+.venv/bin/lint-imports --no-cache
 
 # Each pass runs on every core (pytest-xdist, a test file per worker), then
 # the "serial" tests (see tests/conftest.py) alone.  pytest's status 5 is

@@ -29,7 +29,7 @@ from wire import free_port
 PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
 # Under `coverage run` (the debug pass of scripts/test.sh) children started
 # with this variable set measure themselves; conftest.py clears TRACED for
-# the tests that run untraced (see UNTRACED there).
+# the tests that run untraced (marked `untraced`, see conftest.py).
 COVERAGE_ENV = "COVERAGE_PROCESS_CONFIG"
 TRACED = True
 READY = re.compile(r"ready to accept connections on .* port (\d+)")

@@ -829,6 +829,7 @@ def expected_remaining(i: int) -> int:
     return 10 - (1 + i % 9)
 
 
+@pytest.mark.untraced
 @pytest.mark.parametrize("shards,n", [(256, 200_000), (1, 60_000)])
 def test_many_keys_across_table_growth_and_deletes(shards, n):
     store, _ = new_store(shards=shards, seed=os.urandom(16))

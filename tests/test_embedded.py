@@ -87,6 +87,7 @@ def test_checks_pay_for_the_sweep_now_and_then():
     assert len(limiter) < 1001
 
 
+@pytest.mark.untraced  # tracing lets threads into a check
 def test_many_threads_get_exactly_the_capacity():
     limiter, _ = manual_limiter()           # the clock never moves: no refill
     capacity, threads, per_thread = 1000, 32, 100
@@ -107,6 +108,7 @@ def test_many_threads_get_exactly_the_capacity():
     assert limiter.check("shared", capacity, 1).remaining == 0
 
 
+@pytest.mark.untraced  # tracing lets threads into a check
 def test_many_threads_many_keys():
     limiter, _ = manual_limiter()
     threads, keys, capacity = 32, 10, 7

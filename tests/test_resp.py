@@ -447,6 +447,7 @@ def fuzz_inputs():
     return rng, inputs
 
 
+@pytest.mark.untraced
 def test_random_and_mutated_input_never_crashes_and_is_consistent():
     rng, inputs = fuzz_inputs()
     errors = commands_seen = 0
@@ -507,6 +508,7 @@ HUGE = [
 ]
 
 
+@pytest.mark.untraced  # bounds time
 @pytest.mark.parametrize("data, kwargs", [c[1:] for c in HUGE], ids=[c[0] for c in HUGE])
 def test_huge_declared_lengths_are_just_incomplete(data, kwargs):
     start = time.perf_counter()
@@ -552,6 +554,7 @@ def test_a_bad_frame_split_anywhere_gives_the_same_error(data, error, kwargs):
         assert (commands, err) == ([], error), chunks
 
 
+@pytest.mark.untraced
 def test_pipelines_in_random_reads_parse_as_in_one_read():
     rng = random.Random(9)
     frames = SPLIT_FRAMES + [command(b"ECHO", b"y" * 70000), command(*[b"a"] * 3000)]

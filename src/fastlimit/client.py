@@ -26,7 +26,7 @@ primary is and follows it through failovers (see ``failover.py``).
 
 With ``cluster=[...]`` (startup nodes of a fastlimit or Redis Cluster),
 keys go where the cluster's slot map says, and ``-MOVED`` replies are
-followed (see ``cluster_client.py``); the breaker and the failure policy
+followed (see ``cluster/client.py``); the breaker and the failure policy
 are per primary, so one dead shard leaves the others' keys answered.
 """
 
@@ -52,7 +52,7 @@ from redis.exceptions import MovedError, ResponseError
 from redis.retry import Retry
 
 from fastlimit.breaker import CircuitBreaker
-from fastlimit.cluster_client import (
+from fastlimit.cluster.client import (
     DEFAULT_CLUSTER_TIMEOUT_MS,
     MAX_REDIRECTS,
     SLOTS,

@@ -12,7 +12,7 @@ import redis
 from servers import ServerProcess
 from wire import free_ports
 
-from fastlimit.server.peers import LINK_PERMISSIONS
+from fastlimit.cluster.peers import LINK_PERMISSIONS
 
 START_TIMEOUT = 20.0
 CLUSTER_USER = "fl-cluster"

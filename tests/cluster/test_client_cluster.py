@@ -20,7 +20,7 @@ from wire import free_port
 
 from fastlimit._cluster import keyslot
 from fastlimit.client import AsyncClient, Client, ClusterMapError
-from fastlimit.cluster_client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
+from fastlimit.cluster.client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -83,6 +83,7 @@ def calls(prefix: bytes):
 
 # ---- answers ------------------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_sync_cluster_client_answers_as_one_standalone_server(ruled):
     cluster, single = ruled
     with Client(cluster=addr(cluster.primaries[0]), timeout_ms=TIMEOUT_MS) as ours, \
@@ -98,6 +99,7 @@ def test_sync_cluster_client_answers_as_one_standalone_server(ruled):
         assert ours.stats.server == 4 * 2 * len(KEYS)
 
 
+@pytest.mark.untraced
 def test_async_cluster_client_answers_as_one_standalone_server_pipelined_per_node(ruled):
     cluster, single = ruled
 

@@ -14,7 +14,7 @@ from cluster_rig import FastlimitCluster, info, static_map_text
 from servers import ServerProcess
 from wire import Wire
 
-from fastlimit.cluster import map as clustermap
+from fastlimit.cluster import slot_map as clustermap
 
 RULE = json.dumps({"match": {"resource": "GET /x"}, "capacity": 2, "refill_per_second": 1})
 

@@ -194,6 +194,7 @@ def answers(client, pipeline_of) -> list:
     return out
 
 
+@pytest.mark.untraced
 def test_redis_py_cluster_answers_as_one_standalone_server(ruled_cluster):
     cluster, single = ruled_cluster
     rc = redis.RedisCluster(host="127.0.0.1", port=cluster.primaries[0].port,
@@ -246,6 +247,7 @@ def test_redis_cli_c_follows_moved(fl_cluster):
     assert "MOVED" not in out.stdout
 
 
+@pytest.mark.untraced
 def test_redis_benchmark_cluster_finishes_with_no_error_reply(fl_cluster):
     out = subprocess.run(
         ["redis-benchmark", "--cluster", "-p", str(fl_cluster.primaries[0].port), "-n", "6000",

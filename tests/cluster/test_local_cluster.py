@@ -21,8 +21,8 @@ from servers import PYTHON
 from wire import wait_until
 
 from fastlimit._cluster import SLOTS
-from fastlimit.cluster import map as clustermap
-from fastlimit.cluster.map import Address
+from fastlimit.cluster import slot_map as clustermap
+from fastlimit.cluster.slot_map import Address
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster.py"
 _spec = importlib.util.spec_from_file_location("local_cluster", SCRIPT)

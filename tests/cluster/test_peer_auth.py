@@ -1,4 +1,4 @@
-"""Peers prove who they are (server/peers.py, CL.PEERAUTH): a node sends no
+"""Peers prove who they are (cluster/peers.py, CL.PEERAUTH): a node sends no
 password to an address of its map and takes no map or rules from it until
 it proved it knows cluster-user's password; a node refuses a peer that
 does not, either way, and a proof is good for one connection only.  Real
@@ -24,7 +24,7 @@ from cluster_rig import (
 from servers import ServerProcess
 from wire import Wire, command, free_port, wait_until
 
-from fastlimit.server.peers import CALLED, CALLER, password_key, proof
+from fastlimit.cluster.peers import CALLED, CALLER, password_key, proof
 
 LOGIN = {"match": {"resource": "POST /login"}, "capacity": 5, "refill_per_second": 1}
 OTHER = json.dumps({"match": {"resource": "GET /x"}, "capacity": 2, "refill_per_second": 1})

@@ -16,6 +16,8 @@ from cluster_rig import FastlimitCluster, info, wait_for
 
 from fastlimit._cluster import keyslot
 
+pytestmark = pytest.mark.untraced
+
 RULES = {"rules": {"api": {"match": {"resource": "GET /a"}, "capacity": 3,
                            "refill_per_second": 1}}}
 MOVING = range(100, 164)         # of shard fl-0 (0..8191)

@@ -16,6 +16,8 @@ from fastlimit._core import BucketStore, Clock, SlotCursor, SlotKeys
 from fastlimit._rules import RuleEngine
 from fastlimit.server import snapshot
 
+pytestmark = pytest.mark.untraced
+
 RULES = {"rules": {
     "per-client": {"match": {"resource": "GET /a"}, "capacity": 3, "refill_per_second": 1},
     "per-resource": {"match": {"resource": "GET /b"}, "capacity": 2, "refill_per_second": 1,

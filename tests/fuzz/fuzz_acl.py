@@ -1,4 +1,4 @@
-"""ACL rules (server/acl.py), as ACL SETUSER and an aclfile line give
+"""ACL rules (acl/users.py), as ACL SETUSER and an aclfile line give
 them: words applied in order to a new user.  RuleError is the one clear
 error.  A user the rules make must be made again, the same, by the rules
 ACL LIST and ACL SAVE write for it (describe()), and its grant must be
@@ -10,7 +10,7 @@ import harness
 
 with harness.instrumented():
     from fastlimit._protocol import acl_check
-    from fastlimit.server.acl import Commands, RuleError, User
+    from fastlimit.acl.users import Commands, RuleError, User
     from fastlimit.server.commands.table import build_table
 
 TABLE = build_table()

@@ -1,4 +1,4 @@
-"""The cluster's slot map (cluster/map.py): TOML text, parsed and checked.
+"""The cluster's slot map (cluster/slot_map.py): TOML text, parsed and checked.
 MapError is the one clear error.  A map that loads must survive its own
 dumps() unchanged and give CLUSTER SLOTS, SHARDS and NODES answers."""
 
@@ -7,7 +7,7 @@ import sys
 import harness
 
 with harness.instrumented():
-    from fastlimit.cluster import map as slot_map
+    from fastlimit.cluster import slot_map as slot_map
 
 ELSEWHERE = slot_map.Address.parse("127.0.0.1:1", "fuzz")
 

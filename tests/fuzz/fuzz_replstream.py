@@ -1,5 +1,5 @@
 """The replication stream as a standby reads it from its primary
-(server/replication.py's PrimaryLink on replstream.py's framing: the
+(replication/replica.py's PrimaryLink on replication/stream.py's framing: the
 handshake reply, then rules, full copy, batch and flush frames applied to
 the standby's tables), in reads cut anywhere.  A malformed stream must
 cost a resync with a clear error; a bug is logged with its traceback
@@ -11,7 +11,7 @@ import sys
 import harness
 
 with harness.instrumented():
-    from fastlimit.server.replication import PrimaryLink
+    from fastlimit.replication.replica import PrimaryLink
 
 SERVER = harness.server()
 FULLSYNC = b"+FULLSYNC 8d3f0c2a6b1e4f5a9c7d2e1b0a3f4c5d6e7f8a9b 0\r\n"

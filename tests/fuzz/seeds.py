@@ -250,7 +250,7 @@ def snapshot_seeds() -> list[bytes]:
 
 
 def replstream_seeds() -> list[bytes]:
-    from fastlimit.server import replstream as rs
+    from fastlimit.replication import stream as rs
 
     srv = _filled_server()
     srv.store.track_changes(1 << 20)

@@ -1,7 +1,7 @@
 """A tiny xDS management server for the tests: ADS State of the World over
 real gRPC (grpcio, a generic handler, raw bytes), serving RateLimitConfig
 resources the test encodes here by hand from rls_conf.proto's field
-numbers (independent of fastlimit.rls.xds, so each checks the other).
+numbers (independent of fastlimit.rls.xds_codec, so each checks the other).
 
 Like go-control-plane's cache, it sends the snapshot when a stream opens
 unless the stream's first request already has its version, and again to

@@ -203,6 +203,7 @@ def test_a_configuration_over_its_bounds_is_refused_and_says_which(make_server, 
     assert info(c)["rls_descriptors"] == 3
 
 
+@pytest.mark.untraced
 def test_the_server_answers_while_a_large_configuration_is_read(make_server, tmp_path):
     f = tmp_path / "rls.yaml"
     f.write_text(ONE)
@@ -224,6 +225,7 @@ class HttpServer(ExtraPortServer):
     PORT_FLAG = "--http-port"
 
 
+@pytest.mark.untraced
 def test_a_reload_puts_the_new_configuration_in_force_in_one_step(tmp_path):
     """Two descriptors of one call always come from one configuration,
     while reloads swap configurations whose limits all differ."""

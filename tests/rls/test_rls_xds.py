@@ -2,7 +2,7 @@
 for RateLimitConfig, as envoyproxy/ratelimit is with
 CONFIG_TYPE=GRPC_XDS_SOTW and Envoy Gateway drives it.  A real ADS server
 (ads_server.py) and a real fastlimit server, checked over gRPC's
-ShouldRateLimit; the codec alone (fastlimit.rls.xds) in-process."""
+ShouldRateLimit; the codec alone (fastlimit.rls.xds_codec) in-process."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from rls_messages import descriptor as rls_descriptor
 from servers import PYTHON, started_servers
 from wire import wait_until
 
-from fastlimit.rls import xds
+from fastlimit.rls import xds_codec as xds
 from fastlimit.rls.config import ConfigError, load_documents, load_text
 
 INVALID_ARGUMENT = 3

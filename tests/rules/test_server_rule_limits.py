@@ -180,6 +180,7 @@ def test_default_info_has_no_per_rule_lines(start):
 
 # ---- 10,000 rules, in server CPU -------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_ten_thousand_rules_load_change_and_miss_within_generous_cpu_bounds(start, tmp_path):
     """Before: each change recompiled every glob (~0.8 s CPU each at 10,000
     rules) and a match-cache miss scanned every rule (~2 ms).  The bounds

@@ -144,6 +144,7 @@ def many_rules(count: int, capacity: int = 20) -> str:
                    for i in range(count))
 
 
+@pytest.mark.untraced
 def test_the_server_answers_while_a_large_rules_file_is_read_on_sighup(start, tmp_path):
     """The file is read and checked in a thread; only its one changed rule
     is put in force on the loop."""
@@ -184,6 +185,7 @@ def test_info_rules_section(start):
     assert "rules" in c.info()
 
 
+@pytest.mark.untraced
 def test_rules_change_under_load(start):
     s = start()
     admin = s.client()

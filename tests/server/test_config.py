@@ -82,6 +82,7 @@ def _patterns_40k() -> list[list[bytes]]:
             [b"*" * 4_000_000 + b"zz", b"[" + b"a-b\\c" * 400_000]]  # a few huge ones
 
 
+@pytest.mark.untraced
 def test_config_get_with_many_patterns_is_cheap_and_others_are_answered(make_server):
     s = make_server()
     before = server_cpu_seconds(s.proc.pid)

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from wire import Wire, command, wait_until
+
+pytestmark = pytest.mark.untraced
 
 
 def test_config_get_with_many_patterns_lets_others_in_between_its_slices(make_server):

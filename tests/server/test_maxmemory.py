@@ -283,6 +283,7 @@ def test_standby_drops_the_buckets_its_primary_evicted(make_server):
     assert all(x[2] == 0 for x in peeks(r)[:100])      # the exhausted kept on both
 
 
+@pytest.mark.untraced
 def test_a_snapshot_larger_than_the_bound_loads_whole_then_is_evicted(make_server, tmp_path):
     snap = str(tmp_path / "big.snap")
     srv, c = started(make_server, "--snapshot-file", snap)

@@ -43,6 +43,7 @@ def client_id(w: Wire) -> int:
     return int(w.call("CLIENT", "ID")[1:-2])
 
 
+@pytest.mark.untraced
 def test_partial_command_is_not_reparsed_from_the_start(make_server):
     srv = make_server()
     pid = srv.proc.pid

@@ -240,6 +240,7 @@ def test_pipeline_in_random_chunks(server, obs):
     w.close()
 
 
+@pytest.mark.untraced  # 20,000 commands
 def test_big_pipeline_in_one_write(server, obs):
     key = fresh_key()
     w = Wire.to(server.port)

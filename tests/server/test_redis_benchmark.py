@@ -12,6 +12,9 @@ import re
 import subprocess
 import time
 
+import pytest
+
+pytestmark = pytest.mark.untraced
 
 TIMEOUT = 60
 RATE = re.compile(r"^(?P<test>.+?): (?P<rps>[0-9.]+) requests per second")

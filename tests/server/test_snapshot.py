@@ -338,6 +338,7 @@ def test_temp_files_of_unfinished_saves_are_removed_at_start(snap):
 
 # ---- BGSAVE ---------------------------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_bgsave_status_lastsave_and_a_second_bgsave_while_one_runs(snap):
     s = snap()
     c = s.client()
@@ -371,6 +372,7 @@ def test_bgsave_status_lastsave_and_a_second_bgsave_while_one_runs(snap):
     assert wait_bgsave_done(c)["rdb_saves"] == 2
 
 
+@pytest.mark.untraced
 def test_the_server_answers_while_a_bgsave_runs(snap):
     s = snap()
     c = s.client()
@@ -418,6 +420,7 @@ def test_the_server_answers_while_a_bgsave_runs(snap):
           f"round trips meanwhile, longest {worst * 1000:.2f} ms")
 
 
+@pytest.mark.untraced
 def test_a_killed_bgsave_child_is_reported(snap):
     s = snap()
     c = s.client()
@@ -443,6 +446,7 @@ def test_a_killed_bgsave_child_is_reported(snap):
     assert snapshot_format.read(snap.path).sections[0].records == BIG
 
 
+@pytest.mark.untraced
 def test_a_signal_to_the_bgsave_child_does_not_stop_the_server(snap):
     s = snap()
     c = s.client()
@@ -460,6 +464,7 @@ def test_a_signal_to_the_bgsave_child_does_not_stop_the_server(snap):
         end_child(pid)
 
 
+@pytest.mark.untraced
 def test_a_bgsave_running_at_shutdown_does_not_replace_the_final_snapshot(snap):
     s = snap()
     c = s.client()

@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.abspath(BENCH))
 
 import soak  # noqa: E402  (bench/ is not a package)
 
+pytestmark = pytest.mark.untraced
+
 
 @pytest.mark.release_only
 def test_combined_attacks_leave_the_server_up_bounded_and_answering():

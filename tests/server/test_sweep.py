@@ -10,6 +10,8 @@ import pytest
 
 from wire import wait_until
 
+pytestmark = pytest.mark.untraced  # sweeps against a time budget
+
 
 def info_field(r, section: str, name: str) -> int:
     return int(r.info(section)[name])

@@ -18,24 +18,24 @@ from typing import cast
 from fastlimit._core import BucketStore, Clock
 from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
+from fastlimit.acl.users import Acl
+from fastlimit.cluster.reshard import Reshard
+from fastlimit.cluster.subsystem import Cluster
+from fastlimit.pubsub.subsystem import PubSub
+from fastlimit.replication.primary import Replication
+from fastlimit.rls.subsystem import RlsSubsystem
+from fastlimit.rls.xds_client import RlsXdsSubsystem
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
+from fastlimit.rules.subsystem import RulesSubsystem
 from fastlimit.server import admission
 from fastlimit.server import config as cfg
-from fastlimit.server.acl import Acl
-from fastlimit.server.cluster import Cluster
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
 from fastlimit.server.grpc.listener import GrpcFront
 from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.maxmemory import MaxMemory
-from fastlimit.server.pubsub import PubSub
-from fastlimit.server.replication import Replication
-from fastlimit.server.reshard import Reshard
-from fastlimit.server.rls import RlsSubsystem
-from fastlimit.server.rls_xds import RlsXdsSubsystem
-from fastlimit.server.rules import RulesSubsystem
-from fastlimit.server.snapshot import Snapshots
+from fastlimit.server.persistence import Snapshots
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.server.tls import Tls
 

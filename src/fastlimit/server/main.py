@@ -16,7 +16,7 @@ def main(argv=None) -> None:
         print(f"fastlimit-server: {e}", file=sys.stderr)
         sys.exit(2)
     setup_logging(settings.loglevel)
-    from fastlimit.cluster.map import MapError
+    from fastlimit.cluster.slot_map import MapError
     from fastlimit.rls.config import ConfigError as RlsConfigError
     from fastlimit.rules.model import RuleError
     from fastlimit.server.app import run

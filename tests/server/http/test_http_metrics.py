@@ -408,6 +408,7 @@ def test_a_real_prometheus_scrapes_the_per_rule_counters(make_http_server, tmp_p
 
 # ---- cost -----------------------------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_a_scrape_with_1000_rules_is_cheap(make_http_server):
     srv, port = start(make_http_server)
     with Wire.to(srv.port) as w:

@@ -17,7 +17,7 @@ import socket
 from metrics_text import samples
 from wire import Wire, free_port, wait_until
 
-from fastlimit.server.rls import _label
+from fastlimit.rls.subsystem import _label
 
 RLS_YAML = """domain: web
 descriptors:

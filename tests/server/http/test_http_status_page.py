@@ -100,6 +100,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.untraced
 def test_stats_of_two_thousand_rules_list_a_thousand_within_a_generous_cpu_bound(start,
                                                                                  tmp_path):
     """A snapshot reads every rule's counters (some 2 us each) and lists

@@ -13,6 +13,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from test_http_front import TOKEN_BUCKET, post_bytes, set_rule
 from wire import Wire, wait_until
 
@@ -111,6 +113,7 @@ def many_rules(r, count: int) -> None:
     assert all(reply == b"OK" for reply in pipe.execute())
 
 
+@pytest.mark.untraced
 def test_thousands_of_pipelined_metrics_never_read_cost_the_others_nothing(make_http_server):
     """The finding's shape: 3,000 GET /metrics of a server with 1,000 rules
     in one write, never read.  Responses are made only while the client

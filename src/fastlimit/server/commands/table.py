@@ -14,18 +14,18 @@ reply`` where ``args[0]`` is the command name as sent, raising
 from __future__ import annotations
 
 from fastlimit._protocol import Command
+from fastlimit.acl import commands as acl
+from fastlimit.cluster import commands as cluster
+from fastlimit.pubsub import commands as pubsub
+from fastlimit.replication import commands as replication
+from fastlimit.rls import commands as rls
+from fastlimit.rules import commands as rules
 from fastlimit.server.commands import (
-    acl,
     buckets,
     client,
-    cluster,
     config,
     connection,
     introspection,
-    pubsub,
-    replication,
-    rls,
-    rules,
     server,
     transactions,
 )
@@ -472,7 +472,7 @@ def rule_container() -> Command:
 
 
 def rls_container() -> Command:
-    """CL.RLS: the Envoy rate limit service's domains (server/commands/rls.py)."""
+    """CL.RLS: the Envoy rate limit service's domains (rls/commands.py)."""
     read = ("readonly", "loading", "stale")
     return container("cl.rls", -2, (), [
         sub("cl.rls", "list", -2, rls.cmd_rls_list,

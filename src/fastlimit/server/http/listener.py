@@ -119,7 +119,7 @@ class HttpFront(Subsystem):
     # ---- what fastlimit._http asks of the event-loop layer ------------------------------
 
     def route_refusal(self, user, method: bytes, path: bytes) -> Response | None:
-        """A 403 for a restricted ACL user (see server/acl.py) asking for a
+        """A 403 for a restricted ACL user (see acl/users.py) asking for a
         route whose RESP equivalent it may not run (the rules API as
         CL.RULE's subcommands, metrics and status as INFO); routes without
         one are for unrestricted users only.  None: go on."""

@@ -16,7 +16,11 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 # The handler modules, in the order their routes are tried.
-ROUTE_MODULES = ["health", "status", "metrics", "rules_api", "rls_json"]
+# The modules whose ROUTES the front serves: its own, and the features' (a
+# feature's routes live in its folder, beside its commands).
+ROUTE_MODULES = ["fastlimit.server.http.health", "fastlimit.server.http.status",
+                 "fastlimit.server.http.metrics", "fastlimit.rules.http_api",
+                 "fastlimit.rls.http_json"]
 
 PROBLEM_TYPE = "urn:fastlimit:problem:"
 
@@ -89,7 +93,7 @@ class RouteTable:
     def __init__(self, modules=None):
         self.routes: list[Route] = []
         for name in modules or ROUTE_MODULES:
-            module = import_module(f"fastlimit.server.http.{name}")
+            module = import_module(name)
             for method, pattern, handler in module.ROUTES:
                 self.routes.append(Route(method, pattern, _compile(pattern), handler))
 

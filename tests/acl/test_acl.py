@@ -1,4 +1,4 @@
-"""ACL users (server/acl.py, Connection.acl_denied): the same users given
+"""ACL users (acl/users.py, Connection.acl_denied): the same users given
 to fastlimit and to a real redis-server answer the commands both have
 byte for byte; CL.* permissions and key patterns on fastlimit alone;
 MULTI, ACL LOG, DELUSER, CLIENT KILL USER, requirepass and the clients'
@@ -401,7 +401,7 @@ def test_prefix_patterns_match_as_the_glob_matcher(pattern):
     (acl.split_patterns): it must admit exactly the keys Redis's
     stringmatchlen (glob) admits."""
     from fastlimit._protocol import acl_check, glob
-    from fastlimit.server.acl import Commands, User
+    from fastlimit.acl.users import Commands, User
     from fastlimit.server.commands.table import build_table
     commands = Commands(build_table())
     user = User("u", commands.size)

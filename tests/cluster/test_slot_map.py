@@ -1,4 +1,4 @@
-"""The slot map (fastlimit.cluster.map): the TOML file, its validation,
+"""The slot map (fastlimit.cluster.slot_map): the TOML file, its validation,
 slot lookup, and the CLUSTER SLOTS/SHARDS/NODES shapes compared field by
 field with a real 3-master redis-server cluster."""
 
@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from fastlimit._cluster import SLOTS
-from fastlimit.cluster.map import (
+from fastlimit.cluster.slot_map import (
     MAX_MAP_BYTES,
     MAX_SHARDS,
     Address,

@@ -4,7 +4,7 @@ Gateway serves it: one ADS stream (State of the World) asking for every
 ``RateLimitConfig`` for node rls-xds-node-id.
 
 Each response is the whole configuration: its resources are decoded
-(fastlimit.rls.xds), checked as the YAML is (config.load_documents, one
+(fastlimit.rls.xds_codec), checked as the YAML is (config.load_documents, one
 domain per resource, with rls-max-config-bytes and rls-max-descriptors),
 prepared for the service, all of it in the stream's thread, and put in
 force on the loop in one step, all or nothing; then ACKed (its
@@ -35,7 +35,7 @@ import threading
 import time
 
 from fastlimit import __version__
-from fastlimit.rls import xds
+from fastlimit.rls import xds_codec as xds
 from fastlimit.rls.config import ConfigError
 from fastlimit.rls.service import Prepared
 from fastlimit.server import config as cfg
@@ -258,7 +258,7 @@ class RlsXdsSubsystem(Subsystem):
         would replace each other's configuration."""
         if settings.rls_config and settings.rls_xds_server:
             raise ConfigError(TWO_SOURCES)
-        self.rls = rls              # server/rls.py's RlsSubsystem: its service takes the config
+        self.rls = rls              # rls/subsystem.py's RlsSubsystem: its service takes the config
         self.log = log
         self.client: XdsClient | None = None
         self._wanted: tuple | None = None

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from fastlimit._resp import parse_integer
-from fastlimit.cluster.map import Address, MapError, Roles
+from fastlimit.cluster.slot_map import Address, MapError, Roles
 from fastlimit.failover import RETRY_S, SWITCH_CHANNEL, parse_switch
 from fastlimit.lazy_redis import redis
 

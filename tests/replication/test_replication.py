@@ -387,7 +387,7 @@ def test_replica_connections_are_listed_and_can_be_killed(make_server):
 def read_batches(sock, until, timeout=WAIT) -> int:
     """Reads a replica's stream (after +FULLSYNC) until until(records seen
     in batches) is true; returns that count."""
-    from fastlimit.server import replstream as rs
+    from fastlimit.replication import stream as rs
     reader, buf, records, synced = rs.FrameReader(), b"", 0, False
     deadline = time.monotonic() + timeout
     sock.settimeout(0.2)

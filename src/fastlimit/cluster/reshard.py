@@ -44,8 +44,8 @@ import zlib
 from fastlimit._cluster import SLOTS
 from fastlimit._core import SlotCursor
 from fastlimit._resp import ReplyError
-from fastlimit.cluster import map as clustermap
-from fastlimit.cluster.map import MapError, SlotMap, SlotRange
+from fastlimit.cluster import slot_map as clustermap
+from fastlimit.cluster.slot_map import MapError, SlotMap, SlotRange
 from fastlimit.lazy_redis import redis
 from fastlimit.server import snapshot
 from fastlimit.server.subsystem import Subsystem

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from fastlimit._resp import NO_REPLY, ReplyError, SimpleString
+from fastlimit.replication.primary import Follower
 from fastlimit.server import config as cfg
 from fastlimit.server.arguments import integer, lowercase
 from fastlimit.server.commands.replies import OK
-from fastlimit.server.replication import Follower
 
 
 def cmd_replicaof(conn, args):
@@ -83,11 +83,11 @@ def _announce_ip(conn, value: bytes) -> None:
 
 def cmd_cl_sync(conn, args):
     """CL.SYNC: makes this connection a replica's: a full copy follows the
-    reply, then the stream (see replstream.py); a replica in sync serves
+    reply, then the stream (see replication/stream.py); a replica in sync serves
     it too, relaying its primary's stream.  It only reads: nothing a
     client sends here can change a bucket.  Like any command it needs a
     user whose ACL allows it (a replica AUTHs as its masteruser); with
-    repl-password set, only repl-user (the ACL user server/acl.py makes
+    repl-password set, only repl-user (the ACL user acl/users.py makes
     of the two) may sync, whatever other users may run."""
     app = conn.core.app
     settings = app.settings

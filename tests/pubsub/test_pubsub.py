@@ -159,6 +159,7 @@ def test_info_counts_channels_patterns_and_their_memory(server):
     assert info(client)["mem_pubsub"] == 0
 
 
+@pytest.mark.untraced
 def test_hostile_patterns_are_matched_in_bounded_time(server):
     """Patterns that make naive backtracking exponential, a deep one that
     would overflow a recursive matcher's stack, and a long near-match."""
@@ -176,6 +177,7 @@ def test_hostile_patterns_are_matched_in_bounded_time(server):
         assert publisher.call("PUBLISH", b"a" * 5000 + b"b", "m") == b":4\r\n"
 
 
+@pytest.mark.untraced
 def test_glob_without_recursion_takes_a_million_stars():
     assert glob(b"*" * 1_000_000 + b"a", b"ba")
     assert not glob(b"*a" * 500_000, b"b" * 100)

@@ -3,7 +3,7 @@ envoyproxy/ratelimit's RateLimitConfig, by hand: what
 ``envoy.service.discovery.v3.AggregatedDiscoveryService`` carries and
 ``ratelimit.config.ratelimit.v3`` (api/ratelimit/config/ratelimit/v3/
 rls_conf.proto) defines, and nothing else.  No network here:
-server/rls_xds.py drives the stream.
+rls/xds_client.py drives the stream.
 
 Decoding follows protobuf's rules: unknown fields (and a known field sent
 with another wire type) are skipped, the last of a repeated scalar wins,

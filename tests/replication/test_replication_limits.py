@@ -85,6 +85,7 @@ def peek(c, key):
 
 # ---- one full copy, shared ---------------------------------------------------------------------
 
+@pytest.mark.untraced
 def test_replicas_arriving_together_share_one_full_copy(make_server):
     primary = make_server("--manual-clock")
     p = primary.client()
@@ -133,6 +134,7 @@ def test_replicas_arriving_together_share_one_full_copy(make_server):
     assert p.info("memory")["mem_repl_full_copies"] == 0
 
 
+@pytest.mark.untraced
 @pytest.mark.parametrize("max_copies, copies", [(1, 1), (2, 2)])
 def test_full_copies_in_flight_are_capped_by_repl_max_full_copies(make_server, max_copies,
                                                                   copies):
@@ -175,6 +177,7 @@ def write_until_dropped(p: redis.Redis, port: int) -> int:
     raise AssertionError("the replica was never dropped")
 
 
+@pytest.mark.untraced
 def test_a_replica_that_never_reads_its_full_copy_is_dropped_at_repl_buffer_limit(
         make_server):
     """While its copy is sent, the copy's bytes in its socket buffer count
@@ -194,6 +197,7 @@ def test_a_replica_that_never_reads_its_full_copy_is_dropped_at_repl_buffer_limi
     assert p.info("replication")["repl_full_copies_in_flight"] == 0
 
 
+@pytest.mark.untraced
 def test_an_online_replica_that_stops_reading_is_dropped_at_repl_buffer_limit(make_server):
     primary = make_server("--manual-clock", "--repl-buffer-limit", "2mb")
     p = primary.client()
@@ -209,7 +213,7 @@ def test_an_online_replica_that_stops_reading_is_dropped_at_repl_buffer_limit(ma
 def read_stream(sock: socket.socket, frames_wanted: int) -> list[int]:
     """The kinds of the first frames after +FULLSYNC; fails on anything
     that is not a frame (a reply spliced into the stream)."""
-    from fastlimit.server import replstream as rs
+    from fastlimit.replication import stream as rs
     wire, reader, kinds = Wire(sock), rs.FrameReader(), []
     assert wire.read_reply().startswith(b"+FULLSYNC ")
     data, deadline = wire.buf, time.monotonic() + WAIT

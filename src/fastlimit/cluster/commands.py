@@ -1,9 +1,9 @@
 """Cluster mode's commands: CLUSTER SLOTS, SHARDS, NODES, INFO, MYID and
 KEYSLOT in Redis 7.0's shapes, and READONLY, READWRITE and ASKING, from
-the cluster subsystem (server/cluster.py); CL.CLUSTER, through which the
+the cluster subsystem (cluster/subsystem.py); CL.CLUSTER, through which the
 nodes hand each other slot maps and rules, and CL.PEERAUTH, with which a
 node calling another proves it knows cluster-user's password
-(server/peers.py).  Without cluster-enabled they answer Redis's "cluster
+(cluster/peers.py).  Without cluster-enabled they answer Redis's "cluster
 support disabled" error."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from fastlimit._cluster import keyslot
 from fastlimit._core import SlotKeys
 from fastlimit._protocol import Awaited
 from fastlimit._resp import ReplyError, Verbatim
-from fastlimit.cluster import map as clustermap
-from fastlimit.cluster.map import MapError
+from fastlimit.cluster import slot_map as clustermap
+from fastlimit.cluster.slot_map import MapError
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK, WRONGPASS
 
@@ -184,7 +184,7 @@ def cmd_cluster_getkeysinslot(conn, args):
     return keys.keys()
 
 
-# ---- moving slots (server/reshard.py) -------------------------------------------------
+# ---- moving slots (cluster/reshard.py) -------------------------------------------------
 
 def cmd_cl_cluster_move(conn, args):
     _cluster(conn)

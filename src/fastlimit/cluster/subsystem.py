@@ -2,10 +2,10 @@
 processes, spoken to clients as Redis Cluster (hash slots, CLUSTER SLOTS,
 -MOVED).
 
-The slot map (``cluster/map.py``, read from ``cluster-config-file``) says
+The slot map (``cluster/slot_map.py``, read from ``cluster-config-file``) says
 which shard owns each slot.  Who is primary of each shard comes from the
 map for static shards, and from Redis Sentinel for the others
-(``shard_roles.ShardRoles``): Sentinel stays the only thing that detects
+(``sentinel_roles.ShardRoles``): Sentinel stays the only thing that detects
 failures and promotes.  From the map and the roles this subsystem works
 out the routing the connection applies in C (``ServerCore.set_routing``):
 the slots this node serves as primary, and for every other slot the
@@ -29,14 +29,14 @@ from collections.abc import Callable, Iterable, Mapping
 
 from fastlimit._cluster import SLOTS
 from fastlimit._resp import ReplyError
-from fastlimit.cluster import map as clustermap
-from fastlimit.cluster.map import Address, MapError, Roles, SlotMap
+from fastlimit.cluster import slot_map as clustermap
+from fastlimit.cluster.peers import Challenges, Credentials, Peers, answer, names, unreached
+from fastlimit.cluster.sentinel_roles import ShardRoles
+from fastlimit.cluster.slot_map import Address, MapError, Roles, SlotMap
 from fastlimit.lazy_redis import redis
 from fastlimit.rules.model import RuleError
 from fastlimit.server import config as cfg
 from fastlimit.server import tls
-from fastlimit.server.peers import Challenges, Credentials, Peers, answer, names, unreached
-from fastlimit.server.shard_roles import ShardRoles
 from fastlimit.server.subsystem import Subsystem
 
 # How often a node compares its map and rules with a peer's (a node that

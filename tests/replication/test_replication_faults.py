@@ -298,6 +298,7 @@ def grow(node: Node, keys) -> int:
     return peak_rss(node) - before
 
 
+@pytest.mark.untraced
 def test_paused_standby_is_dropped_at_the_buffer_limit_then_resyncs(cluster):
     limit = ("--repl-buffer-limit", "1mb")
     keys = keys_named("k", BIG, 28)               # 30-byte keys

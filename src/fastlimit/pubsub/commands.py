@@ -1,5 +1,5 @@
 """Pub/Sub: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH and
-PUBSUB, on the registry in server/pubsub.py.  The (un)subscribe commands
+PUBSUB, on the registry in pubsub/subsystem.py.  The (un)subscribe commands
 answer with one frame per channel, pushed by the registry, and no reply
 of their own."""
 

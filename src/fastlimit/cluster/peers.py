@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fastlimit.cluster.map import Address
+from fastlimit.cluster.slot_map import Address
 from fastlimit.lazy_redis import redis
 from fastlimit.server.config import is_loopback
 
@@ -52,7 +52,7 @@ START_TIMEOUT_S = 0.3
 CHALLENGE_TTL_MS = 10_000
 
 # What cluster-user must be allowed: every command a node sends another
-# (server/cluster.py's and server/reshard.py's calls), and nothing else.
+# (cluster/subsystem.py's and cluster/reshard.py's calls), and nothing else.
 LINK_PERMISSIONS = ("+cl.cluster|versions", "+cl.cluster|map", "+cl.cluster|rules",
                     "+cl.cluster|setrules", "+cl.cluster|setmap", "+cl.cluster|import")
 

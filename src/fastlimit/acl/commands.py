@@ -1,4 +1,4 @@
-"""ACL ...: users and their rules (server/acl.py keeps them), with Redis
+"""ACL ...: users and their rules (acl/users.py keeps them), with Redis
 7.0's replies."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import time
 
 from fastlimit._resp import ReplyError
-from fastlimit.server.acl import NO_ACLFILE, RuleError
+from fastlimit.acl.users import NO_ACLFILE, RuleError
 from fastlimit.server.arguments import integer, lowercase
 from fastlimit.server.commands.replies import OK
 

@@ -20,6 +20,7 @@ import os
 import time
 
 from fastlimit._protocol import Command, acl_check
+from fastlimit.server.clients import client_line
 from fastlimit.server.config import ConfigError
 from fastlimit.server.subsystem import Subsystem
 
@@ -690,7 +691,6 @@ class Acl(Subsystem):
         """One ACL LOG entry (or one more of a recent same one), bounded by
         acllog-max-len as Redis's addACLLogEntry; conn is the RESP
         connection, or None (the HTTP front) with client_info given."""
-        from fastlimit.server.commands.client import client_line
         self.denied[reason] += 1
         if self.log_max_len == 0:
             return

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 
 from fastlimit.server.snapshot import MAX_RULE_NUMBER, Section, SnapshotError, parse_sections
 
@@ -41,6 +42,12 @@ _OFFSET = struct.Struct("<Q")
 # A batch or the rules fit well within it; a full copy may be as large as
 # the primary's memory, so it is bounded by this machine's.
 MAX_FRAME = 1 << 30
+
+
+def wall_ms() -> int:
+    """A batch's stamp: the primary's wall clock, which its replicas' lag
+    is measured against."""
+    return time.time_ns() // 1_000_000
 
 
 def physical_memory() -> int:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fastlimit.server import replstream as rs
+from fastlimit.replication import stream as rs
 from fastlimit.server.snapshot import SnapshotError, Section
 
 SECTION = (b"\x05\x00check" + (20).to_bytes(4, "little") + (1).to_bytes(8, "little")

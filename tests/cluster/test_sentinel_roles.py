@@ -1,4 +1,4 @@
-"""ShardRoles (server/shard_roles.py): who is primary of each shard, from
+"""ShardRoles (cluster/sentinel_roles.py): who is primary of each shard, from
 real redis-sentinel processes (scripts/ha.py) watching two shards, each a
 primary and a standby.  Real time is the point here (Sentinel's
 failovers, timeouts against silent sockets), so the waits are real and
@@ -25,8 +25,8 @@ import redis.asyncio
 import uvloop
 from servers import PYTHON
 
-from fastlimit.cluster.map import Address, Roles
-from fastlimit.server.shard_roles import (
+from fastlimit.cluster.slot_map import Address, Roles
+from fastlimit.cluster.sentinel_roles import (
     AnswerError,
     ShardRoles,
     choose,
