@@ -7,8 +7,7 @@ from libc.string cimport memcmp, memcpy, memmove, memset, strlen
 
 from fastlimit._core cimport fl_mono_ns
 from fastlimit._protocol cimport Command, ServerCore, record_call
-from fastlimit._http import credentials, peer_text
-from fastlimit._protocol import acl_check
+from fastlimit._protocol import acl_check, credentials, peer_text
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
 
 # gRPC status codes (grpc/doc/statuscodes.md)

@@ -21,6 +21,8 @@ from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               PARSE_EMPTY, PARSE_ERROR, PARSE_INCOMPLETE)
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 

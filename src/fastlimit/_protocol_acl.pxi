@@ -1,7 +1,8 @@
 # Included by _protocol.pyx: the authorization gate, as Redis's acl.c: what
 # a user may run on which keys (acl_verdict, which every front asks), the
-# RESP connection's refusal and ACL LOG entry (acl_denied).  The users
-# themselves are server/acl.py's.  Declared in _protocol.pxd.
+# RESP connection's refusal and ACL LOG entry (acl_denied), and the
+# credentials an HTTP or gRPC request carries.  The users themselves are
+# server/acl.py's.  Declared in _protocol.pxd.
 
 
 cdef extern from "Python.h":
@@ -139,3 +140,30 @@ def acl_check(grant, Command cmd, list args):
         return acl_verdict(grant[0], grant[1], cmd, argv, argc)   # (channels: acl.py's)
     finally:
         free(argv)
+
+
+# ---- what an HTTP or gRPC request says of its caller (neither front imports the other) ----
+
+def credentials(bytes header):
+    """(user name, password) of an Authorization header: Basic
+    base64(user:password), whose empty user name is the default user, or
+    "Bearer <password>", the default user's password (requirepass); None
+    for anything else."""
+    scheme, _, value = header.strip().partition(b" ")
+    value = value.strip()
+    scheme = scheme.lower()
+    if scheme == b"bearer":
+        return "default", value
+    if scheme == b"basic":
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        user, _, password = decoded.partition(b":")
+        return user.decode("utf-8", "surrogateescape") or "default", password
+    return None
+
+
+def peer_text(peer):
+    """A transport's peername as ACL LOG's client info (addr=) writes it."""
+    return _format_addr(peer) if isinstance(peer, tuple) else ""
