@@ -50,7 +50,7 @@ install_debian_tools() {
 # bootstrap rebuild; nothing else does.
 sources_stamp() {
     find src setup.py pyproject.toml -type f \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pyi' -o -name '*.h' \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.pyi' -o -name '*.h' \
            -o -name 'py.typed' -o -name '*.toml' \) -print0 \
         | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1
 }

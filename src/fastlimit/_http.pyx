@@ -7,13 +7,11 @@ from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
 from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit, record_call,
                                   acl_verdict)
 from fastlimit._resp cimport Arg
-from fastlimit._protocol import SLICE_BUDGET_S
+from fastlimit._protocol import SLICE_BUDGET_S, credentials, peer_text
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
 import asyncio
-import base64
-import binascii
 import json
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
@@ -148,33 +146,6 @@ cdef inline int64_t ceil_seconds(int64_t ms) noexcept:
 
 cdef inline void write_bytes(Writer* w, bytes b) noexcept:
     write_raw(w, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
-
-
-def credentials(bytes header):
-    """(user name, password) of an Authorization header: Basic
-    base64(user:password), whose empty user name is the default user, or
-    "Bearer <password>", the default user's password (requirepass); None
-    for anything else."""
-    scheme, _, value = header.strip().partition(b" ")
-    value = value.strip()
-    scheme = scheme.lower()
-    if scheme == b"bearer":
-        return "default", value
-    if scheme == b"basic":
-        try:
-            decoded = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        user, _, password = decoded.partition(b":")
-        return user.decode("utf-8", "surrogateescape") or "default", password
-    return None
-
-
-def peer_text(peer):
-    """A transport's peername as ACL LOG's client info (addr=) writes it."""
-    if isinstance(peer, tuple):
-        return f"[{peer[0]}]:{peer[1]}" if ":" in peer[0] else f"{peer[0]}:{peer[1]}"
-    return ""
 
 
 cdef str text_field(dict doc, str name, bint required):

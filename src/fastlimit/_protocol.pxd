@@ -153,25 +153,6 @@ cdef class ServerCore:
     cdef str route_key(self, const char* key, size_t n)
 
 
-# The decisions every front makes the same way: None, or the error reply's
-# text ("ERR ...", "OOM ...").
-cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int64_t now_ms, CheckResult* r)
-cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
-                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
-                     CheckResult* r, int* nrules)
-
-
-# Whether an ACL grant admits cmd with argv: 0, -1 (the command), or the
-# position of the key it does not (_protocol.pyx).
-cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2
-
-
-# Redis's stringmatchlen (case-sensitive): whether pattern p[0:n] matches
-# s[0:m].  No recursion; see _protocol.pyx for the bound.
-cdef bint glob_match(const char* p, size_t n, const char* s, size_t m) noexcept
-
-
 cdef class Connection:
     cdef readonly ServerCore core
     cdef object transport
@@ -238,37 +219,77 @@ cdef class Connection:
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)
-    cdef bint serves_key(self, Command cmd) noexcept
-    cdef void redirect(self, Command cmd)
-    cdef void wait_for_slot(self)
-    cdef bint requeue_waiting(self)
     cdef void keep_tail(self, const char* buf, size_t n)
     cdef int check_query_buffer(self, size_t n) except -1
     cdef void execute(self)
     cdef void execute_silenced(self)
-    cdef void run_observed(self, Command cmd, list args)
     cdef int dispatch(self, Command cmd, list args) except -1
-    cdef void feed_monitors(self, Command cmd, list args)
-    cdef bint acl_denied(self, Command cmd, bint at_exec)
     cdef void on_replica_link(self, Command cmd)
-    cdef bint queued_write(self, Command cmd)
     cdef void reject(self, Command cmd, str msg)
     cdef void refuse_when_subscribed(self, Command cmd)
     cdef void run(self, Command cmd, list args)
     cdef Command lookup(self, const Arg* a)
     cdef void run_python(self, Command cmd, list args)
     cdef bint may_slice(self)
-    cdef void cl_check(self)
-    cdef void cl_limit(self)
-    cdef void write_check(self, const CheckResult* r, int extra=*)
-    cdef void ping(self)
-    cdef void multi(self)
-    cdef void exec_queued(self)
-    cdef void discard(self)
-    cdef void queue(self, Command cmd)
     cdef void reply_error(self, str msg)
     cdef void flush(self)
     cdef void check_output_limits(self)
     cdef void over_output_limits(self, int64_t pending, int64_t hard, int64_t soft,
                                  double soft_seconds)
     cdef list args_as_bytes(self)
+
+
+# ---- the concerns of a connection, a file each that _protocol.pyx includes --------
+# Functions of the connection (or of the state all connections share) that
+# execute() and dispatch() call directly, as Redis's processCommand calls
+# acl.c, cluster.c and multi.c.  A file's inline helpers are not declared here.
+
+# _protocol_checks.pxi: the commands that run entirely in C, and the
+# decisions every front makes the same way (None, or the error reply's
+# text: "ERR ...", "OOM ...").
+cdef void cl_check(Connection c)
+cdef void cl_limit(Connection c)
+cdef void write_check(Connection c, const CheckResult* r, int extra=*)
+cdef void ping(Connection c)
+cdef bint queued_write(Connection c, Command cmd)
+cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
+                      int64_t now_ms, CheckResult* r)
+cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
+                     CheckResult* r, int* nrules)
+
+# _protocol_multi.pxi: MULTI, EXEC, DISCARD and WATCH.
+cdef void begin_multi(Connection c)
+cdef void queue_in_multi(Connection c, Command cmd)
+cdef void discard_multi(Connection c)
+cdef void exec_queued(Connection c)
+cdef int watch_keys(Connection c, keys) except -1
+cdef int unwatch_all(Connection c) except -1
+cdef int touch_watched_keys(ServerCore core, keys) except -1
+cdef int touch_all_watched_keys(ServerCore core) except -1
+
+# _protocol_acl.pxi: whether an ACL grant admits cmd with argv (0, -1 for
+# the command, or the position of the key it does not), which every front
+# asks; the RESP connection's refusal; the user a connection runs as.
+cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2
+cdef bint acl_denied(Connection c, Command cmd, bint at_exec)
+cdef int acl_set_user(Connection c, user, bint authenticated) except -1
+
+# _protocol_slots.pxi: cluster routing.
+cdef int set_slot_routing(ServerCore core, served, shard_of_slot, list moved_to) except -1
+cdef int pause_served_slots(ServerCore core, mask) except -1
+cdef int resume_paused_slots(ServerCore core) except -1
+cdef bint slot_runs_here(ServerCore core, int slot) except -1
+cdef void redirect(Connection c, Command cmd)
+cdef void wait_for_slot(Connection c)
+cdef bint requeue_waiting(Connection c)
+
+# _protocol_observe.pxi: MONITOR, and WATCH told of the writes.
+cdef void run_observed(Connection c, Command cmd, list args)
+cdef void feed_monitors(Connection c, Command cmd, list args)
+cdef int monitor_start(Connection c) except -1
+cdef int monitor_stop(Connection c) except -1
+
+# _protocol_glob.pxi: Redis's stringmatchlen (case-sensitive), whether
+# pattern p[0:n] matches s[0:m], with no recursion (the bound is there).
+cdef bint glob_match(const char* p, size_t n, const char* s, size_t m) noexcept

@@ -18,6 +18,10 @@ def acl_check(grant: tuple[bytes, tuple | None, tuple | None] | None, cmd: Comma
               args: list[bytes]) -> int:
     """0 if the grant admits cmd with args, -1 if not the command, else the
     position of the key it does not admit."""
+def credentials(header: bytes) -> tuple[str, bytes] | None:
+    """(user, password) of an HTTP or gRPC Authorization value (Basic or Bearer)."""
+def peer_text(peer: object) -> str:
+    """A transport's peername as ACL LOG's addr= writes it."""
 def is_local_peer(peername: Any) -> bool:
     """Redis's islocalClient: a Unix socket, 127.0.0.1 or ::1."""
 LOG_VERBOSE: int

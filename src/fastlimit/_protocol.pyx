@@ -21,6 +21,8 @@ from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               PARSE_EMPTY, PARSE_ERROR, PARSE_INCOMPLETE)
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 
@@ -93,121 +95,11 @@ cdef enum:
 SLICE_BUDGET_S = 0.0005
 MAXCLIENTS_LOG_SECONDS = 10.0
 
-# ServerCore.slot_served values.
-cdef enum:
-    SLOT_NOT_SERVED = 0
-    SLOT_SERVED = 1
-    SLOT_PAUSED = 2
-
-# Connection.sliced while its next command waits for a paused slot: like a
-# sliced reply, it holds the input and the commands after it.
-SLOT_WAIT = object()
-
-
-cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
-    cdef size_t i
-    cdef char c
-    if a.len != n:
-        return False
-    for i in range(n):
-        c = a.ptr[i]
-        if c'A' <= c <= c'Z':
-            c = c + 32
-        if c != lower[i]:
-            return False
-    return True
-
 
 cdef inline str arg_text(const Arg* a, size_t limit=128):
     cdef size_t n = a.len if a.len < limit else limit
     return PyBytes_FromStringAndSize(a.ptr, n).decode("utf-8", "surrogateescape")
 
-
-cdef enum OptionStatus:
-    OPT_OK = 0
-    OPT_NEEDS_VALUE = 1
-    OPT_UNKNOWN = 2
-    OPT_BAD_CAPACITY = 3
-    OPT_BAD_REFILL = 4
-    OPT_BAD_COST = 5
-    OPT_BAD_PERIOD = 6
-    OPT_BAD_LIMIT_COST = 7
-
-
-cdef struct LimitArgs:
-    const char* tier
-    size_t tlen
-    int64_t cost
-    bint detail
-
-
-cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* bad) noexcept:
-    """CL.CHECK's numbers and options into bp: OPT_OK, or what is wrong
-    (with the option at a[*bad])."""
-    cdef int i = 4
-    bp.cost = 1
-    bp.period_ms = 1000
-    if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
-        return OPT_BAD_CAPACITY
-    if not parse_int64(a[3].ptr, a[3].len, &bp.refill):
-        return OPT_BAD_REFILL
-    while i < argc:
-        bad[0] = i
-        if i + 1 >= argc:
-            return OPT_NEEDS_VALUE
-        if eq_nocase(&a[i], b"cost", 4):
-            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.cost):
-                return OPT_BAD_COST
-        elif eq_nocase(&a[i], b"period", 6):
-            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
-                return OPT_BAD_PERIOD
-        else:
-            return OPT_UNKNOWN
-        i += 2
-    return OPT_OK
-
-
-cdef int read_limit_args(const Arg* a, int argc, LimitArgs* la, int* bad) noexcept:
-    """CL.LIMIT's options into la, as read_check_args."""
-    cdef int i = 3
-    la.tier = NULL
-    la.tlen = 0
-    la.cost = 1
-    la.detail = False
-    while i < argc:
-        bad[0] = i
-        if eq_nocase(&a[i], b"detail", 6):
-            la.detail = True
-            i += 1
-            continue
-        if i + 1 >= argc:
-            return OPT_NEEDS_VALUE
-        if eq_nocase(&a[i], b"tier", 4):
-            la.tier, la.tlen = a[i + 1].ptr, a[i + 1].len
-        elif eq_nocase(&a[i], b"cost", 4):
-            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &la.cost) or la.cost < 0 \
-                    or la.cost > MAX_CAPACITY:
-                return OPT_BAD_LIMIT_COST
-        else:
-            return OPT_UNKNOWN
-        i += 2
-    return OPT_OK
-
-
-cdef str options_error(int status, const Arg* option, str expected):
-    if status == OPT_BAD_CAPACITY:
-        return "ERR capacity is not an integer or out of range"
-    if status == OPT_BAD_REFILL:
-        return "ERR refill_per_sec is not an integer or out of range"
-    if status == OPT_BAD_COST:
-        return "ERR COST is not an integer or out of range"
-    if status == OPT_BAD_PERIOD:
-        return "ERR PERIOD is not an integer or out of range"
-    if status == OPT_BAD_LIMIT_COST:
-        return "ERR COST must be an integer from 0 to 10^15"
-    if status == OPT_NEEDS_VALUE:
-        return f"ERR syntax error: option '{arg_text(option)}' needs a value"
-    return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
 
 
 cdef class Command:
@@ -329,95 +221,32 @@ cdef class ServerCore:
         counted in handshaking until it ends)."""
         return transport.get_extra_info("sslcontext") is None and self.full()
 
+    # ---- Python's way into WATCH (_protocol_multi.pxi) and routing (_protocol_slots.pxi)
+
     def touch_keys(self, keys):
-        """WATCH: the buckets named by keys changed; their watchers' EXEC
-        will abort."""
-        cdef Connection c
-        for key in keys:
-            watchers = self.watched_keys.get(key)
-            if watchers:
-                for c in watchers.values():
-                    c.watch_dirty = True
+        touch_watched_keys(self, keys)
 
     def touch_all_watched(self):
-        """WATCH: every watched bucket changed (FLUSHALL).  An absent
-        bucket reads as a full one, so each watched key counts as touched."""
-        self.touch_keys(list(self.watched_keys))
+        touch_all_watched_keys(self)
 
     def set_routing(self, served, shard_of_slot, list moved_to):
-        """Cluster routing: served[slot] is true where this node serves the
-        slot as primary, shard_of_slot[slot] the slot's shard index (both
-        of CLUSTER_SLOTS entries), moved_to the redirect target per shard.
-        None for all three turns routing off (standalone)."""
-        cdef int slot
-        if moved_to is None:
-            self.cluster_routing = False
-            self.moved_to = None
-            return
-        if len(served) != CLUSTER_SLOTS or len(shard_of_slot) != CLUSTER_SLOTS:
-            raise ValueError(f"routing needs {CLUSTER_SLOTS} entries per slot")
-        for slot in range(CLUSTER_SLOTS):
-            if not 0 <= shard_of_slot[slot] < len(moved_to):
-                raise ValueError(f"slot {slot}: no shard {shard_of_slot[slot]}")
-        for slot in range(CLUSTER_SLOTS):
-            # A pause outlives a routing change for the slots still served.
-            self.slot_served[slot] = SLOT_NOT_SERVED if not served[slot] else (
-                SLOT_PAUSED if self.slot_served[slot] == SLOT_PAUSED else SLOT_SERVED)
-            self.slot_shard[slot] = shard_of_slot[slot]
-        self.moved_to = list(moved_to)
-        self.cluster_routing = True
+        set_slot_routing(self, served, shard_of_slot, moved_to)
 
     cdef str route_key(self, const char* key, size_t n):
-        """In cluster mode, None when this node serves the key's slot as
-        primary, else the error a client is redirected with: MOVED,
-        CLUSTERDOWN, or TRYAGAIN while the slot is paused (a front that
-        cannot hold a request, as RESP does, asks the client to retry)."""
-        cdef int slot
-        if not self.cluster_routing:
-            return None
-        slot = key_slot(key, n)
-        if self.slot_served[slot] == SLOT_SERVED:
-            return None
-        if self.slot_served[slot] == SLOT_PAUSED:
-            return "TRYAGAIN the slot is moving to another shard"
-        target = self.moved_to[self.slot_shard[slot]]
-        return "CLUSTERDOWN Hash slot not served" if target is None else f"MOVED {slot} {target}"
+        return slot_route_error(self, key, n)
 
     def pause_slots(self, mask):
-        """Commands on the served slots set in mask (CLUSTER_SLOTS bytes)
-        wait from now until resume_slots(); returns how many were paused."""
-        cdef int slot, paused = 0
-        if not self.cluster_routing or len(mask) != CLUSTER_SLOTS:
-            raise ValueError("pausing slots needs cluster routing and a slot mask")
-        for slot in range(CLUSTER_SLOTS):
-            if mask[slot] and self.slot_served[slot] == SLOT_SERVED:
-                self.slot_served[slot] = SLOT_PAUSED
-                paused += 1
-        return paused
+        return pause_served_slots(self, mask)
 
     def resume_slots(self):
-        """Ends every pause; the waiting commands run (or are redirected,
-        if their slot moved meanwhile), each connection on its own turn."""
-        cdef int slot
-        cdef Connection conn
-        for slot in range(CLUSTER_SLOTS):
-            if self.slot_served[slot] == SLOT_PAUSED:
-                self.slot_served[slot] = SLOT_SERVED
-        waiters, self.slot_waiters = self.slot_waiters, {}
-        loop = asyncio.get_running_loop()
-        for conn in waiters.values():
-            if conn.waits_for_slot and conn.requeue_waiting():
-                loop.call_soon(conn.next_turn)
+        resume_paused_slots(self)
+
+    def serves_slot(self, int slot):
+        return slot_runs_here(self, slot)
 
     @property
     def slot_waiting_clients(self):
         return len(self.slot_waiters)
-
-    def serves_slot(self, int slot):
-        """Whether a keyed command for slot runs here (always, standalone)."""
-        if not 0 <= slot < CLUSTER_SLOTS:
-            raise ValueError("slot out of range")
-        return not self.cluster_routing or bool(self.slot_served[slot])
 
     property max_bulk_len:
         def __get__(self):
@@ -441,7 +270,7 @@ cdef class Connection:
     def __init__(self, ServerCore core):
         self.core = core
         self.proto = 2
-        self.set_user(core.default_user, not core.auth_required)
+        acl_set_user(self, core.default_user, not core.auth_required)
         self.created = self.last_interaction = time.monotonic()
         self.addr = self.laddr = ""
 
@@ -484,8 +313,8 @@ cdef class Connection:
             self.core.app.replication.detach(self)
         if self.subscribed:
             self.core.app.pubsub.forget(self)
-        self.stop_monitor()
-        self.unwatch()
+        monitor_stop(self)
+        unwatch_all(self)
         self.transport = None
         free(self.inbuf)
         self.inbuf = NULL
@@ -757,19 +586,19 @@ cdef class Connection:
             self.reject(cmd, f"ERR wrong number of arguments for '{cmd.name}' command")
         elif not self.authenticated and not cmd.no_auth:
             self.reject(cmd, "NOAUTH Authentication required.")
-        elif self.restricted and self.acl_denied(cmd, False):
+        elif self.restricted and acl_denied(self, cmd, False):
             pass
-        elif self.core.cluster_routing and cmd.first_key and not self.serves_key(cmd):
-            self.redirect(cmd)
+        elif self.core.cluster_routing and cmd.first_key and not serves_key(self, cmd):
+            redirect(self, cmd)
         elif self.core.readonly and cmd.is_write and (
-                not cmd.replica_peeks or self.multi_queue is not None and self.queued_write(cmd)):
+                not cmd.replica_peeks or self.multi_queue is not None and queued_write(self, cmd)):
             self.reject(cmd, READONLY_ERROR)
         elif self.multi_queue is not None and cmd.no_multi:
             self.reject(cmd, "ERR Command not allowed inside a transaction")
         elif self.subscribed and self.proto == 2 and not cmd.when_subscribed:
             self.refuse_when_subscribed(cmd)
         elif self.multi_queue is not None and cmd.fast < FAST_MULTI:
-            self.queue(cmd)
+            queue_in_multi(self, cmd)
         else:
             self.run(cmd, None)
 
@@ -797,60 +626,6 @@ cdef class Connection:
                 self.sliced_silent = True
         if before == REPLY_SKIP and self.reply_mode == REPLY_SKIP:
             self.reply_mode = REPLY_ON       # the skipped command is done
-    cdef bint acl_denied(self, Command cmd, bint at_exec):
-        """For a restricted user: refuses (and logs in ACL LOG) the command
-        in parser.argv if the user may not run it or touch one of its keys,
-        as Redis's ACLCheckAllPerm; a container is judged by its
-        subcommand (CONFIG|SET).  at_exec: EXEC running what MULTI queued,
-        whose reply is Redis's "rules changed" NOPERM."""
-        cdef Command target = cmd
-        cdef Command sub
-        cdef int pos = 0
-        if cmd.no_auth:
-            return False     # AUTH, HELLO, QUIT, RESET and CL.PEERAUTH (the table's only no-auth ones), as Redis
-        if cmd.subcommands and self.parser.argc >= 2:
-            sub = cmd.subcommands.get(PyBytes_FromStringAndSize(
-                self.parser.argv[1].ptr, self.parser.argv[1].len).lower())
-            if sub is None or not sub.arity_ok(self.parser.argc):
-                return False     # the container's own error comes next
-            target = sub
-        pos = acl_verdict(self.acl_perm, self.acl_keys, target, self.parser.argv,
-                          self.parser.argc)
-        reason = "key"
-        if pos == 0 and target.has_channels and self.acl_channels is not None:
-            pos = self.core.app.acl.channel_position(self.acl_channels, target,
-                                                     self.args_as_bytes())
-            reason = "channel"
-        if pos == 0:
-            return False
-        if pos < 0:
-            reason, obj = "command", target.name
-        else:
-            obj = arg_text(&self.parser.argv[pos], 1 << 30)
-        self.core.app.acl.log_denial(self, reason, obj, at_exec or self.multi_queue is not None)
-        if at_exec:
-            self.reply_error("NOPERM ACLs rules changed between the moment the transaction was "
-                             "accumulated and the EXEC call. This command is no longer allowed "
-                             "for the following reason: " + EXEC_DENIALS[reason])
-        elif pos < 0:
-            self.reject(cmd, f"NOPERM this user has no permissions to run the '{target.name}' "
-                             "command")
-        else:
-            self.reject(cmd, f"NOPERM this user has no permissions to access one of the "
-                             f"{reason}s used as arguments")
-        return True
-
-    def set_user(self, user, bint authenticated):
-        """Runs as user (server/acl.py's User, or None: unrestricted) from
-        now on; its grant is None when it may run everything on every key
-        and channel, else (permission map, key patterns or None, channel
-        patterns or None)."""
-        grant = user.grant if user is not None else None
-        self.user = user
-        self.authenticated = authenticated
-        self.restricted = grant is not None
-        self.acl_perm, self.acl_keys, self.acl_channels = \
-            grant if grant is not None else (None, None, None)
 
     cdef void on_replica_link(self, Command cmd):
         """After CL.SYNC the connection carries the replication stream out
@@ -862,7 +637,7 @@ cdef class Connection:
         the link closes."""
         cdef size_t mark = OUT.len
         if cmd is not None and cmd.name == "replconf" and not (
-                self.restricted and self.acl_denied(cmd, False)):
+                self.restricted and acl_denied(self, cmd, False)):
             self.run(cmd, None)
             if OUT.len == mark:
                 return
@@ -871,72 +646,6 @@ cdef class Connection:
                               "does not take; closing the link", self.id, self.addr,
                               ascii(arg_text(&self.parser.argv[0], 32)))
         self.close_after_reply = True
-
-    cdef inline bint serves_key(self, Command cmd) noexcept:
-        """Whether this node serves the slot of the command's key as primary
-        (Redis Cluster's routing, before the command runs or is queued)."""
-        cdef const Arg* key
-        if cmd.first_key >= self.parser.argc:
-            return True
-        key = &self.parser.argv[cmd.first_key]
-        return self.core.slot_served[key_slot(key.ptr, key.len)] == SLOT_SERVED
-
-    cdef void redirect(self, Command cmd):
-        """-MOVED to the primary serving the key's slot (a standby redirects
-        too: clients handle MOVED alike, READONLY not), or CLUSTERDOWN when
-        the slot's shard has no known primary.  Refused like any command,
-        so MULTI fails at EXEC as in Redis.  A paused slot's command waits
-        instead (see pause_slots)."""
-        cdef const Arg* key = &self.parser.argv[cmd.first_key]
-        cdef int slot = key_slot(key.ptr, key.len)
-        if self.core.slot_served[slot] == SLOT_PAUSED:
-            self.wait_for_slot()
-            return
-        target = self.core.moved_to[self.core.slot_shard[slot]]
-        if target is None:
-            self.reject(cmd, "CLUSTERDOWN Hash slot not served")
-        else:
-            self.reject(cmd, f"MOVED {slot} {target}")
-
-    cdef void wait_for_slot(self):
-        """The command just parsed waits for its slot's pause to end: no
-        reply; a copy of it (as a multibulk) goes back in front of the
-        buffer when the pause ends (requeue_waiting), and what follows it
-        waits as after a sliced reply.  All of it off the path of commands
-        that run: run_commands is untouched."""
-        cdef int i
-        cdef const Arg* a
-        parts = [b"*%d\r\n" % self.parser.argc]
-        for i in range(self.parser.argc):
-            a = &self.parser.argv[i]
-            parts.append(b"$%d\r\n%s\r\n" % (a.len, a.ptr[:a.len]))
-        self.waiting_command = b"".join(parts)
-        self.sliced = SLOT_WAIT
-        self.waits_for_slot = True
-        self.core.slot_waiters[self.id] = self
-
-    cdef bint requeue_waiting(self):
-        """Puts the waiting command back before the rest of the buffer;
-        False if the connection is closed for want of memory."""
-        cdef bytes command = self.waiting_command
-        cdef size_t n = PyBytes_GET_SIZE(command)
-        cdef char* grown
-        self.waiting_command = None
-        self.waits_for_slot = False
-        self.sliced = None
-        if self.inlen + n > self.incap:
-            grown = <char*>realloc(self.inbuf, self.inlen + n)
-            if grown == NULL:
-                self.core.log.error("client id=%d: out of memory for its query buffer", self.id)
-                self.abort()
-                return False
-            self.inbuf = grown
-            self.incap = self.inlen + n
-        memmove(self.inbuf + n, self.inbuf, self.inlen)
-        memcpy(self.inbuf, PyBytes_AS_STRING(command), n)
-        self.inlen += n
-        self.more_input = True
-        return True
 
     cdef void refuse_when_subscribed(self, Command cmd):
         """A subscribed RESP2 connection reads pushes, not replies: Redis
@@ -955,23 +664,6 @@ cdef class Connection:
         self.reject(cmd, f"ERR Can't execute '{name}': only (P|S)SUBSCRIBE / "
                          "(P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context")
 
-    cdef bint queued_write(self, Command cmd):
-        """Whether a fast command queued in MULTI on a replica would write:
-        CL.CHECK and CL.LIMIT with COST 0 are peeks, so they may run.  One
-        whose options do not parse is queued, to fail at EXEC, and so is
-        a peeking command with a Python handler, which refuses its own
-        writes when it runs."""
-        cdef BucketParams bp
-        cdef LimitArgs la
-        cdef int bad
-        if cmd.fast == FAST_CL_CHECK:
-            return read_check_args(self.parser.argv, self.parser.argc, &bp, &bad) == OPT_OK \
-                and bp.cost != 0
-        if cmd.fast == FAST_CL_LIMIT:
-            return read_limit_args(self.parser.argv, self.parser.argc, &la, &bad) == OPT_OK \
-                and la.cost != 0
-        return False
-
     cdef void reject(self, Command cmd, str msg):
         """Refuses a command before it runs; inside MULTI that dooms the
         transaction (EXECABORT), as in Redis."""
@@ -987,99 +679,25 @@ cdef class Connection:
         While nobody monitors or watches, that costs one test of a C int."""
         self.core.total_commands += 1
         if self.core.observers:
-            self.run_observed(cmd, args)
+            run_observed(self, cmd, args)
         else:
             self.dispatch(cmd, args)
-
-    cdef void run_observed(self, Command cmd, list args):
-        """run() while some client monitors or watches: after the command,
-        the monitors get its line (EXEC's after the commands it ran, as in
-        Redis) and the watchers of the keys a write names are told."""
-        cdef list seen = args if args is not None else self.args_as_bytes()
-        cdef ServerCore core = self.core
-        self.dispatch(cmd, args)
-        if core.monitors:
-            self.feed_monitors(cmd, seen)
-        if core.watched_keys and cmd.is_write and cmd.first_key:
-            core.touch_keys(command_keys(cmd, seen))
-
-    cdef void feed_monitors(self, Command cmd, list args):
-        """Redis's replicationFeedMonitors line, to every monitor; admin
-        commands are not shown (nor their subcommands), AUTH and HELLO's
-        credentials are redacted.  A monitor whose output passes its limits
-        is dropped by push(), as any client."""
-        cdef Connection m
-        if "admin" in cmd.flags:
-            return
-        if cmd.subcommands and len(args) > 1:
-            sub = cmd.subcommands.get(args[1].lower())
-            if sub is not None and "admin" in (<Command>sub).flags:
-                return
-        line = monitor_line(self.addr, redacted(args))
-        for m in list(self.core.monitors.values()):
-            m.push(line)
-
-    def start_monitor(self):
-        """MONITOR: from now on this client gets every command's line."""
-        if not self.monitoring:
-            self.monitoring = True
-            self.core.monitors[self.id] = self
-            self.core.observers += 1
-
-    def stop_monitor(self):
-        if self.monitoring:
-            self.monitoring = False
-            del self.core.monitors[self.id]
-            self.core.observers -= 1
-
-    def watch(self, keys):
-        """WATCH: EXEC aborts if a write names one of keys before it."""
-        cdef ServerCore core = self.core
-        if self.watching is None:
-            self.watching = {}
-        for key in keys:
-            if key in self.watching:
-                continue
-            self.watching[key] = None
-            watchers = core.watched_keys.get(key)
-            if watchers is None:
-                watchers = core.watched_keys[key] = {}
-                core.observers += 1
-            watchers[self.id] = self
-
-    def unwatch(self):
-        """Forgets every watched key (UNWATCH, EXEC, DISCARD, RESET)."""
-        cdef ServerCore core = self.core
-        self.watch_dirty = False
-        if self.watching is None:
-            return
-        for key in self.watching:
-            watchers = core.watched_keys[key]
-            del watchers[self.id]
-            if not watchers:
-                del core.watched_keys[key]
-                core.observers -= 1
-        self.watching = None
-
-    @property
-    def watched_count(self):
-        return len(self.watching) if self.watching is not None else 0
 
     cdef int dispatch(self, Command cmd, list args) except -1:
         # An int, not a void: its caller tests the -1, not PyErr_Occurred(),
         # on the path of every check.
         if cmd.fast == FAST_CL_CHECK:
-            self.cl_check()
+            cl_check(self)
         elif cmd.fast == FAST_CL_LIMIT:
-            self.cl_limit()
+            cl_limit(self)
         elif cmd.fast == FAST_PING:
-            self.ping()
+            ping(self)
         elif cmd.fast == FAST_MULTI:
-            self.multi()
+            begin_multi(self)
         elif cmd.fast == FAST_EXEC:
-            self.exec_queued()
+            exec_queued(self)
         elif cmd.fast == FAST_DISCARD:
-            self.discard()
+            discard_multi(self)
         else:
             self.run_python(cmd, args)
         return 0
@@ -1132,141 +750,6 @@ cdef class Connection:
         self.core.total_error_replies += 1
         counts[code] = counts.get(code, 0) + 1
         write_line(&OUT, c'-', PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
-
-    # ---- commands that run entirely here ---------------------------------------
-
-    cdef void cl_check(self):
-        """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]"""
-        cdef Arg* a = self.parser.argv
-        cdef BucketParams bp
-        cdef CheckResult r
-        cdef int rc, bad = 0
-        rc = read_check_args(a, self.parser.argc, &bp, &bad)
-        if rc != OPT_OK:
-            self.reply_error(options_error(rc, &a[bad], "COST or PERIOD"))
-            return
-        error = check_bucket(self.core, a[1].ptr, a[1].len, &bp, self.now_ms, &r)
-        if error is not None:
-            self.reply_error(error)
-            return
-        self.write_check(&r)
-
-    cdef void write_check(self, const CheckResult* r, int extra=0):
-        """[allowed, limit, remaining, retry_after_ms, reset_after_ms], with
-        room for `extra` more elements the caller writes after them."""
-        write_prefixed_int(&OUT, c'*', 5 + extra)
-        write_prefixed_int(&OUT, c':', r.allowed)
-        write_prefixed_int(&OUT, c':', r.limit)
-        write_prefixed_int(&OUT, c':', r.remaining)
-        write_prefixed_int(&OUT, c':', r.retry_after_ms)
-        write_prefixed_int(&OUT, c':', r.reset_after_ms)
-
-    cdef void cl_limit(self):
-        """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
-        cdef Arg* a = self.parser.argv
-        cdef int n = 0, rc, bad = 0
-        cdef LimitArgs la
-        cdef CheckResult r
-        cdef RuleEngine rules = self.core.rules
-        rc = read_limit_args(a, self.parser.argc, &la, &bad)
-        if rc != OPT_OK:
-            self.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
-            return
-        error = check_limit(self.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
-                            la.cost, self.now_ms, &r, &n)
-        if error is not None:
-            self.reply_error(error)
-            return
-        if not la.detail:
-            self.write_check(&r)
-            return
-        self.write_check(&r, 1)
-        encode_reply(&OUT, self.core.app.rules_detail(rules.last_detail(n)), self.proto)
-
-    cdef void ping(self):
-        if self.parser.argc > 2:
-            self.reply_error("ERR wrong number of arguments for 'ping' command")
-            return
-        if self.subscribed and self.proto == 2:
-            # a subscribed RESP2 client tells replies from pushes by shape
-            write_raw(&OUT, b"*2\r\n$4\r\npong\r\n", 14)
-            if self.parser.argc == 1:
-                write_raw(&OUT, b"$0\r\n\r\n", 6)
-                return
-        if self.parser.argc == 1:
-            write_raw(&OUT, b"+PONG\r\n", 7)
-        else:
-            write_bulk(&OUT, self.parser.argv[1].ptr, self.parser.argv[1].len)
-
-    cdef void multi(self):
-        if self.multi_queue is not None:
-            self.reply_error("ERR MULTI calls can not be nested")
-            return
-        self.multi_queue = []
-        self.multi_dirty = False
-        write_raw(&OUT, b"+OK\r\n", 5)
-
-    cdef void queue(self, Command cmd):
-        if cmd.not_queued:
-            self.run(cmd, None)
-            return
-        self.multi_queue.append((cmd, self.args_as_bytes()))
-        write_raw(&OUT, b"+QUEUED\r\n", 9)
-
-    cdef void discard(self):
-        if self.multi_queue is None:
-            self.reply_error("ERR DISCARD without MULTI")
-            return
-        self.multi_queue = None
-        self.multi_dirty = False
-        self.unwatch()
-        write_raw(&OUT, b"+OK\r\n", 5)
-
-    cdef void exec_queued(self):
-        """Runs the queued commands back to back: the server is
-        single-threaded, so nothing interleaves with them."""
-        cdef list queued = self.multi_queue
-        cdef Command cmd
-        cdef list args
-        cdef bytes arg
-        cdef int i
-        cdef int64_t started
-        if queued is None:
-            self.reply_error("ERR EXEC without MULTI")
-            return
-        self.multi_queue = None
-        dirty = self.watch_dirty
-        self.unwatch()    # as Redis, before the commands run: they touch no watch of its own
-        if self.multi_dirty:
-            self.multi_dirty = False
-            self.reply_error("EXECABORT Transaction discarded because of previous errors.")
-            return
-        if dirty:
-            # a watched key changed: the null array (RESP3's null)
-            if self.proto == 3:
-                write_raw(&OUT, b"_\r\n", 3)
-            else:
-                write_raw(&OUT, b"*-1\r\n", 5)
-            return
-        if self.core.readonly and any(c.is_write and not c.replica_peeks for c, _ in queued):
-            # queued before the server became a replica (as Redis answers)
-            self.reply_error("ERR Transaction contains write commands but instance is now "
-                             "a read-only replica. EXEC aborted.")
-            return
-        write_prefixed_int(&OUT, c'*', len(queued))
-        for cmd, args in queued:
-            if parser_reserve(&self.parser, len(args)) != 0:
-                self.reply_error("OOM out of memory")
-                continue
-            for i, arg in enumerate(args):
-                self.parser.argv[i].ptr = PyBytes_AS_STRING(arg)
-                self.parser.argv[i].len = PyBytes_GET_SIZE(arg)
-            self.parser.argc = len(args)
-            if self.restricted and self.acl_denied(cmd, True):
-                continue      # its rules changed since it was queued
-            started = fl_mono_ns()
-            self.run(cmd, args)
-            record_call(cmd, fl_mono_ns() - started)   # each its own call; EXEC's holds them all
 
     # ---- output ----------------------------------------------------------------
 
@@ -1378,6 +861,23 @@ cdef class Connection:
         if self.transport is not None and not self.closed:
             self.check_output_limits()
 
+    def set_user(self, user, bint authenticated):
+        acl_set_user(self, user, authenticated)           # _protocol_acl.pxi
+
+    def start_monitor(self):
+        monitor_start(self)                               # _protocol_observe.pxi
+
+    def stop_monitor(self):
+        monitor_stop(self)
+
+    def watch(self, keys):
+        watch_keys(self, keys)                            # _protocol_multi.pxi
+
+    def unwatch(self):
+        unwatch_all(self)
+
+    # ---- what CLIENT LIST and INFO show ------------------------------------------
+
     @property
     def is_closed(self):
         """Closed, or closing once its last replies are sent."""
@@ -1426,6 +926,10 @@ cdef class Connection:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
     @property
+    def watched_count(self):
+        return len(self.watching) if self.watching is not None else 0
+
+    @property
     def in_multi(self):
         return self.multi_queue is not None
 
@@ -1439,201 +943,9 @@ cdef class Connection:
 
 
 READONLY_ERROR = "READONLY You can't write against a read only replica."
-
-
-def command_keys(Command cmd, list args):
-    """The key arguments of a command, by its table entry's key positions."""
-    cdef int last = cmd.last_key if cmd.last_key >= 0 else len(args) + cmd.last_key
-    cdef int step = cmd.key_step if cmd.key_step > 0 else 1
-    return args[cmd.first_key:last + 1:step]
-
-
-def redacted(list args):
-    """args as MONITOR shows them: AUTH's and HELLO AUTH's credentials
-    replaced by "(redacted)", where Redis's handlers redact them."""
-    name = args[0].lower()
-    if name == b"auth" and len(args) <= 3:
-        return args[:1] + [b"(redacted)"] * (len(args) - 1)
-    if name != b"hello" or len(args) < 2 or args[1] not in (b"2", b"3"):
-        return args
-    out = list(args)
-    i = 2
-    while i < len(out):
-        option = out[i].lower()
-        if option == b"auth" and len(out) - 1 - i >= 2:
-            out[i + 1] = out[i + 2] = b"(redacted)"
-            i += 3
-        elif option == b"setname" and len(out) - 1 - i >= 1:
-            i += 2
-        else:
-            break     # Redis stops at the syntax error
-    return out
-
-
-def monitor_line(str addr, list args):
-    """"+<unix time with us> [0 <addr>] "arg" ...": Redis's MONITOR line, each
-    argument quoted as its sdscatrepr quotes it."""
-    now = time.time()
-    sec = int(now)
-    head = b"+%d.%06d [0 %s] " % (sec, int((now - sec) * 1e6), addr.encode())
-    return head + b" ".join(quoted(a) for a in args) + b"\r\n"
-
-
-_REPR = {0x5c: b"\\\\", 0x22: b'\\"', 0x0a: b"\\n", 0x0d: b"\\r", 0x09: b"\\t",
-         0x07: b"\\a", 0x08: b"\\b"}
-
-
-def quoted(bytes a):
-    """Redis's sdscatrepr: printable bytes as they are, the rest escaped."""
-    cdef unsigned char c
-    out = bytearray(b'"')
-    for c in a:
-        if c in _REPR:
-            out += _REPR[c]
-        elif 0x20 <= c <= 0x7e:
-            out.append(c)
-        else:
-            out += b"\\x%02x" % c
-    out.append(0x22)
-    return bytes(out)
-
-
-# Redis's reasons (multi.c) when EXEC finds a queued command no longer allowed.
-EXEC_DENIALS = {"command": "no permission to execute the command or subcommand",
-                "key": "no permission to touch the specified keys",
-                "channel": "no permission to access one of the channels used as arguments"}
 # The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
 LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
-
-
-# ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----
-
-cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int64_t now_ms, CheckResult* r):
-    """CL.CHECK's decision into r: None, or the error reply's text."""
-    cdef const char* err = bucket_params_error(bp)
-    cdef int rc
-    if err != NULL:
-        return "ERR " + err.decode()
-    if core.readonly and bp.cost != 0:
-        return READONLY_ERROR    # a replica answers peeks only
-    rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
-    if rc != FL_OK:    # one test on the way of an answer
-        if rc == FL_EKEYLEN:
-            return "ERR key is longer than 65535 bytes"
-        if rc == FL_EOOM:
-            return OOM_ERROR
-        return "OOM out of memory: the bucket could not be stored"
-    return None
-
-
-cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
-                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
-                     CheckResult* r, int* nrules):
-    """CL.LIMIT's decision over the matching rules (*nrules of them, for
-    DETAIL) into r: None, or the error reply's text."""
-    cdef RuleEngine rules = core.rules
-    cdef int rc
-    if core.readonly and cost != 0:
-        return READONLY_ERROR
-    try:
-        nrules[0] = rules.select_rules(client, clen, resource, rlen, tier, tlen)
-        rc = rules.evaluate(client, clen, resource, rlen, nrules[0], cost, now_ms, r)
-    except ValueError as e:
-        return f"ERR {e}"
-    if rc != FL_OK:    # one test on the way of an answer
-        if rc == FL_EKEYLEN:
-            return "ERR client key and resource are longer than 65535 bytes"
-        if rc == FL_EOOM:
-            return OOM_ERROR
-        return "OOM out of memory: the bucket could not be stored"
-    return None
 LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)
-
-
-cdef inline bint glob_token(const char* p, size_t n, size_t i, char ch,
-                            size_t* end) noexcept:
-    """Whether the one-byte token at p[i] ('?', a class, an escaped or a
-    plain byte) admits ch; *end is where the token ends.  Classes read as
-    stringmatchlen reads them: "^" negates, "\\" escapes, "x-y" is a range
-    (reversed ones swapped, bytes compared as C's signed char, and its end
-    may be "]"), and one the pattern ends inside takes the rest."""
-    cdef size_t j
-    cdef bint negate, found = False
-    cdef signed char lo, hi, t
-    if p[i] == c'?':
-        end[0] = i + 1
-        return True
-    if p[i] == c'[':
-        j = i + 1
-        negate = j < n and p[j] == c'^'
-        if negate:
-            j += 1
-        while True:
-            if j < n and p[j] == c'\\' and n - j >= 2:
-                j += 1
-                found = found or p[j] == ch
-            elif j < n and p[j] == c']':
-                break
-            elif j >= n:
-                j -= 1          # the class ran to the end of the pattern
-                break
-            elif n - j >= 3 and p[j + 1] == c'-':
-                lo, hi = <signed char>p[j], <signed char>p[j + 2]
-                if lo > hi:
-                    t = lo
-                    lo = hi
-                    hi = t
-                j += 2
-                found = found or lo <= <signed char>ch <= hi
-            else:
-                found = found or p[j] == ch
-            j += 1
-        end[0] = j + 1
-        return found != negate
-    if p[i] == c'\\' and n - i >= 2:
-        i += 1
-    end[0] = i + 1
-    return p[i] == ch
-
-
-cdef bint glob_match(const char* p, size_t n, const char* s, size_t m) noexcept:
-    """Redis's stringmatchlen, case-sensitive, without its recursion.
-    Every token but "*" takes exactly one byte, so on a mismatch only the
-    last "*" needs to take one byte more (an earlier one taking more
-    could only move the rest later, where it was already tried): the
-    time is at most O(n * m), with no stack.  Like stringmatchlen, an
-    empty string matches only the empty pattern ("*" included)."""
-    cdef size_t pi = 0, si = 0, end = 0, star_p = 0, star_s = 0
-    cdef bint starred = False
-    if m == 0:
-        return n == 0
-    while si < m:
-        if pi < n and p[pi] == c'*':
-            while pi < n and p[pi] == c'*':
-                pi += 1
-            if pi == n:
-                return True
-            starred, star_p, star_s = True, pi, si
-            continue
-        if pi < n and glob_token(p, n, pi, s[si], &end):
-            pi = end
-            si += 1
-            continue
-        if not starred:
-            return False
-        star_s += 1
-        si, pi = star_s, star_p
-    while pi < n and p[pi] == c'*':
-        pi += 1
-    return pi == n
-
-
-def glob(bytes pattern, bytes string):
-    """Whether pattern matches string by Redis's stringmatchlen rules
-    (case-sensitive), as PSUBSCRIBE and PUBSUB CHANNELS match."""
-    return glob_match(PyBytes_AS_STRING(pattern), PyBytes_GET_SIZE(pattern),
-                      PyBytes_AS_STRING(string), PyBytes_GET_SIZE(string))
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):
@@ -1645,81 +957,6 @@ cdef str unknown_command_message(const Arg* argv, int argc):
         args += f"'{arg_text(&argv[i], 128 - len(args))}' "
         i += 1
     return f"ERR unknown command '{arg_text(&argv[0])}', with args beginning with: {args}"
-
-
-cdef extern from "Python.h":
-    # Borrowed, unchecked: the ACL check reads its own tuples of bytes.
-    PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* t, Py_ssize_t i)
-    Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* t)
-    char* bytes_data "PyBytes_AS_STRING"(PyObject* b)
-    Py_ssize_t bytes_size "PyBytes_GET_SIZE"(PyObject* b)
-
-
-cdef inline bint key_admitted(tuple keys, const Arg* key) noexcept:
-    """Whether keys (server/acl.py's (prefixes, globs): a pattern that is a
-    literal then one "*" is a prefix, compared with memcmp; the others
-    are globs) admit key."""
-    cdef PyObject* group
-    cdef PyObject* p
-    cdef Py_ssize_t j, n
-    group = tuple_item(<PyObject*>keys, 0)
-    for j in range(tuple_size(group)):
-        p = tuple_item(group, j)
-        n = bytes_size(p)
-        # (an empty key matches no pattern, as in stringmatchlen)
-        if key.len > 0 and <Py_ssize_t>key.len >= n and memcmp(bytes_data(p), key.ptr, n) == 0:
-            return True
-    group = tuple_item(<PyObject*>keys, 1)
-    for j in range(tuple_size(group)):
-        p = tuple_item(group, j)
-        if glob_match(bytes_data(p), bytes_size(p), key.ptr, key.len):
-            return True
-    return False
-
-
-cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2:
-    """Whether an ACL grant (permission map, and key patterns as
-    key_admitted reads them or None for all keys; see server/acl.py)
-    admits cmd (the subcommand, for a container) with argv: 0 when it
-    does, -1 when the command is not allowed, else the position of the
-    first key (first_key..last_key by key_step, as COMMAND shows them)
-    no pattern admits.  Every front asks this."""
-    cdef int i, last
-    if cmd.acl_id >= PyBytes_GET_SIZE(perm) or not (<const unsigned char*>PyBytes_AS_STRING(
-            perm))[cmd.acl_id]:
-        return -1
-    if keys is None or cmd.first_key <= 0:
-        return 0
-    last = cmd.last_key if cmd.last_key >= 0 else argc + cmd.last_key
-    if last > argc - 1:
-        last = argc - 1
-    i = cmd.first_key
-    while i <= last:
-        if not key_admitted(keys, &argv[i]):
-            return i
-        i += cmd.key_step if cmd.key_step > 0 else 1
-    return 0
-
-
-def acl_check(grant, Command cmd, list args):
-    """acl_verdict for Python callers (ACL DRYRUN, the HTTP front): args
-    are the command's bytes, args[0] its name.  None: unrestricted."""
-    cdef int i, argc = len(args)
-    cdef Arg* argv
-    cdef bytes a
-    if grant is None:
-        return 0
-    argv = <Arg*>malloc(sizeof(Arg) * (argc if argc > 0 else 1))
-    if argv == NULL:
-        raise MemoryError()
-    try:
-        for i in range(argc):
-            a = args[i]
-            argv[i].ptr = PyBytes_AS_STRING(a)
-            argv[i].len = PyBytes_GET_SIZE(a)
-        return acl_verdict(grant[0], grant[1], cmd, argv, argc)   # (channels: acl.py's)
-    finally:
-        free(argv)
 
 
 def is_local_peer(peername):
@@ -1737,3 +974,13 @@ def _format_addr(addr):
         host, port = addr[0], addr[1]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return str(addr)
+
+
+# ---- Connection's concerns, a file each (their functions are declared in _protocol.pxd) ----
+
+include "_protocol_checks.pxi"     # CL.CHECK, CL.LIMIT, PING; the decisions every front shares
+include "_protocol_multi.pxi"      # MULTI, EXEC, DISCARD, WATCH
+include "_protocol_acl.pxi"        # the authorization gate, for every front
+include "_protocol_slots.pxi"      # cluster routing: redirects, paused slots
+include "_protocol_observe.pxi"    # MONITOR, and telling WATCH of the writes
+include "_protocol_glob.pxi"       # Redis's glob

@@ -1,0 +1,235 @@
+# Included by _protocol.pyx: the commands that run entirely in C (CL.CHECK,
+# CL.LIMIT, PING), from their arguments to their reply, and the decisions
+# every front makes the same way (check_bucket, check_limit: RESP here, HTTP
+# in _http.pyx).  Declared in _protocol.pxd.  This is the check path: keep
+# it C, and measure a change with bench/check_path.py.
+
+
+cdef inline bint eq_nocase(const Arg* a, const char* lower, size_t n) noexcept:
+    cdef size_t i
+    cdef char c
+    if a.len != n:
+        return False
+    for i in range(n):
+        c = a.ptr[i]
+        if c'A' <= c <= c'Z':
+            c = c + 32
+        if c != lower[i]:
+            return False
+    return True
+
+
+cdef enum OptionStatus:
+    OPT_OK = 0
+    OPT_NEEDS_VALUE = 1
+    OPT_UNKNOWN = 2
+    OPT_BAD_CAPACITY = 3
+    OPT_BAD_REFILL = 4
+    OPT_BAD_COST = 5
+    OPT_BAD_PERIOD = 6
+    OPT_BAD_LIMIT_COST = 7
+
+
+cdef struct LimitArgs:
+    const char* tier
+    size_t tlen
+    int64_t cost
+    bint detail
+
+
+cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* bad) noexcept:
+    """CL.CHECK's numbers and options into bp: OPT_OK, or what is wrong
+    (with the option at a[*bad])."""
+    cdef int i = 4
+    bp.cost = 1
+    bp.period_ms = 1000
+    if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
+        return OPT_BAD_CAPACITY
+    if not parse_int64(a[3].ptr, a[3].len, &bp.refill):
+        return OPT_BAD_REFILL
+    while i < argc:
+        bad[0] = i
+        if i + 1 >= argc:
+            return OPT_NEEDS_VALUE
+        if eq_nocase(&a[i], b"cost", 4):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.cost):
+                return OPT_BAD_COST
+        elif eq_nocase(&a[i], b"period", 6):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
+                return OPT_BAD_PERIOD
+        else:
+            return OPT_UNKNOWN
+        i += 2
+    return OPT_OK
+
+
+cdef int read_limit_args(const Arg* a, int argc, LimitArgs* la, int* bad) noexcept:
+    """CL.LIMIT's options into la, as read_check_args."""
+    cdef int i = 3
+    la.tier = NULL
+    la.tlen = 0
+    la.cost = 1
+    la.detail = False
+    while i < argc:
+        bad[0] = i
+        if eq_nocase(&a[i], b"detail", 6):
+            la.detail = True
+            i += 1
+            continue
+        if i + 1 >= argc:
+            return OPT_NEEDS_VALUE
+        if eq_nocase(&a[i], b"tier", 4):
+            la.tier, la.tlen = a[i + 1].ptr, a[i + 1].len
+        elif eq_nocase(&a[i], b"cost", 4):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &la.cost) or la.cost < 0 \
+                    or la.cost > MAX_CAPACITY:
+                return OPT_BAD_LIMIT_COST
+        else:
+            return OPT_UNKNOWN
+        i += 2
+    return OPT_OK
+
+
+cdef str options_error(int status, const Arg* option, str expected):
+    if status == OPT_BAD_CAPACITY:
+        return "ERR capacity is not an integer or out of range"
+    if status == OPT_BAD_REFILL:
+        return "ERR refill_per_sec is not an integer or out of range"
+    if status == OPT_BAD_COST:
+        return "ERR COST is not an integer or out of range"
+    if status == OPT_BAD_PERIOD:
+        return "ERR PERIOD is not an integer or out of range"
+    if status == OPT_BAD_LIMIT_COST:
+        return "ERR COST must be an integer from 0 to 10^15"
+    if status == OPT_NEEDS_VALUE:
+        return f"ERR syntax error: option '{arg_text(option)}' needs a value"
+    return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
+
+
+cdef void cl_check(Connection c):
+    """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]"""
+    cdef Arg* a = c.parser.argv
+    cdef BucketParams bp
+    cdef CheckResult r
+    cdef int rc, bad = 0
+    rc = read_check_args(a, c.parser.argc, &bp, &bad)
+    if rc != OPT_OK:
+        c.reply_error(options_error(rc, &a[bad], "COST or PERIOD"))
+        return
+    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, c.now_ms, &r)
+    if error is not None:
+        c.reply_error(error)
+        return
+    write_check(c, &r)
+
+
+cdef void write_check(Connection c, const CheckResult* r, int extra=0):
+    """[allowed, limit, remaining, retry_after_ms, reset_after_ms], with
+    room for `extra` more elements the caller writes after them."""
+    write_prefixed_int(&OUT, c'*', 5 + extra)
+    write_prefixed_int(&OUT, c':', r.allowed)
+    write_prefixed_int(&OUT, c':', r.limit)
+    write_prefixed_int(&OUT, c':', r.remaining)
+    write_prefixed_int(&OUT, c':', r.retry_after_ms)
+    write_prefixed_int(&OUT, c':', r.reset_after_ms)
+
+
+cdef void cl_limit(Connection c):
+    """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
+    cdef Arg* a = c.parser.argv
+    cdef int n = 0, rc, bad = 0
+    cdef LimitArgs la
+    cdef CheckResult r
+    cdef RuleEngine rules = c.core.rules
+    rc = read_limit_args(a, c.parser.argc, &la, &bad)
+    if rc != OPT_OK:
+        c.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
+        return
+    error = check_limit(c.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
+                        la.cost, c.now_ms, &r, &n)
+    if error is not None:
+        c.reply_error(error)
+        return
+    if not la.detail:
+        write_check(c, &r)
+        return
+    write_check(c, &r, 1)
+    encode_reply(&OUT, c.core.app.rules_detail(rules.last_detail(n)), c.proto)
+
+
+cdef void ping(Connection c):
+    if c.parser.argc > 2:
+        c.reply_error("ERR wrong number of arguments for 'ping' command")
+        return
+    if c.subscribed and c.proto == 2:
+        # a subscribed RESP2 client tells replies from pushes by shape
+        write_raw(&OUT, b"*2\r\n$4\r\npong\r\n", 14)
+        if c.parser.argc == 1:
+            write_raw(&OUT, b"$0\r\n\r\n", 6)
+            return
+    if c.parser.argc == 1:
+        write_raw(&OUT, b"+PONG\r\n", 7)
+    else:
+        write_bulk(&OUT, c.parser.argv[1].ptr, c.parser.argv[1].len)
+
+
+cdef bint queued_write(Connection c, Command cmd):
+    """Whether a fast command queued in MULTI on a replica would write:
+    CL.CHECK and CL.LIMIT with COST 0 are peeks, so they may run.  One
+    whose options do not parse is queued, to fail at EXEC, and so is
+    a peeking command with a Python handler, which refuses its own
+    writes when it runs."""
+    cdef BucketParams bp
+    cdef LimitArgs la
+    cdef int bad
+    if cmd.fast == FAST_CL_CHECK:
+        return read_check_args(c.parser.argv, c.parser.argc, &bp, &bad) == OPT_OK \
+            and bp.cost != 0
+    if cmd.fast == FAST_CL_LIMIT:
+        return read_limit_args(c.parser.argv, c.parser.argc, &la, &bad) == OPT_OK \
+            and la.cost != 0
+    return False
+
+
+# ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----
+
+cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
+                      int64_t now_ms, CheckResult* r):
+    """CL.CHECK's decision into r: None, or the error reply's text."""
+    cdef const char* err = bucket_params_error(bp)
+    cdef int rc
+    if err != NULL:
+        return "ERR " + err.decode()
+    if core.readonly and bp.cost != 0:
+        return READONLY_ERROR    # a replica answers peeks only
+    rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
+    if rc != FL_OK:    # one test on the way of an answer
+        if rc == FL_EKEYLEN:
+            return "ERR key is longer than 65535 bytes"
+        if rc == FL_EOOM:
+            return OOM_ERROR
+        return "OOM out of memory: the bucket could not be stored"
+    return None
+
+
+cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
+                     CheckResult* r, int* nrules):
+    """CL.LIMIT's decision over the matching rules (*nrules of them, for
+    DETAIL) into r: None, or the error reply's text."""
+    cdef RuleEngine rules = core.rules
+    cdef int rc
+    if core.readonly and cost != 0:
+        return READONLY_ERROR
+    try:
+        nrules[0] = rules.select_rules(client, clen, resource, rlen, tier, tlen)
+        rc = rules.evaluate(client, clen, resource, rlen, nrules[0], cost, now_ms, r)
+    except ValueError as e:
+        return f"ERR {e}"
+    if rc != FL_OK:    # one test on the way of an answer
+        if rc == FL_EKEYLEN:
+            return "ERR client key and resource are longer than 65535 bytes"
+        if rc == FL_EOOM:
+            return OOM_ERROR
+        return "OOM out of memory: the bucket could not be stored"
+    return None
