@@ -12,7 +12,7 @@ gRPC stack: fastlimit.rls.service.RateLimitService over an in-process
 fastlimit._rules.RuleEngine (the engine the server's rules run on, here
 without a server around it), with the same rls-config YAML loaded by
 fastlimit.rls.config.  The messages are read and written in Python with
-tests/server/grpc/rls_messages.py's protobuf primitives (the response
+tests/support/rls_messages.py's protobuf primitives (the response
 byte for byte as fastlimit's C encoder writes it: proto3 zeros left out).
 
 A second method, /fastlimit.bench.Stats/Get, answers JSON with the
@@ -42,7 +42,7 @@ from fastlimit._rules import RuleEngine
 from fastlimit.rls.config import load
 from fastlimit.rls.service import RateLimitService, RlsError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server" / "grpc"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from rls_messages import fields, length_delimited, uint_field  # noqa: E402
 
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"

@@ -67,7 +67,7 @@ RESULTS = BENCH_DIR / "results" / "grpc.md"
 AIO_SERVER = BENCH_DIR / "grpc_aio_rls.py"
 CALL_PATH = BENCH_DIR / "grpc_path.py"
 sys.path.insert(0, str(BENCH_DIR))
-sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "server" / "grpc"))
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from failover import cpu_seconds  # noqa: E402
 from http_front import ms, rate, short  # noqa: E402
 from rls_messages import OK, OVER_LIMIT, RLS_PATH, decode_response, grpc_frame  # noqa: E402

@@ -36,7 +36,7 @@ from fastlimit.server.app import Server
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "server" / "grpc"))
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from check_path import Transport  # noqa: E402
 from rls_messages import RLS_PATH, grpc_frame  # noqa: E402
 from rls_workload import RLS_YAML, VARIANTS  # noqa: E402

@@ -1,7 +1,7 @@
 """The workload of the gRPC benches (bench/grpc_front.py, bench/grpc_path.py):
 envoyproxy/ratelimit's YAML as its users write it, and the two requests,
 with the answer each must get.  The messages are made by
-tests/server/grpc/rls_messages.py, written from rls.proto's field numbers
+tests/support/rls_messages.py, written from rls.proto's field numbers
 independently of the server's C code."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server" / "grpc"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from rls_messages import MINUTE, OK, OVER_LIMIT, SECOND, descriptor, request  # noqa: E402
 
 DAY = 4

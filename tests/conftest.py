@@ -1,6 +1,6 @@
 """Shared fixtures: real fastlimit server processes and a real
-redis-server (see tests/servers.py), started on free loopback ports and
-talked to over sockets.
+redis-server (see tests/support/servers.py), started on free loopback
+ports and talked to over sockets.
 """
 
 from __future__ import annotations
@@ -8,20 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import tempfile
 
 import pytest
-
-# tests/wire.py (RESP encoding and reply framing by hand) is shared by the
-# tests here and in tests/server/, which are not packages: put tests/ on
-# sys.path so ``import wire`` works whatever pytest's import mode is.
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-
-import servers  # noqa: E402  (needs the path above)
-from servers import RedisServerProcess, ServerProcess, started_servers  # noqa: E402
+import servers
+from servers import RedisServerProcess, ServerProcess, started_servers
 
 # ---- coverage ------------------------------------------------------------------------------
 # The debug pass of scripts/test.sh runs under `coverage run`.  Line tracing

@@ -7,14 +7,13 @@ middleware runs on top unchanged."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 from array import array
 
 import pytest
 from cluster_rig import FastlimitCluster, cluster_auth_args, ruled_servers, static_map_text
+from httpkit import AsgiServer, WsgiServer, request
 from servers import ServerProcess
 from wire import free_port
 
@@ -22,10 +21,6 @@ from fastlimit._cluster import keyslot
 from fastlimit.client import AsyncClient, Client, ClusterMapError
 from fastlimit.cluster.client import REFRESH_INTERVAL_S, SLOTS, SlotMap, primaries_by_slot
 from fastlimit.decision import FAILED_CLOSED, FAILED_OPEN, SERVER
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "middleware"))
-from httpkit import AsgiServer, WsgiServer, request  # noqa: E402
 
 KEYS = [f"user:{i}".encode() for i in range(3000)]
 RULES = {"rules": {"api": {"match": {"resource": "GET /api"}, "capacity": 3,

@@ -1,4 +1,4 @@
-"""The HTTP rules API in cluster mode (real nodes, tests/cluster/cluster_rig.py):
+"""The HTTP rules API in cluster mode (real nodes, tests/support/cluster_rig.py):
 a change over HTTP is in force on every primary before the reply, a
 precondition is checked against the cluster's rules, and a change with
 a primary away is a 503 CLUSTERDOWN problem that changes nothing, its
@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 from cluster_rig import FastlimitCluster
+from http_rules import RULE, Node, pipelined
 from servers import ServerProcess
 from wire import free_port
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "server" / "http"))
-from test_http_rules import RULE, Node, pipelined  # noqa: E402
 
 
 class HttpCluster(FastlimitCluster):

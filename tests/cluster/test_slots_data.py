@@ -9,7 +9,7 @@ import json
 
 import pytest
 import redis
-from conftest import FastlimitCluster
+from cluster_rig import FastlimitCluster
 
 from fastlimit._cluster import keyslot
 from fastlimit._core import BucketStore, Clock, SlotCursor, SlotKeys

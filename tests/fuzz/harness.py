@@ -75,8 +75,8 @@ def instrumented():
     return atheris.instrument_imports(include=["fastlimit"])
 
 
-# tests/: the stand-in transport the in-process tests use (wire.py)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# tests/support/: the stand-in transport the in-process tests use (wire.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from wire import RecordingTransport as Transport  # noqa: E402
 
 

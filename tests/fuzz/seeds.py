@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))           # tests/: the gRPC message helpers
+sys.path.insert(0, os.path.join(HERE, "..", "support"))   # the gRPC message helpers, rls_tables
 
 EVEN = b"\x00"      # a first byte that asks a target for its default framing
 
@@ -139,7 +139,7 @@ def http_seeds() -> list[bytes]:
 def grpc_seeds() -> list[bytes]:
     import h2.config
     import h2.connection
-    from server.grpc import rls_messages as m
+    import rls_messages as m
 
     def stream(path: str, messages: list[bytes], extra=()) -> bytes:
         conn = h2.connection.H2Connection(
@@ -351,7 +351,6 @@ standbys = ["10.0.0.4:6380", "10.0.0.5:6380"]
 
 
 def rls_config_seeds() -> list[bytes]:
-    sys.path.insert(0, os.path.join(HERE, "..", "rls"))
     import rls_tables
 
     texts = [getattr(rls_tables, name) for name in dir(rls_tables)

@@ -1,19 +1,10 @@
-"""Fixtures serving apps over real HTTP for the middleware tests (see httpkit)."""
+"""Fixtures serving apps over real HTTP for the middleware tests (see
+tests/support/httpkit.py)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-# httpkit.py sits beside this file and tests/middleware is not a package:
-# put it on sys.path so ``import httpkit`` works whatever pytest's import mode is.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from httpkit import AsgiServer, WsgiServer  # noqa: E402
+from httpkit import AsgiServer, WsgiServer
 
 
 def _serving(server_class):

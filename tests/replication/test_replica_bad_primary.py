@@ -4,7 +4,7 @@ copy that is not a snapshot.  Each costs the link (logged, then retried
 with back-off), never the replica process, and never a traceback.
 
 The primary here is a plain loopback socket speaking the stream by hand
-(tests/wire.py frames it), so every answer is exactly the one tested.
+(tests/support/wire.py frames it), so every answer is exactly the one tested.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Replication under faults, with real processes: a standby paused
 (SIGSTOP), one that falls past repl-buffer-limit, a link cut or stalled
-by a proxy (tests/proxy.py), a standby or primary restarted, a standby
+by a proxy (tests/support/proxy.py), a standby or primary restarted, a standby
 started before its primary, and a primary killed (kill -9) with its
 standby promoted, where what the standby had not yet received is
 measured as extra requests allowed.

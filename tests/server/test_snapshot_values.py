@@ -9,12 +9,10 @@ from __future__ import annotations
 import struct
 
 import pytest
+from snapshot_files import Side, conc, framed, fw, gcra, header, read_bytes, section, sw, tb
 
 from fastlimit.server import snapshot
 from fastlimit.server.snapshot import SnapshotError
-
-from test_snapshot_format import (
-    Side, conc, fw, framed, gcra, header, read_bytes, section, sw, tb)
 
 MAX_NOW = 4 * 10**12
 MAX_CAP_M = 10**15 * 1000

@@ -1,5 +1,5 @@
 """Fixtures for the tests of server/grpc/: real servers with the gRPC
-front on (grpcserver.py)."""
+front on (tests/support/grpcserver.py)."""
 
 from __future__ import annotations
 

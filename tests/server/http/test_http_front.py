@@ -11,47 +11,13 @@ import socket
 import time
 
 import pytest
+from http_calls import TOKEN_BUCKET, post_bytes, raw, set_rule
 from wire import wait_until
-
-TOKEN_BUCKET = {"match": {"resource": "api"}, "algorithm": "token_bucket",
-                "capacity": 3, "refill_per_second": 1}
 
 
 def five(d: dict) -> list[int]:
     return [int(d["allowed"]), d["limit"], d["remaining"], d["retry_after_ms"],
             d["reset_after_ms"]]
-
-
-def set_rule(r, rule_id: str, doc: dict) -> None:
-    assert r.execute_command("CL.RULE", "SET", rule_id, json.dumps(doc)) == b"OK"
-
-
-def raw(port: int, data: bytes, *, read_until_close=True, timeout=5.0) -> bytes:
-    """Sends data on a fresh connection and reads what comes back until the
-    server closes (or the timeout)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        s.sendall(data)
-        out = b""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = s.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            out += chunk
-            if not read_until_close:
-                break
-        return out
-    finally:
-        s.close()
-
-
-def post_bytes(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
 
 
 # ---- the same decisions as over RESP ------------------------------------------------------

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from test_http_front import TOKEN_BUCKET, raw, set_rule
+from http_calls import TOKEN_BUCKET, raw, set_rule
 
 # Deeper than any recursion limit, within the rules API's 64 KB documents.
 NESTED = b"[" * 50_000

@@ -1,6 +1,6 @@
 """The status page (GET /) and its snapshot (GET /v1/stats), on a real
 server: the JSON over plain HTTP, and the page in Debian's headless
-Chromium driven over DevTools (tests/cdp.py), which must load without a
+Chromium driven over DevTools (tests/support/cdp.py), which must load without a
 console error and show a burst of denials sent over RESP.
 """
 

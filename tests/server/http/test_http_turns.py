@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from test_http_front import TOKEN_BUCKET, post_bytes, set_rule
+from http_calls import TOKEN_BUCKET, post_bytes, set_rule
 from wire import Wire, wait_until
 
 LIVEZ = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -1,5 +1,6 @@
 """A fastlimit cluster on loopback for tests: static shards of real
-server processes (tests import it; conftest.py has the fixture)."""
+server processes (tests import it; tests/cluster/conftest.py has the
+fixture)."""
 
 from __future__ import annotations
 

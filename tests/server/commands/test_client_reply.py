@@ -3,14 +3,7 @@ same bytes for the same commands (issue 16)."""
 
 from __future__ import annotations
 
-import pytest
-
 from wire import Wire, command
-
-
-@pytest.fixture(params=["fastlimit", "redis"])
-def port(request, server, redis_server):
-    return server.port if request.param == "fastlimit" else redis_server.port
 
 
 def replies_of(port: int, *commands: tuple, expect: int) -> bytes:

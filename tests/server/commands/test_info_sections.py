@@ -5,7 +5,6 @@ section titles compared with a real redis-server's where both have them."""
 from __future__ import annotations
 
 import pytest
-
 from wire import Wire
 
 

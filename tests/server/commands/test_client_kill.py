@@ -1,12 +1,10 @@
 """CLIENT KILL by address, local address, type and SKIPME, and its old
 form (CLIENT KILL <addr:port>), on both fastlimit and a real redis-server:
 the same replies, and exactly the connections named are closed.
-(CLIENT KILL ID is in test_commands.py.)
+(CLIENT KILL ID is in test_client_command.py.)
 """
 
 from __future__ import annotations
-
-import pytest
 
 from wire import Wire
 
@@ -17,11 +15,6 @@ def addr_of(w: Wire) -> tuple[str, str]:
     assert w.call("PING") == b"+PONG\r\n"
     here, there = w.sock.getsockname(), w.sock.getpeername()
     return f"{here[0]}:{here[1]}", f"{there[0]}:{there[1]}"
-
-
-@pytest.fixture(params=["fastlimit", "redis"])
-def port(request, server, redis_server):
-    return server.port if request.param == "fastlimit" else redis_server.port
 
 
 def test_client_kill_addr_closes_that_connection_only(port):

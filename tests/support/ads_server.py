@@ -11,18 +11,13 @@ it receives, decoded."""
 from __future__ import annotations
 
 import itertools
-import os
 import queue
-import sys
 import threading
 import time
 from concurrent import futures
 
 import grpc
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "server", "grpc"))
-from rls_messages import fields, length_delimited, uint_field  # noqa: E402
+from rls_messages import fields, length_delimited, uint_field
 
 TYPE_URL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig"
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"

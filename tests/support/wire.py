@@ -5,8 +5,8 @@
 into whole RESP2/RESP3 replies, returned as the raw bytes (decoding them
 is up to the test).  Every read has a deadline.
 
-tests/conftest.py puts tests/ on sys.path, so tests in tests/ and
-tests/server/ can ``from wire import command, Wire``.
+tests/support/ is on sys.path (pyproject.toml's pytest ``pythonpath``), so
+every test can ``from wire import command, Wire``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import threading
 import time
 
 # The port pickers are the HA rig's (scripts/ha.py), which the tests use too.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "scripts"))
 from ha import free_port, free_ports  # noqa: E402,F401  (re-exported for the tests)
 

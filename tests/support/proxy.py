@@ -10,7 +10,7 @@ and connected upstream, but nothing passes) until ``restore()``.
 One thread accepts, two threads per connection copy bytes; every
 blocking call is bounded or woken by ``close()``, so nothing outlives it.
 
-tests/conftest.py puts tests/ on sys.path: ``from proxy import Proxy``.
+tests/support/ is on sys.path: ``from proxy import Proxy``.
 """
 
 from __future__ import annotations

@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from wire import Wire, command
-
-
-@pytest.fixture(params=["fastlimit", "redis"])
-def port(request, server, redis_server):
-    return server.port if request.param == "fastlimit" else redis_server.port
 
 
 def fields(line: bytes) -> dict[str, str]:
