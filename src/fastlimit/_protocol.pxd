@@ -64,7 +64,7 @@ cdef class Command:
     cdef readonly bint replica_peeks  # a write that spends nothing with COST 0: a replica runs it
     cdef readonly bint when_subscribed  # allowed on a subscribed RESP2 connection (PING, SUBSCRIBE...)
     cdef readonly bint not_queued     # runs at once inside MULTI, as Redis runs WATCH (to refuse it)
-    cdef public int acl_id            # its byte in an ACL user's permission map (server/acl.py)
+    cdef public int acl_id            # its byte in an ACL user's permission map (acl/users.py)
     cdef public bint has_channels     # names Pub/Sub channels ACL rules restrict (PUBLISH...)
     cdef public int64_t calls
     cdef public int64_t nsec
@@ -96,7 +96,7 @@ cdef class ServerCore:
     cdef public Clock clock
     cdef public dict commands         # lowercase bytes -> Command
     cdef public object requirepass    # bytes or None
-    # ACL (server/acl.py keeps them): the user new connections start as;
+    # ACL (acl/users.py keeps them): the user new connections start as;
     # whether they start unauthenticated; protected mode's refusal text
     # for non-local peers, None while it does not apply.
     cdef public object default_user
@@ -132,7 +132,7 @@ cdef class ServerCore:
     cdef public bint readonly         # a replica: writes get -READONLY
     cdef public object app            # the event-loop layer's server object
     cdef public object log
-    # Cluster mode (server/cluster.py sets these through set_routing): a
+    # Cluster mode (cluster/subsystem.py sets these through set_routing): a
     # keyed command for a slot this node does not serve as primary gets
     # -MOVED to the slot's shard's primary, moved_to[slot_shard[slot]].
     # A paused slot (SLOT_PAUSED, during the last step of a slot move) is
@@ -191,7 +191,7 @@ cdef class Connection:
     cdef public str last_subcommand   # 'client|list' after CLIENT LIST
     cdef public object replica        # set when a replica syncs over this connection
     cdef public int replica_port      # REPLCONF listening-port
-    # Pub/Sub (server/pubsub.py keeps them): channel or pattern -> None, in
+    # Pub/Sub (pubsub/subsystem.py keeps them): channel or pattern -> None, in
     # the order subscribed; None until the first subscription.
     cdef public dict pubsub_channels
     cdef public dict pubsub_patterns
@@ -204,7 +204,7 @@ cdef class Connection:
     cdef readonly bint monitoring     # in MONITOR mode
     cdef readonly dict watching       # WATCHed keys -> None; None when there are none
     cdef readonly bint watch_dirty    # a watched key changed: EXEC aborts
-    # ACL: the user (server/acl.py's User) and, when it may not run every
+    # ACL: the user (acl/users.py's User) and, when it may not run every
     # command on every key, its permission map (one byte per Command.acl_id)
     # and key patterns (None: all keys).  The default user is unrestricted,
     # so its commands pay one bint test.

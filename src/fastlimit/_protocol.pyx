@@ -945,7 +945,7 @@ cdef class Connection:
 READONLY_ERROR = "READONLY You can't write against a read only replica."
 # The upper bounds, in seconds, of Command.latency_buckets() but the last (+Inf).
 LATENCY_BOUNDS = tuple(FL_LATENCY_BOUNDS_NS[i] / 1e9 for i in range(LATENCY_BUCKETS - 1))
-LOG_VERBOSE = 15     # the "verbose" loglevel (server/config.py LOGLEVELS)
+LOG_VERBOSE = 15     # the "verbose" loglevel (server/config/values.py LOGLEVELS)
 
 
 cdef str unknown_command_message(const Arg* argv, int argc):

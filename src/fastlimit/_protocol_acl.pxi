@@ -2,7 +2,7 @@
 # a user may run on which keys (acl_verdict, which every front asks), the
 # RESP connection's refusal and ACL LOG entry (acl_denied), and the
 # credentials an HTTP or gRPC request carries.  The users themselves are
-# server/acl.py's.  Declared in _protocol.pxd.
+# acl/users.py's.  Declared in _protocol.pxd.
 
 
 cdef extern from "Python.h":
@@ -14,7 +14,7 @@ cdef extern from "Python.h":
 
 
 cdef inline bint key_admitted(tuple keys, const Arg* key) noexcept:
-    """Whether keys (server/acl.py's (prefixes, globs): a pattern that is a
+    """Whether keys (acl/users.py's (prefixes, globs): a pattern that is a
     literal then one "*" is a prefix, compared with memcmp; the others
     are globs) admit key."""
     cdef PyObject* group
@@ -37,7 +37,7 @@ cdef inline bint key_admitted(tuple keys, const Arg* key) noexcept:
 
 cdef int acl_verdict(bytes perm, tuple keys, Command cmd, const Arg* argv, int argc) except -2:
     """Whether an ACL grant (permission map, and key patterns as
-    key_admitted reads them or None for all keys; see server/acl.py)
+    key_admitted reads them or None for all keys; see acl/users.py)
     admits cmd (the subcommand, for a container) with argv: 0 when it
     does, -1 when the command is not allowed, else the position of the
     first key (first_key..last_key by key_step, as COMMAND shows them)
@@ -108,7 +108,7 @@ cdef bint acl_denied(Connection c, Command cmd, bint at_exec):
 
 
 cdef int acl_set_user(Connection c, user, bint authenticated) except -1:
-    """Runs as user (server/acl.py's User, or None: unrestricted) from
+    """Runs as user (acl/users.py's User, or None: unrestricted) from
     now on; its grant is None when it may run everything on every key
     and channel, else (permission map, key patterns or None, channel
     patterns or None)."""

@@ -1,7 +1,7 @@
 # Included by _protocol.pyx: cluster routing, as Redis's getNodeByQuery: a
 # keyed command for a slot this node does not serve as primary is
 # redirected, and one for a paused slot (the last step of a slot move) waits
-# until the pause ends.  server/cluster.py sets the routing and the pauses
+# until the pause ends.  cluster/subsystem.py sets the routing and the pauses
 # through ServerCore's methods, which call the functions here.  Declared in
 # _protocol.pxd (but the inline ones).
 

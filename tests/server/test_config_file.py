@@ -98,6 +98,14 @@ def run_with_config(tmp_path, text: str | bytes | None,
     ("masteruser = \"sync\"\n", "masteruser needs masterauth (its password)"),
     ("requirepass = [255, 256]\n",
      "requirepass: argument must be a string or an array of byte values (0 to 255)"),
+    # a TOML value of the wrong type for a setting of several words
+    ("bind = 5\n", "bind: argument must be a string or an array of strings"),
+    ("bind = [true]\n", "bind: argument must be a string or an array of strings"),
+    ("client-output-buffer-limit = 5\n",
+     "client-output-buffer-limit: argument must be a string or an array of strings"),
+    ("replicaof = true\n", "replicaof: argument must be a string or an array of strings"),
+    ("rls-xds-backoff = 1.5\n", "rls-xds-backoff: argument must be a string or an array of strings"),
+    ("tls-protocols = [true]\n", "tls-protocols: argument must be a string or an array of strings"),
 ])
 def test_a_config_file_the_server_cannot_use_stops_it_with_one_clear_line(tmp_path, text, error):
     done = run_with_config(tmp_path, text)

@@ -151,11 +151,23 @@ def show_optional(value) -> str:
     return value or ""
 
 
+def words(value) -> list[str]:
+    """A setting of several words, as one string (the command line, CONFIG
+    SET) or a TOML array of strings and numbers; any other TOML value is
+    an error that says so, not a crash."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float))
+                                       and not isinstance(v, bool) for v in value):
+        return [str(v) for v in value]
+    raise ConfigError("argument must be a string or an array of strings")
+
+
 BOOL = Kind(parse_bool, lambda v: "yes" if v else "no", metavar="yes|no")
 TEXT = Kind(str)
 # a path, a user name...: "" for none
 OPTIONAL_TEXT = Kind(optional_text, show_optional)
-ADDRESSES = Kind(lambda v: v.split() if isinstance(v, str) else list(v), " ".join)
+ADDRESSES = Kind(lambda v: words(v), " ".join)
 
 
 # client-output-buffer-limit's classes as Redis names them (replica is
@@ -175,8 +187,8 @@ def parse_output_limit(value) -> dict[str, tuple[int, int, int]]:
     change (see apply)."""
     if isinstance(value, dict):
         value = [x for name, limits in value.items() for x in (name, *limits)]
-    parts = value.split() if isinstance(value, str) else list(value)
-    if len(parts) == 3 and not str(parts[0])[:1].isalpha():     # no class named: normal
+    parts = words(value)
+    if len(parts) == 3 and not parts[0][:1].isalpha():     # no class named: normal
         parts = ["normal", *parts]
     if not parts or len(parts) % 4:
         raise ConfigError("Wrong number of arguments in buffer limit configuration.")
@@ -288,7 +300,7 @@ def parse_tls_auth_clients(value) -> str:
 def parse_tls_protocols(value) -> str | None:
     """Redis's list of TLSv1, TLSv1.1, TLSv1.2, TLSv1.3 (any case); "" for
     its default, TLSv1.2 and TLSv1.3."""
-    text = " ".join(value) if isinstance(value, list) else str(value)
+    text = " ".join(words(value))
     if any(name.lower() not in TLS_PROTOCOLS for name in text.split()):
         raise ConfigError("Invalid tls-protocols specified. Use a combination of 'TLSv1', "
                           "'TLSv1.1', 'TLSv1.2' and 'TLSv1.3'.")
@@ -308,7 +320,7 @@ def parse_tls_ciphersuites(value) -> str | None:
 
 def parse_replicaof(value) -> tuple[str, int] | None:
     """``<host> <port>``, as one string or a list; "" or "no one" for none."""
-    parts = value.split() if isinstance(value, str) else [str(v) for v in value]
+    parts = words(value)
     if not parts or [p.lower() for p in parts] == ["no", "one"]:
         return None
     if len(parts) != 2:
@@ -335,7 +347,7 @@ def parse_xds_server(value) -> str | None:
 def parse_backoff(value) -> tuple[float, float]:
     """``<first> <longest>``: seconds before the first reconnection and
     the most any later one waits (each doubles the last)."""
-    parts = value.split() if isinstance(value, str) else list(value)
+    parts = words(value)
     if len(parts) != 2:
         raise ConfigError("argument must be <first-seconds> <longest-seconds>")
     first, longest = (parse_number(p, 0, 86400, above_low=True) for p in parts)
