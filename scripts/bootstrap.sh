@@ -5,8 +5,8 @@
 #             (what `make serve` runs; no apt, no test packages)
 #   (none)    .venv: the release build with the test dependencies, plus
 #             Debian's redis-server, redis-tools, redis-sentinel, prometheus,
-#             chromium, wrk, valgrind and nghttp2-client (the tests and bench use
-#             them); both install libnghttp2-dev, which the gRPC front builds on
+#             chromium, wrk, valgrind, nghttp2-client and postgresql (the tests
+#             and bench use them); both install libnghttp2-dev, which the gRPC front builds on
 #   --debug   as (none), plus .venv-debug: the debug build (assertions, line tracing)
 #   --fuzz    as (none), plus .venv-fuzz: the debug build compiled by Debian's
 #             clang-14 with AddressSanitizer and libFuzzer's edge counters
@@ -41,6 +41,10 @@ install_debian_tools() {
     command -v wrk >/dev/null || need_apt+=(wrk)
     command -v valgrind >/dev/null || need_apt+=(valgrind)   # the benches count instructions
     command -v h2load >/dev/null && command -v nghttp >/dev/null || need_apt+=(nghttp2-client)
+    # The PostgreSQL rules-store's tests start a real server of their own
+    # (tests/support/postgres.py: initdb and pg_ctl, as the postgres user).
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null \
+        || need_apt+=(postgresql)
     if ((${#need_apt[@]})); then
         apt_install "${need_apt[@]}"
     fi

@@ -23,8 +23,8 @@ def call(reg):
     command = rule_container()
     standalone = SimpleNamespace(enabled=False)
     no_rls = SimpleNamespace(path=None)       # no rls-config: RELOAD is the rules file's
-    conn = SimpleNamespace(core=SimpleNamespace(app=SimpleNamespace(rules=reg, cluster=standalone,
-                                                                    rls=no_rls),
+    app = SimpleNamespace(rules=reg, cluster=standalone, rls=no_rls, rules_store=None)
+    conn = SimpleNamespace(core=SimpleNamespace(app=app,
                                                 readonly=False), last_subcommand=None)
 
     def run(*args):

@@ -150,8 +150,8 @@ def test_stored_rule_that_no_longer_validates(db_path):
     with RuleStore(db_path) as s:
         s.put(rule("good"), "command", 1)
     db = sqlite3.connect(db_path)
-    db.execute("INSERT INTO rules VALUES ('bad', '{\"capacity\": 0, \"refill_per_second\": 1}', "
-               "'command', 1)")
+    db.execute("INSERT INTO rules (id, json, source, updated_ms) VALUES "
+               "('bad', '{\"capacity\": 0, \"refill_per_second\": 1}', 'command', 1)")
     db.commit()
     db.close()
     with RuleStore(db_path) as s, pytest.raises(StoreError) as e:
@@ -160,12 +160,30 @@ def test_stored_rule_that_no_longer_validates(db_path):
                             "capacity: must be an integer from 1 to 10^15")
 
 
+def test_a_schema_1_database_gains_the_version_column_and_keeps_its_rules(db_path):
+    db = sqlite3.connect(db_path)
+    db.execute("CREATE TABLE rules (id TEXT PRIMARY KEY NOT NULL, json TEXT NOT NULL, "
+               "source TEXT NOT NULL, updated_ms INTEGER NOT NULL)")
+    db.execute("INSERT INTO rules VALUES ('old', ?, 'command', 5)", (rule("old").to_json(),))
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    with RuleStore(db_path) as s:
+        assert [(r.rule.id, r.updated_ms, r.version) for r in s.load()] == [("old", 5, 0)]
+        s.put(rule("new"), "command", 6)
+    db = sqlite3.connect(db_path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("SELECT id, version FROM rules ORDER BY id").fetchall() == [
+        ("new", 0), ("old", 0)]
+    db.close()
+
+
 def test_newer_schema_is_refused(db_path):
     RuleStore(db_path).close()
     db = sqlite3.connect(db_path)
     db.execute("PRAGMA user_version=7")
     db.close()
-    with pytest.raises(StoreError, match=r"written by a newer fastlimit \(schema 7, this one reads 1\)"):
+    with pytest.raises(StoreError, match=r"written by a newer fastlimit \(schema 7, this one reads 2\)"):
         RuleStore(db_path)
 
 

@@ -143,11 +143,12 @@ def cmd_cl_peerauth_prove(conn, args):
 def cluster_wide(handler):
     """A rule change (CL.RULE SET, DEL, RELOAD): in cluster mode it is in
     force on every primary before the reply, or refused
-    (Cluster.rule_change)."""
+    (Cluster.rule_change); with a PostgreSQL rules-store it goes to the
+    store's table, which every node follows."""
     def run(conn, args):
         cluster = conn.core.app.cluster
-        if not cluster.enabled:
-            return handler(conn, args)
+        if not cluster.enabled or conn.core.app.rules_store is not None:
+            return handler(conn, args)      # (a shared store is how rules travel then)
         return Awaited(cluster.rule_change(lambda: handler(conn, args)))
     return run
 

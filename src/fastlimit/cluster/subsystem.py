@@ -129,7 +129,7 @@ class Cluster(Subsystem):
     def cron(self) -> None:
         if not self.enabled:
             return
-        if self.app.rules.version != self.rules_seen:
+        if self.rules_travel and self.app.rules.version != self.rules_seen:
             self._rules_changed_here()
         now = time.monotonic()
         if now >= self._next_catch_up and (self._catch_up_task is None
@@ -323,7 +323,7 @@ class Cluster(Subsystem):
         try:
             if map_version > self.slot_map.version:
                 self.install_text(_text(self.peers.call_at_start(peer, "CL.CLUSTER", "MAP")))
-            if primary:
+            if primary and self.rules_travel:
                 self.set_rules(*self.peers.call_at_start(peer, "CL.CLUSTER", "RULES"))
         except (redis.RedisError, OSError, MapError, ReplyError) as e:
             self.log.warning("cluster: could not catch up from %s at start: %s", peer, e)
@@ -341,12 +341,19 @@ class Cluster(Subsystem):
             map_version, counter, origin = await self.peers.call(peer, "CL.CLUSTER", "VERSIONS")
             if map_version > self.slot_map.version:
                 self.install_text(_text(await self.peers.call(peer, "CL.CLUSTER", "MAP")))
-            if self.is_primary() and (counter, _text(origin)) > self.rules_epoch:
+            if self.is_primary() and self.rules_travel and \
+                    (counter, _text(origin)) > self.rules_epoch:
                 self.set_rules(*await self.peers.call(peer, "CL.CLUSTER", "RULES"))
         except (TimeoutError, redis.RedisError, OSError, MapError, ReplyError) as e:
             self.log.debug("cluster: catching up from %s: %s", peer, e)
 
     # ---- one rule set for the whole cluster -----------------------------------------
+
+    @property
+    def rules_travel(self) -> bool:
+        """Whether rule changes are handed from primary to primary: not
+        with a PostgreSQL rules-store, whose table every node follows."""
+        return self.app.rules_store is None
 
     def rules_state(self) -> list:
         """CL.CLUSTER RULES: [counter, origin, the rules as JSON rows]."""
@@ -354,9 +361,10 @@ class Cluster(Subsystem):
 
     def set_rules(self, counter, origin, rows) -> bool:
         """CL.CLUSTER SETRULES: takes a newer cluster rule set (all or
-        nothing); False if it is not newer than the one in force."""
+        nothing); False if it is not newer than the one in force, or if
+        rules do not travel between primaries here (rules_travel)."""
         epoch = (int(counter), _text(origin))
-        if epoch <= self.rules_epoch:
+        if epoch <= self.rules_epoch or not self.rules_travel:
             return False
         try:
             self.app.rules.mirror(json.loads(_text(rows)))

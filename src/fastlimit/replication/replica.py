@@ -268,7 +268,8 @@ class PrimaryLink(asyncio.Protocol):
         if kind == rs.RULES:
             rows = rs.parse_rules(payload)
             self.numbered = [(row[0], row[1]) for row in rows]
-            app.rules.mirror([row[1:] for row in rows if row[3] != SOURCE_RESERVED])
+            if app.rules_store is None:     # else the replica follows the store itself
+                app.rules.mirror([row[1:] for row in rows if row[3] != SOURCE_RESERVED])
             self.renumber_again()
             self.rules_payload = bytes(payload)
         elif kind == rs.SNAPSHOT:

@@ -22,14 +22,19 @@ the concurrency limiter's leases:
                                  1 if the lease was held, else 0
 
 The registry is ``conn.core.app.rules`` (fastlimit.rules.RuleRegistry).
+With a PostgreSQL rules-store (``conn.core.app.rules_store``) SET, DEL and
+RELOAD write to its table instead, and reply once the table has the
+change and it is in force here (rules/follower.py).
 """
 
 from __future__ import annotations
 
-from fastlimit._protocol import READONLY_ERROR
+from fastlimit._protocol import READONLY_ERROR, Awaited
 from fastlimit._resp import ReplyError, parse_integer
 from fastlimit.rls.config import ConfigError as RlsConfigError
-from fastlimit.rules.model import E15, RuleError
+from fastlimit.rules.model import E15, RuleError, parse_rule
+from fastlimit.rules.postgres import Write
+from fastlimit.rules.registry import SOURCE_COMMAND
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
 
@@ -58,9 +63,28 @@ def _count(arg: bytes) -> int:
     return n
 
 
-def cmd_rule_set(conn, args):
+def _shared(conn):
+    """The PostgreSQL rules-store every node follows, or None."""
+    return conn.core.app.rules_store
+
+
+async def _written(conn, writes: list[Write], reply=OK):
+    """A rule change through the shared store: in force here when the
+    table has it (read-your-writes), on the other nodes as they read it."""
     try:
-        _rules(conn).set(_rule_id(args[2]), args[3])
+        rows = await _shared(conn).write(writes)
+    except RuleError as e:
+        raise _reply_error(e) from None
+    return reply(rows) if callable(reply) else reply
+
+
+def cmd_rule_set(conn, args):
+    rule_id = _rule_id(args[2])
+    try:
+        if _shared(conn) is not None:
+            doc = parse_rule(rule_id, args[3]).to_json()
+            return Awaited(_written(conn, [Write(rule_id, doc, SOURCE_COMMAND)]))
+        _rules(conn).set(rule_id, args[3])
     except RuleError as e:
         raise _reply_error(e) from None
     return OK
@@ -72,8 +96,12 @@ def cmd_rule_get(conn, args):
 
 
 def cmd_rule_del(conn, args):
+    rule_id = _rule_id(args[2])
+    if _shared(conn) is not None:
+        existed = _rules(conn).entry(rule_id) is not None
+        return Awaited(_written(conn, [Write(rule_id, None, SOURCE_COMMAND)], int(existed)))
     try:
-        return int(_rules(conn).delete(_rule_id(args[2])))
+        return int(_rules(conn).delete(rule_id))
     except RuleError as e:
         raise _reply_error(e) from None
 
@@ -88,9 +116,19 @@ def cmd_rule_reload(conn, args):
         if rls.path:
             rls.reload()       # the Envoy rate limit service's YAML (rls-config)
         if _rules(conn).rules_file or not rls.path:
+            if _shared(conn) is not None:
+                return Awaited(_reloaded_into_store(conn))
             _rules(conn).reload()
     except (RuleError, RlsConfigError) as e:
         raise ReplyError(f"ERR {e}") from None
+    return OK
+
+
+async def _reloaded_into_store(conn):
+    try:
+        await _shared(conn).reload_file()
+    except RuleError as e:
+        raise _reply_error(e) from None
     return OK
 
 

@@ -41,8 +41,9 @@ from urllib.parse import quote
 
 from fastlimit._protocol import READONLY_ERROR
 from fastlimit._resp import ReplyError
-from fastlimit.rules.model import DocumentError, RuleError, check_rule_id, show
-from fastlimit.rules.registry import Entry
+from fastlimit.rules.model import DocumentError, RuleError, check_rule_id, parse_rule, show
+from fastlimit.rules.postgres import Conflict, Write
+from fastlimit.rules.registry import SOURCE_COMMAND, Entry
 from fastlimit.rules.store import StoreError
 from fastlimit.server.http.routes import Request, Response, problem
 
@@ -174,6 +175,8 @@ def put_rule(req: Request):
         check_rule_id(rule_id)
     except RuleError as e:
         return _rule_error(e, 400, "invalid rule id")
+    if req.server.rules_store is not None:
+        return _put_in_store(req, rule_id)
 
     def change() -> Response:
         registry = req.server.rules
@@ -209,6 +212,8 @@ def delete_rule(req: Request):
     rule_id = req.params["id"]
     if req.server.core.readonly:
         return _readonly()
+    if req.server.rules_store is not None:
+        return _delete_in_store(req, rule_id)
 
     def change() -> Response:
         registry = req.server.rules
@@ -221,6 +226,79 @@ def delete_rule(req: Request):
             return _rule_error(e, 500, "rule not deleted")
         return Response(204) if deleted else _not_found(rule_id)
     return _rule_change(req, change)
+
+
+# ---- through a PostgreSQL rules-store -------------------------------------------------
+#
+# The preconditions are checked against the rule in force here, and the
+# write is made conditional on that rule's version in the table: a writer
+# on another node that changed it since makes the write refuse, so of two
+# writers holding one ETag exactly one wins, wherever they are.
+
+def _expected_version(req: Request, entry: Entry | None) -> int | None:
+    """The version the table must still hold for the write to go ahead
+    (0: no row at all), or None when the request sets no precondition."""
+    if req.headers.get("if-match") is not None:
+        assert entry is not None        # else _refusal answered 412
+        return entry.version
+    if req.headers.get("if-none-match") is not None:
+        return 0
+    return None
+
+
+async def _put_in_store(req: Request, rule_id: str) -> Response:
+    registry = req.server.rules
+    old = registry.entry(rule_id)
+    refused = _refusal(req, _etag(old))
+    if refused is not None:
+        return refused
+    try:
+        rule = parse_rule(rule_id, req.body)
+        await req.server.rules_store.write(
+            [Write(rule_id, rule.to_json(), SOURCE_COMMAND, _expected_version(req, old))])
+    except DocumentError as e:
+        return _rule_error(e, 400, "malformed rule document")
+    except RuleError as e:
+        return _rule_error(e, 422, "invalid rule")
+    except Conflict:
+        return _changed_meanwhile(registry.entry(rule_id))
+    except ReplyError as e:       # StoreUnavailable: TRYAGAIN
+        return _resp_error(e, 503)
+    entry = registry.entry(rule_id)
+    if entry is None:             # deleted again already (by another writer)
+        return _changed_meanwhile(None)
+    if old is not None:
+        return _rule_response(200, entry)
+    return _rule_response(201, entry, [("Location", location(rule_id))])
+
+
+async def _delete_in_store(req: Request, rule_id: str) -> Response:
+    registry = req.server.rules
+    old = registry.entry(rule_id)
+    refused = _refusal(req, _etag(old))
+    if refused is not None:
+        return refused
+    if old is None:
+        return _not_found(rule_id)
+    expect = old.version if req.headers.get("if-match") is not None else None
+    try:
+        await req.server.rules_store.write([Write(rule_id, None, SOURCE_COMMAND, expect)])
+    except Conflict:
+        return _changed_meanwhile(registry.entry(rule_id))
+    except ReplyError as e:
+        return _resp_error(e, 503)
+    return Response(204)
+
+
+def _changed_meanwhile(entry: Entry | None) -> Response:
+    """412 for a write whose precondition held here but no longer in the
+    table: another writer changed the rule first (this node has read it
+    since, so the ETag given is the current one)."""
+    etag = _etag(entry)
+    detail = ("another writer changed the rule first; "
+              + (f"the current ETag is {etag}" if etag else "there is no such rule now"))
+    return problem(412, "precondition failed", detail,
+                   headers=[("ETag", etag)] if etag else [])
 
 
 def list_rules(req: Request) -> Response:

@@ -45,7 +45,14 @@ from dataclasses import dataclass
 
 from fastlimit.rules.files import load_rules_file
 from fastlimit.rules.matching import MatchIndex, compile_row, crowding
-from fastlimit.rules.model import MAX_RULES_PER_REQUEST, Rule, RuleError, parse_rule, show
+from fastlimit.rules.model import (
+    MAX_RULES_PER_REQUEST,
+    Rule,
+    RuleError,
+    check_rule_id,
+    parse_rule,
+    show,
+)
 from fastlimit.rules.store import RuleStore, StoredRule, StoreError, wall_ms
 
 SOURCE_COMMAND = "command"
@@ -65,6 +72,7 @@ class Entry:
     num: int
     source: str
     updated_ms: int
+    version: int = 0      # the row's version in a PostgreSQL store, else 0
 
 
 @dataclass(frozen=True)
@@ -114,21 +122,22 @@ class RuleRegistry:
 
     # ---- start and reload -----------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, load_file: bool = True) -> None:
         """Loads the database, then the rules file (which wins for the ids
-        it declares).  Raises RuleError (StoreError for the database) if
-        either cannot be used: the server should refuse to start rather
+        it declares; not with load_file False: a shared store writes it to
+        its table instead).  Raises RuleError (StoreError for the database)
+        if either cannot be used: the server should refuse to start rather
         than run without rules it was given."""
         self.engine.set_matcher(self.matcher)
         stored = self.store.load() if self.store is not None else []
         try:
-            self._commit([self._change(s.rule, s.source, None, s.updated_ms) for s in stored],
-                         persist=False)
+            self._commit([self._change(s.rule, s.source, None, s.updated_ms, s.version)
+                          for s in stored], persist=False)
         except RuleError as e:
             assert self.store is not None     # only stored rules were committed
             raise StoreError(f"rules database {self.store.path}: {e}") from None
         log.info("rules: %d loaded from the database", len(stored))
-        if self.rules_file:
+        if self.rules_file and load_file:
             summary = self.reload()
             log.info("rules: rules file %s: %s", self.rules_file, _summary_text(summary))
 
@@ -140,6 +149,16 @@ class RuleRegistry:
         Returns counts: added, updated, deleted, unchanged.  read gives
         the file's rules when they were read beforehand, in a thread
         (load_rules_file; it raises what that raised); None: read now."""
+        puts, deletes, summary = self.file_plan(read)
+        self._commit([self._change(rule, SOURCE_FILE, self._entries.get(rule.id))
+                      for rule in puts] +
+                     [Change(rule_id, self._entries[rule_id], None) for rule_id in deletes])
+        return summary
+
+    def file_plan(self, read: Callable[[], dict[str, Rule]] | None = None
+                  ) -> tuple[builtins.list[Rule], builtins.list[str], dict]:
+        """What a reload of the rules file changes (read: see reload): the
+        rules to put, the ids to delete, and the counts."""
         if not self.rules_file:
             raise RuleError("no rules file is configured (rules-file)")
         if read is None:
@@ -147,20 +166,18 @@ class RuleRegistry:
             wanted = load_rules_file(self.rules_file)
         else:
             wanted = read()
-        changes, summary = [], Counter(added=0, updated=0, deleted=0, unchanged=0)
+        puts, summary = [], Counter(added=0, updated=0, deleted=0, unchanged=0)
         for rule_id, rule in wanted.items():
             old = self._entries.get(rule_id)
             if old is not None and old.rule == rule and old.source == SOURCE_FILE:
                 summary["unchanged"] += 1
                 continue
             summary["updated" if old else "added"] += 1
-            changes.append(self._change(rule, SOURCE_FILE, old))
-        for rule_id, old in self._entries.items():
-            if old.source == SOURCE_FILE and rule_id not in wanted:
-                summary["deleted"] += 1
-                changes.append(Change(rule_id, old, None))
-        self._commit(changes)
-        return dict(summary)
+            puts.append(rule)
+        deletes = [rule_id for rule_id, old in self._entries.items()
+                   if old.source == SOURCE_FILE and rule_id not in wanted]
+        summary["deleted"] = len(deletes)
+        return puts, deletes, dict(summary)
 
     def reload_from_signal(self, read: Callable[[], dict[str, Rule]] | None = None) -> bool:
         """SIGHUP: reload (read: see reload) and log the outcome; a failure
@@ -193,6 +210,59 @@ class RuleRegistry:
         changes.extend(Change(rule_id, old, None) for rule_id, old in self._entries.items()
                        if rule_id not in wanted)
         self._commit(changes)
+
+    def apply_stored(self, rows) -> builtins.list[tuple[str, int, str]]:
+        """Makes the rules of these ids what a shared store holds: rows of
+        (id, JSON text or None for a rule that is gone, version, source,
+        updated_ms).  A row whose version is the one in force changes
+        nothing.  Each row is applied all or nothing; a row that does not
+        validate, or that the batch cannot take, is not applied (its rule
+        keeps the version in force, or stays absent) and is returned as
+        (id, version, reason) while the others apply."""
+        changes, rejected = [], []
+        for rule_id, text, version, source, updated_ms in rows:
+            old = self._entries.get(rule_id)
+            if text is None:
+                if old is not None:
+                    changes.append(Change(rule_id, old, None))
+                continue
+            if old is not None and old.version == version:
+                continue
+            try:
+                rule = parse_rule(check_rule_id(rule_id), text)
+            except RuleError as e:
+                rejected.append((rule_id, version, str(e)))
+                continue
+            changes.append(self._change(rule, source, old, updated_ms, version))
+        try:
+            self._commit(changes)
+        except RuleError:
+            # One by one, so that one row the batch cannot take (too many
+            # rules per request) keeps no other out.
+            for change in changes:
+                try:
+                    self._commit([change])
+                except RuleError as e:
+                    new = change.new
+                    rejected.append((change.rule_id, new.version if new else 0, str(e)))
+        return rejected
+
+    def vet(self, rules: builtins.list[Rule]) -> None:
+        """Raises the RuleError that setting these rules would raise, and
+        changes nothing: a shared store's writer checks a change before it
+        commits it to the table every node applies."""
+        # Each under a number of its own, so that the rules in force are
+        # not touched (a kept number would take the new spec for a moment).
+        changes = [Change(rule.id, self._entries.get(rule.id),
+                          Entry(rule, self._take_number(), SOURCE_COMMAND, 0))
+                   for rule in rules]
+        undo_index = self._index_batch(changes)
+        try:
+            self._check_crowding(changes)
+            self._stage(changes)
+            self._unstage(changes)
+        finally:
+            undo_index()
 
     def export(self) -> list[tuple[str, str, str, int]]:
         """The rules in force as ``mirror`` takes them."""
@@ -301,12 +371,12 @@ class RuleRegistry:
     # ---- the batch --------------------------------------------------------------------
 
     def _change(self, rule: Rule, source: str, old: Entry | None,
-                updated_ms: int | None = None) -> Change:
+                updated_ms: int | None = None, version: int = 0) -> Change:
         keeps_buckets = (old is not None and old.rule.algorithm == rule.algorithm
                          and old.rule.scope == rule.scope)
         num = old.num if old is not None and keeps_buckets else self._take_number()
         stamp = self.now_ms() if updated_ms is None else updated_ms
-        return Change(rule.id, old, Entry(rule, num, source, stamp))
+        return Change(rule.id, old, Entry(rule, num, source, stamp, version))
 
     def _take_number(self) -> int:
         num = self._next_num
@@ -328,7 +398,8 @@ class RuleRegistry:
             staged = True
             if persist and self.store is not None:
                 self.store.write(
-                    puts=[StoredRule(c.new.rule, c.new.source, c.new.updated_ms)
+                    puts=[StoredRule(c.new.rule, c.new.source, c.new.updated_ms,
+                                     c.new.version)
                           for c in changes if c.new is not None],
                     deletes=[c.rule_id for c in changes if c.new is None])
         except BaseException as e:

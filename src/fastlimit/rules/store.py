@@ -1,4 +1,8 @@
-"""The rules database: one SQLite table of (id, json, source, updated_ms).
+"""The rules database: one SQLite table of (id, json, source, updated_ms,
+version).  With a PostgreSQL rules-store (postgres.py) it is that node's
+cache of the last rules it applied, which it starts from when the
+database is down; version is then the row's version in PostgreSQL (0
+for rules that never came from there).
 
 Durability: every write is one transaction committed with
 ``synchronous=FULL`` in WAL mode, so when ``put()`` returns the rule is in
@@ -25,15 +29,18 @@ from dataclasses import dataclass
 
 from fastlimit.rules.model import Rule, RuleError, parse_rule
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rules (
     id TEXT PRIMARY KEY NOT NULL,
     json TEXT NOT NULL,
     source TEXT NOT NULL,
-    updated_ms INTEGER NOT NULL
+    updated_ms INTEGER NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
 )
 """
+# What each older schema needs to become this one (schema 1 had no version).
+MIGRATIONS = {1: "ALTER TABLE rules ADD COLUMN version INTEGER NOT NULL DEFAULT 0"}
 
 
 class StoreError(RuleError):
@@ -43,8 +50,9 @@ class StoreError(RuleError):
 @dataclass(frozen=True)
 class StoredRule:
     rule: Rule
-    source: str           # "command" (CL.RULE SET) or "file" (the rules file)
+    source: str           # "command" (CL.RULE SET), "file" (the rules file), "sql"
     updated_ms: int
+    version: int = 0      # the row's version in a PostgreSQL store, else 0
 
 
 def wall_ms() -> int:
@@ -112,6 +120,10 @@ class RuleStore:
     @staticmethod
     def _create_schema(db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
+        found = db.execute("PRAGMA user_version").fetchone()[0]
+        if found in MIGRATIONS and db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'rules'").fetchone():
+            db.execute(MIGRATIONS[found])
         db.execute(SCHEMA)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.execute("COMMIT")
@@ -122,16 +134,16 @@ class RuleStore:
         """Every stored rule, validated, in id order."""
         try:
             rows = self._db.execute(
-                "SELECT id, json, source, updated_ms FROM rules ORDER BY id").fetchall()
+                "SELECT id, json, source, updated_ms, version FROM rules ORDER BY id").fetchall()
         except sqlite3.DatabaseError as e:
             raise self._unreadable(e) from None
         out = []
-        for rule_id, text, source, updated_ms in rows:
+        for rule_id, text, source, updated_ms, version in rows:
             try:
                 rule = parse_rule(rule_id, text)
             except RuleError as e:
                 raise StoreError(f"rules database {self.path}: stored {e}") from None
-            out.append(StoredRule(rule, source, updated_ms))
+            out.append(StoredRule(rule, source, updated_ms, version))
         return out
 
     # ---- writing -----------------------------------------------------------------
@@ -152,10 +164,12 @@ class RuleStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany(
-                    "INSERT INTO rules (id, json, source, updated_ms) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (id) DO UPDATE SET json = excluded.json, "
-                    "source = excluded.source, updated_ms = excluded.updated_ms",
-                    [(s.rule.id, s.rule.to_json(), s.source, s.updated_ms) for s in puts])
+                    "INSERT INTO rules (id, json, source, updated_ms, version) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                    "json = excluded.json, source = excluded.source, "
+                    "updated_ms = excluded.updated_ms, version = excluded.version",
+                    [(s.rule.id, s.rule.to_json(), s.source, s.updated_ms, s.version)
+                     for s in puts])
                 deleted = db.executemany("DELETE FROM rules WHERE id = ?",
                                          [(rule_id,) for rule_id in deletes]).rowcount
                 db.execute("COMMIT")

@@ -10,7 +10,9 @@ import asyncio
 import signal
 import time
 
+from fastlimit._resp import ReplyError
 from fastlimit.rules.files import load_rules_file
+from fastlimit.rules.model import RuleError
 from fastlimit.server.subsystem import Subsystem, off_loop
 
 
@@ -24,6 +26,9 @@ class RulesSubsystem(Subsystem):
         self._last_denials = (time.monotonic(), 0)
         # Others that reload on SIGHUP too (the rate limit service's YAML).
         self.on_sighup: list = []
+        # A PostgreSQL rules-store (follower.py): the rules file then goes
+        # to its table.
+        self.shared_store = None
 
     def apply_settings(self, settings) -> None:
         self.engine.set_match_cache_limit(settings.rules_cache_size)
@@ -34,9 +39,26 @@ class RulesSubsystem(Subsystem):
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.sighup)
 
     def sighup(self) -> None:
-        self.reload_file_in_thread()
+        if self.shared_store is not None:
+            asyncio.ensure_future(self._reload_into_store())
+        else:
+            self.reload_file_in_thread()
         for reload in self.on_sighup:
             reload()
+
+    async def _reload_into_store(self) -> None:
+        """SIGHUP with a PostgreSQL rules-store: the rules file is written to
+        its table (as CL.RULE RELOAD does); a failure is logged."""
+        if not self.registry.rules_file:
+            self.registry.reload_from_signal()      # says there is no file
+            return
+        try:
+            summary = await self.shared_store.reload_file()
+        except (RuleError, ReplyError) as e:
+            self.log.warning("rules reload failed, nothing changed: %s", e)
+            return
+        self.log.warning("rules file %s written to the rules store: %s",
+                         self.registry.rules_file, summary)
 
     def reload_file_in_thread(self) -> None:
         """The rules file read and checked in a thread (it takes time with

@@ -25,6 +25,7 @@ from fastlimit.pubsub.subsystem import PubSub
 from fastlimit.replication.primary import Replication
 from fastlimit.rls.subsystem import RlsSubsystem
 from fastlimit.rls.xds_client import RlsXdsSubsystem
+from fastlimit.rules.follower import StoreFollower
 from fastlimit.rules.registry import RuleRegistry
 from fastlimit.rules.store import RuleStore
 from fastlimit.rules.subsystem import RulesSubsystem
@@ -53,7 +54,13 @@ class Server:
         self.rules = RuleRegistry(
             self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
             settings.rules_file)
-        self.rules.start()
+        shared = settings.shared_rules_store
+        self.rules.start(load_file=shared is None)
+        # A PostgreSQL rules-store that every node follows (rules/follower.py);
+        # rules-db is then its cache.  None: the rules are this node's own.
+        self.rules_store = (StoreFollower(self.rules, settings,
+                                          f"{settings.bind[0]}:{settings.port}")
+                            if shared else None)
         # The Envoy rate limit service's YAML: raises ConfigError (the
         # server refuses to start) if it cannot be used.  Before the
         # snapshot, so the counters it reserves find their buckets there.
@@ -81,12 +88,14 @@ class Server:
         # in the order they start; they stop in the reverse order.  tls is
         # last: a CONFIG SET that another refuses never makes new contexts.
         rules_subsystem = RulesSubsystem(self.rules, self.rule_engine, log)
+        rules_subsystem.shared_store = self.rules_store
         rules_subsystem.on_sighup.append(self.rls.reload_from_signal)
         rules_subsystem.on_sighup.append(self.tls.reload_from_signal)
         # or from rls-xds-server, once the loop runs (the start never waits for it)
         self.rls_xds = RlsXdsSubsystem(self.rls, settings, log)
         self.subsystems: list[Subsystem] = [
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
+            *([self.rules_store] if self.rules_store is not None else []),
             self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)

@@ -25,6 +25,7 @@ from fastlimit.server.config.values import (
     LOGLEVELS,
     OPTIONAL_TEXT,
     OUTPUT_LIMITS,
+    RULES_STORE,
     SECRET,
     TEXT,
     ConfigError,
@@ -203,6 +204,31 @@ class Settings:
         DEFAULT_RULES_DB, OPTIONAL_TEXT, runtime=False, metavar="PATH",
         help=_port_named_help("rules-db", "SQLite file the named rules are kept in",
                               "'' keeps them in memory only"))
+    rules_store: str = setting(
+        "", RULES_STORE, runtime=False, metavar="URI", shown="sqlite:<rules-db>",
+        help="where the named rules live: sqlite:<file> (the same as rules-db <file>), or a "
+             "PostgreSQL URI (postgresql://user:password@host:port/db, as libpq reads it) "
+             "whose table every node of a fleet follows through LISTEN/NOTIFY; rules-db is "
+             "then this node's cache of the last rules applied")
+    rules_store_resync: float = setting(
+        30.0, number(0.05, 86400), runtime=True,
+        help="seconds between full compares with a PostgreSQL rules-store, the backstop for "
+             "notifications lost")
+    rules_store_heartbeat: float = setting(
+        5.0, number(0.05, 3600), runtime=True,
+        help="seconds between round trips on the PostgreSQL listener's connection, which "
+             "find a connection that went silent")
+    rules_store_timeout: float = setting(
+        2.0, number(0.01, 600), runtime=False,
+        help="seconds a PostgreSQL rules-store has to connect or to answer one statement")
+    rules_store_required: bool = setting(
+        False, BOOL, runtime=False,
+        help="refuse to start when the PostgreSQL rules-store cannot be reached and no rules "
+             "are cached in rules-db")
+    rules_store_max_staleness: float = setting(
+        0.0, number(0, 10**9), runtime=True,
+        help="/readyz reports not ready once the PostgreSQL rules-store has been out of "
+             "reach this many seconds (default {default}: always ready)")
     rules_file: str | None = setting(
         None, OPTIONAL_TEXT, runtime=False, metavar="PATH",
         help="TOML or JSON rules file, loaded at start and reloaded on SIGHUP and "
@@ -471,7 +497,15 @@ class Settings:
                               "node by)")
         for name in FRONT_PORT_OFFSETS:
             front_port(self, name)        # in range
+        if self.rules_store.startswith("sqlite:"):      # an alias of rules-db
+            self.rules_db = self.rules_store.removeprefix("sqlite:") or None
         return self
+
+    @property
+    def shared_rules_store(self) -> str | None:
+        """The PostgreSQL URI of rules-store, if it is one."""
+        return None if self.rules_store == "" or self.rules_store.startswith("sqlite:") \
+            else self.rules_store
 
 
 def attr_name(name: str) -> str:

@@ -147,6 +147,21 @@ def optional_text(value) -> str | None:
     return str(value) or None
 
 
+def parse_rules_store(value) -> str:
+    """rules-store: "" (the SQLite file rules-db), sqlite:<file>, or a
+    PostgreSQL URI (postgresql:// or postgres://, as libpq takes it)."""
+    text = str(value)
+    if text == "" or text.startswith("sqlite:"):
+        return text
+    if text.split("://", 1)[0] in ("postgresql", "postgres") and "://" in text:
+        return text
+    raise ConfigError("must be sqlite:<file> or a PostgreSQL URI "
+                      "(postgresql://user:password@host:port/database)")
+
+
+RULES_STORE = Kind(parse_rules_store, metavar="URI")
+
+
 def show_optional(value) -> str:
     return value or ""
 

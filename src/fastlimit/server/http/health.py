@@ -14,8 +14,10 @@ def livez(req) -> Response:
 
 def readiness(server) -> list[tuple[str, bool, str]]:
     """(check, ok, why not) for each condition of readiness: a replica
-    has its copy of the primary, a cluster node knows who serves every
-    slot.  Rules and the snapshot are loaded before the port opens."""
+    has its copy of the primary, a PostgreSQL rules-store has not been out
+    of reach longer than rules-store-max-staleness, a cluster node knows
+    who serves every slot.  Rules and the snapshot are loaded before the
+    port opens."""
     checks = [("loaded", True, "")]
     if server.core.readonly:
         fields = server.subsystem_info(frozenset(["replication"]), frozenset()).get(
@@ -23,6 +25,8 @@ def readiness(server) -> list[tuple[str, bool, str]]:
         synced = fields.get("master_link_status") == "up" and \
             not fields.get("master_sync_in_progress")
         checks.append(("replication", synced, "the replica has no copy of its primary yet"))
+    if server.rules_store is not None:
+        checks.append(("rules-store", *server.rules_store.ready()))
     if server.cluster.enabled:
         checks.append(("cluster", server.cluster.state() == "ok",
                        "some slots have no known primary"))

@@ -267,6 +267,40 @@ def _rules(out: Exposition, server, stats: dict, memory: dict) -> None:
                 [("", stats.get("rules_cache_hits", 0))])
     out.counter("fastlimit_rules_cache_misses_total", "Match cache misses.",
                 [("", stats.get("rules_cache_misses", 0))])
+    if server.rules_store is not None:
+        _rules_store(out, server.rules_store)
+
+
+STORE_STATES = ("connected", "reconnecting", "down", "connecting")
+
+
+def _rules_store(out: Exposition, store) -> None:
+    """A PostgreSQL rules-store's state, as INFO rules shows it."""
+    out.gauge("fastlimit_rules_store_state", "1 for the rules store's current state.",
+              [(f'state="{state}"', int(store.state == state)) for state in STORE_STATES])
+    out.gauge("fastlimit_rules_store_version", "The highest row version applied.",
+              [("", store.last_version)])
+    out.gauge("fastlimit_rules_store_lag_seconds",
+              "Commit to in force here, of the last notified change.", [("", store.lag_ms / 1000)])
+    stale = store.staleness_s()
+    out.gauge("fastlimit_rules_store_stale_seconds",
+              "Time out of reach of the store (0 while connected; -1: never reached).",
+              [("", -1 if stale == float("inf") else round(stale, 3))])
+    out.counter("fastlimit_rules_store_notifications_total", "Notifications received.",
+                [("", store.notifications)])
+    out.counter("fastlimit_rules_store_full_reads_total",
+                "Full compares with the table (at each connect and every rules-store-resync).",
+                [("", store.full_reads)])
+    out.counter("fastlimit_rules_store_connects_total", "Connections made to the store.",
+                [("", store.connects)])
+    out.counter("fastlimit_rules_store_rows_applied_total", "Rows applied.",
+                [("", store.rows_applied)])
+    out.counter("fastlimit_rules_store_rows_rejected_total",
+                "Rows not applied because they do not validate.", [("", store.rows_rejected)])
+    out.gauge("fastlimit_rules_store_rejected_row",
+              "1 for each row not applied now (the first ones), by rule id and version.",
+              [(f'rule="{escape(rule_id)}",version="{version}"', 1)
+               for rule_id, (version, _) in sorted(store.rejected.items())])
 
 
 def _replication(out: Exposition, server, repl: dict) -> None:
