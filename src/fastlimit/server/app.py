@@ -1,7 +1,8 @@
-"""The event-loop layer: listen, hand each connection to the Cython
-protocol, drive the subsystems (subsystem.py: the sweep, rules,
-replication, snapshots) through their ticks, and shut down cleanly.
-Everything interesting happens in _protocol and _core; this stays thin.
+"""The event-loop layer: start the fronts' listeners (the RESP front's,
+server/resp/, and through the subsystems the HTTP and gRPC fronts'),
+drive the subsystems (subsystem.py: the sweep, rules, replication,
+snapshots) through their ticks, and shut down cleanly.  Everything
+interesting happens in _protocol and _core; this stays thin.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
-from typing import cast
 
 from fastlimit._core import BucketStore, Clock
-from fastlimit._protocol import Connection, ServerCore
+from fastlimit._protocol import ServerCore
 from fastlimit._rules import RuleEngine
 from fastlimit.acl.users import Acl
 from fastlimit.cluster.reshard import Reshard
@@ -37,6 +36,7 @@ from fastlimit.server.grpc.listener import GrpcFront
 from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.maxmemory import MaxMemory
 from fastlimit.server.persistence import Snapshots
+from fastlimit.server.resp.listener import RespFront
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.server.tls import Tls
 
@@ -107,10 +107,7 @@ class Server:
         self.peak_rss = 0
         self.loop_name = "asyncio"
         self.ops_per_sec = 0
-        self._servers: list[asyncio.AbstractServer] = []
-        # The RESP listeners by (host, port, tls), which CONFIG SET bind and
-        # port change (the HTTP and gRPC fronts stay where they started).
-        self._listeners: dict[ListenerKey, list[asyncio.AbstractServer]] = {}
+        self.resp = RespFront(self, log)      # the RESP listeners (server/resp/)
         self._stopping: asyncio.Event | None = None
         self._started: list[Subsystem] = []
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -139,7 +136,7 @@ class Server:
         trial = cfg.set_at_runtime(self.settings, pairs)
         if trial.maxclients > self.settings.maxclients:
             fit_maxclients_at_runtime(trial.maxclients)
-        rebind = self._bind_listeners(trial, {name.lower() for name, _ in pairs})
+        rebind = self.resp.rebind(trial, {name.lower() for name, _ in pairs})
         try:
             self._apply_limits(trial)
         except cfg.ConfigError as e:       # Redis's text already (tls)
@@ -152,58 +149,6 @@ class Server:
             raise cfg.ConfigError(f"the server cannot use it ({e})", pairs[0][0].lower()) from None
         self.settings = trial
         rebind.commit()
-
-    # ---- listeners (CONFIG SET bind and port) -----------------------------------
-
-    def _bind_listeners(self, trial: cfg.Settings, names: set[str]) -> Rebind:
-        """The sockets the new bind and port need, bound and listening now,
-        before anything changes: the listeners already on an address kept
-        stay as they are.  A bind that fails closes what was bound and
-        raises Redis's error, the old listeners untouched."""
-        rebind = Rebind(self)
-        if not names & {"bind", "port"}:
-            return rebind
-        # The value CONFIG GET shows is no change (--port 0 shows 0, the port it
-        # picked serving); another 0 picks a free port, as at the start.
-        port = trial.port if trial.port != self.settings.port else self.port
-        wanted = [(host, False) for host in trial.bind]
-        wanted += [(host, True) for host in trial.bind] if trial.tls_port else []
-        try:
-            for host, tls in wanted:
-                key = (host, trial.tls_port if tls else port, tls)
-                if key[1] and key in self._listeners:
-                    rebind.kept.add(key)
-                    continue
-                socks = bound_sockets(host, key[1])
-                if not tls and not port:      # port 0: a free one, then the same for all
-                    port = socks[0].getsockname()[1]
-                rebind.new[(host, key[1] or port, tls)] = socks
-        except OSError as e:
-            rebind.abandon()
-            moved = "port" in names and port != self.port
-            log.warning("CONFIG SET %s: could not listen on %s port %s: %s",
-                        "port" if moved else "bind", " ".join(trial.bind), port, e)
-            if moved:
-                raise cfg.ConfigError("Unable to listen on this port. Check server logs.",
-                                      "port") from None
-            raise cfg.ConfigError("Failed to bind to specified addresses.", "bind") from None
-        rebind.port = port
-        return rebind
-
-    async def _serve(self, key: ListenerKey, socks: list[socket.socket]) -> None:
-        """Serves sockets bound by CONFIG SET, unless a later one closed
-        their listener first."""
-        loop = asyncio.get_running_loop()
-        servers = self._listeners.get(key)
-        tls = self.tls.server if key[2] else None
-        for sock in socks:
-            if self._listeners.get(key) is not servers or self.stopping:
-                sock.close()
-                continue
-            server = await loop.create_server(
-                self.resp_factory(loop, tls), sock=sock, backlog=511)
-            self._servers.append(server)
-            cast(list, servers).append(server)
 
     def bucket_count(self) -> int:
         return len(self.store) + len(self.rule_engine)
@@ -265,16 +210,7 @@ class Server:
                  "manual" if self.clock.manual else "wall")
 
     async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        for host in self.settings.bind:
-            server = await self._listen(loop, host, self.port or 0)
-            if not self.port:
-                self.port = server.sockets[0].getsockname()[1]
-            self._listeners[(host, self.port, False)] = [server]
-        if self.settings.tls_port:   # the same protocol, behind the loop's TLS
-            for host in self.settings.bind:
-                server = await self._listen(loop, host, self.settings.tls_port, self.tls.server)
-                self._listeners[(host, self.settings.tls_port, True)] = [server]
-            log.info("TLS on %s port %d", " ".join(self.settings.bind), self.settings.tls_port)
+        await self.resp.listen(loop)        # bound, not accepting yet
         self._tick_handle = loop.call_later(1 / self.settings.hz, self._tick)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_shutdown)
@@ -283,21 +219,7 @@ class Server:
             await subsystem.start()
         # Bound, not accepting, until the subsystems are up: a cluster node
         # that has not heard from Sentinel yet would answer CLUSTERDOWN.
-        for listener in self._servers:
-            await listener.start_serving()
-
-    async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.Server:
-        server = await loop.create_server(
-            self.resp_factory(loop, tls), host, port,
-            reuse_address=True, backlog=511, start_serving=False)
-        self._servers.append(server)
-        return server
-
-    def resp_factory(self, loop, tls) -> Callable[[], asyncio.BaseProtocol]:
-        # Connection has asyncio.Protocol's callbacks but is a cdef class,
-        # not a subclass of it.
-        return self.protocol_factory(
-            loop, lambda: cast(asyncio.BaseProtocol, Connection(self.core)), self.core, tls)
+        await self.resp.start_serving()
 
     def protocol_factory(self, loop, make: Callable[[], asyncio.BaseProtocol], counters,
                          tls) -> Callable[[], asyncio.BaseProtocol]:
@@ -350,12 +272,10 @@ class Server:
         why itself)."""
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        for server in self._servers:
-            server.close()
+        self.resp.close()
         for conn in list(self.core.clients.values()):
             conn.close()
-        for server in self._servers:
-            await server.wait_closed()
+        await self.resp.wait_closed()
         while self._started:
             await self._started.pop().stop()
         if not quiet:
@@ -378,73 +298,6 @@ class Server:
                 conn.cron()
             for subsystem in self.subsystems:
                 subsystem.cron()
-
-
-ListenerKey = tuple[str, int, bool]     # host, port, TLS
-
-
-class Rebind:
-    """A change of the RESP listeners that CONFIG SET prepared: the
-    sockets bound for it (new) and the listeners it keeps; commit() makes
-    it the server's, abandon() forgets it."""
-
-    def __init__(self, server: Server):
-        self.server = server
-        self.port = server.port
-        self.new: dict[ListenerKey, list[socket.socket]] = {}
-        self.kept: set[ListenerKey] = set()
-
-    def abandon(self) -> None:
-        for socks in self.new.values():
-            for sock in socks:
-                sock.close()
-        self.new.clear()
-
-    def commit(self) -> None:
-        """The old listeners not kept stop accepting; the connections they
-        accepted stay, as in Redis.  The new ones serve from the next turn
-        of the loop (their sockets listen already)."""
-        server = self.server
-        if not self.new and not self.kept:
-            return
-        for key in [k for k in server._listeners if k not in self.kept]:
-            for listener in server._listeners.pop(key):
-                listener.close()
-                server._servers.remove(listener)
-        server.port = self.port
-        for key, socks in self.new.items():
-            server._listeners[key] = []
-            asyncio.ensure_future(server._serve(key, socks))
-        log.warning("now listening on %s port %d", " ".join(server.settings.bind), server.port)
-
-
-def bound_sockets(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for host:port, one per address the name has, as
-    create_server binds them (port 0: the first one's free port for all)."""
-    socks: list[socket.socket] = []
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-        seen = set()
-        for family, kind, proto, _, addr in infos:
-            if (family, addr) in seen:
-                continue
-            seen.add((family, addr))
-            sock = socket.socket(family, kind, proto)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if not port and len(socks) > 1:
-                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
-            sock.bind(addr)
-            sock.listen(511)
-            sock.setblocking(False)
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
-    return socks
 
 
 def _version() -> str:
