@@ -11,23 +11,12 @@ import socket
 import subprocess
 
 import pytest
-from servers import PYTHON, fresh_network_available, run_lines
+from servers import PYTHON, fresh_network_available, readme_block, run_lines
 from wire import free_port
 
 from fastlimit.server import config as cfg
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-
-
-def readme_block(heading: str) -> list[str]:
-    """The shell lines of the first ```sh block under heading, comments cut."""
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
-    section = text[text.index(heading):]
-    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
-    assert block, f"no ```sh block under {heading!r} in README.md"
-    lines = [shlex.split(line, comments=True) for line in block.group(1).splitlines()]
-    return [shlex.join(words) for words in lines if words]
 
 
 def ports_note() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -229,6 +230,20 @@ def fresh_network_available() -> bool:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False
     return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def readme_block(heading: str) -> list[str]:
+    """The shell lines of the first ```sh block under heading, comments cut."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index(heading):]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert block, f"no ```sh block under {heading!r} in README.md"
+    lines = [shlex.split(line, comments=True) for line in block.group(1).splitlines()]
+    return [shlex.join(words) for words in lines if words]
 
 
 def run_lines(workdir, lines: list[str]) -> dict:
