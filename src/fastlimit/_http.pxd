@@ -112,6 +112,7 @@ cdef class HttpConnection:
     cdef void begin_response(self, int status, bytes content_type, bint keep)
     cdef void finish_response(self)
     cdef void send_python(self, response, bint keep, bytes method)
+    cdef object waiting_task(self)
     cdef void emit(self, bytes data)
     cdef void fail(self, int status, str title, str detail)
     cdef void fail_with(self, response)

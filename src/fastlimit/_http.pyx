@@ -552,6 +552,12 @@ cdef class HttpConnection:
                     self.pending.append(PyBytes_FromStringAndSize(self.out.buf + mark,
                                                                   self.out.len - mark))
                     self.out.len = mark
+            elif self.waiting_task() is not None:
+                # behind a request that waits (a rule change through the
+                # store): handled once it is done, so a GET sees a PUT before it
+                self.send_python(self.shared.front.after(
+                    self.waiting_task(), self.user, method, path, query, self.headers,
+                    b"".join(self.body)), keep, method)
             else:
                 response = self.shared.front.route_refusal(self.user, method, path)
                 if response is None:
@@ -874,6 +880,15 @@ cdef class HttpConnection:
             self.update_reading()
         self.pending.append(task)
         task.add_done_callback(self.task_done)
+
+    cdef object waiting_task(self):
+        """The last handler task still waiting for its response, if any."""
+        if self.pending is None:
+            return None
+        for item in reversed(self.pending):
+            if not isinstance(item, bytes):
+                return item
+        return None
 
     cdef void emit(self, bytes data):
         if self.pending is not None:

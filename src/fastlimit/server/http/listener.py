@@ -162,6 +162,19 @@ class HttpFront(Subsystem):
             return response
         return self._counted(response, stats, started)
 
+    async def after(self, previous, user, method: bytes, path: bytes, query: bytes,
+                    headers: list, body: bytes) -> Response:
+        """A request that came on a connection while an earlier one waits
+        (a rule change written through a store): routed once that one is
+        done, so that it sees what the earlier one changed."""
+        await asyncio.wait([previous])
+        response = self.route_refusal(user, method, path)
+        if response is None:
+            response = self.route(method, path, query, headers, body)
+        if not isinstance(response, Response):
+            response = await response
+        return response
+
     async def _counted(self, awaitable, stats, started: int) -> Response:
         response = await awaitable
         count(stats, response, started)
