@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 import servers
+from postgres import PostgresServer
 from servers import RedisServerProcess, ServerProcess, started_servers
 
 # ---- coverage ------------------------------------------------------------------------------
@@ -141,3 +142,23 @@ def redis_server():
     s = RedisServerProcess()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL per test process (tests/support/postgres.py);
+    each test that needs one takes a database of its own."""
+    s = PostgresServer().start()
+    yield s
+    s.remove()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def rules_store(request) -> list[str]:
+    """The arguments of a rules-store, for the rules tests that run against
+    both: none (the SQLite rules-db), or --rules-store with a fresh
+    database of the session's PostgreSQL, which every node the test
+    starts shares, as a fleet does."""
+    if request.param == "sqlite":
+        return []
+    return ["--rules-store", request.getfixturevalue("postgres").create_database()]

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable
 
 from fastlimit._resp import ReplyError
-from fastlimit.rules.model import RuleError, parse_rule, show
+from fastlimit.rules.model import Rule, RuleError, parse_rule, show
 from fastlimit.rules.postgres import (
     Conflict,
     Postgres,
@@ -42,8 +42,9 @@ from fastlimit.rules.postgres import (
     parse_notification,
     redacted,
 )
+from fastlimit.rules.registry import parse_stored
 from fastlimit.rules.store import StoreError, wall_ms
-from fastlimit.server.subsystem import Subsystem
+from fastlimit.server.subsystem import Subsystem, collector_paused
 
 log = logging.getLogger("fastlimit.rules")
 
@@ -54,6 +55,8 @@ BACKOFF_MAX_S = 5.0
 MAX_PENDING = 10_000
 # Rejected rows named in INFO and /metrics; past it they are counted only.
 MAX_REJECTED_SHOWN = 100
+# Rows validated on the loop; more are validated in a thread.
+PARSE_IN_THREAD = 200
 
 
 class StoreUnavailable(ReplyError):
@@ -202,7 +205,7 @@ class StoreFollower(Subsystem):
     async def _read_pending(self) -> None:
         pending, self.pending = self.pending, {}
         rows = await self.pg.read(list(pending))
-        self._apply(rows)
+        await self._apply(rows)
         stamps = [at for at in pending.values() if at is not None]
         if stamps:
             self.lag_ms = max(0, wall_ms() - min(stamps))
@@ -222,7 +225,7 @@ class StoreFollower(Subsystem):
             rows = await self.pg.read(differ) if differ else []
             here = {e.rule.id for e in self.registry.entries()}
             rows += [Row(rule_id, None, 0, "", 0) for rule_id in here - versions.keys()]
-        self._apply(rows)
+        await self._apply(rows)
         self.synced_at = time.monotonic()
 
     def _version_here(self, rule_id: str) -> int | None:
@@ -232,10 +235,22 @@ class StoreFollower(Subsystem):
         held = self.rejected.get(rule_id)
         return held[0] if held is not None else None
 
-    def _apply(self, rows: Iterable[Row]) -> None:
+    async def _apply(self, rows: Iterable[Row], known: dict[str, Rule] | None = None) -> None:
+        """Applies rows read from the table.  Their documents are validated
+        in a thread when there are many (a bulk change), so that clients
+        are served meanwhile; known: rules this node just wrote, already
+        validated."""
         rows = list(rows)
-        rejected = self.registry.apply_stored(
-            [(r.id, r.doc, r.version, r.source, r.updated_ms) for r in rows])
+        known = known or {}
+
+        def prepare():
+            with collector_paused():
+                return [(r.id, known.get(r.id) if r.doc is not None and r.id in known
+                         else parse_stored(r.id, r.doc), r.version, r.source, r.updated_ms)
+                        for r in rows]
+        many = sum(r.id not in known for r in rows) > PARSE_IN_THREAD
+        prepared = await asyncio.to_thread(prepare) if many else prepare()
+        rejected = self.registry.apply_stored(prepared)
         refused = {rule_id for rule_id, _, _ in rejected}
         for r in rows:
             if r.id not in refused:
@@ -262,7 +277,8 @@ class StoreFollower(Subsystem):
         change that would not apply, Conflict when a version precondition
         fails (this node then reads the current rows), StoreUnavailable
         when the store cannot take it."""
-        self.registry.vet([parse_rule(w.id, w.doc) for w in writes if w.doc is not None])
+        known = {w.id: parse_rule(w.id, w.doc) for w in writes if w.doc is not None}
+        self.registry.vet(list(known.values()))
         if self.state != "connected":
             raise self._unavailable(self.last_error or self.state)
         try:
@@ -275,12 +291,12 @@ class StoreFollower(Subsystem):
             self._wake.set()
             raise self._unavailable(f"{e}; the change may or may not have been stored, and "
                                     "every node applies it if it was") from None
-        self._apply(rows)
+        await self._apply(rows, known)
         return rows
 
     async def _catch_up(self, ids: list[str]) -> None:
         try:
-            self._apply(await self.pg.read(ids))
+            await self._apply(await self.pg.read(ids))
         except PostgresError:
             pass        # the follower's next turn finds the connection gone
 
@@ -298,11 +314,12 @@ class StoreFollower(Subsystem):
                         self.registry.rules_file, e)
         self.file_import_pending = False
 
-    async def reload_file(self) -> dict:
-        """CL.RULE RELOAD: the rules file's changes written to the table in
-        one transaction (rules that came from it and are gone from it are
-        deleted); counts as RuleRegistry.reload gives them."""
-        puts, deletes, summary = self.registry.file_plan()
+    async def reload_file(self, read=None) -> dict:
+        """CL.RULE RELOAD and SIGHUP: the rules file's changes written to the
+        table in one transaction (rules that came from it and are gone from
+        it are deleted); counts as RuleRegistry.reload gives them.  read:
+        as RuleRegistry.reload's."""
+        puts, deletes, summary = self.registry.file_plan(read)
         writes = [Write(rule.id, rule.to_json(), "file") for rule in puts]
         writes += [Write(rule_id, None, "file") for rule_id in deletes]
         if writes:

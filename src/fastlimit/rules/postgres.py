@@ -86,15 +86,20 @@ _COLUMNS = "id, doc::text, version, source, (extract(epoch FROM updated_at) * 10
 SELECT_ALL = f"SELECT {_COLUMNS} FROM {TABLE}"
 SELECT_SOME = f"SELECT {_COLUMNS} FROM {TABLE} WHERE id = ANY($1::text[])"
 SELECT_VERSIONS = f"SELECT id, version FROM {TABLE}"
-UPSERT = (f"INSERT INTO {TABLE} AS r (id, doc, source) VALUES ($1, $2::jsonb, $3) "
-          "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, source = excluded.source "
-          "WHERE r.doc IS DISTINCT FROM excluded.doc OR r.source IS DISTINCT FROM excluded.source "
-          f"RETURNING {_COLUMNS}")
+# Many rules in one statement; a row whose document and source are
+# already there is left alone (no new version, no notification).
+UPSERT_MANY = (f"INSERT INTO {TABLE} AS r (id, doc, source) "
+               "SELECT i, d::jsonb, s "
+               "FROM unnest($1::text[], $2::text[], $3::text[]) AS u(i, d, s) "
+               "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc, source = excluded.source "
+               "WHERE r.doc IS DISTINCT FROM excluded.doc "
+               "OR r.source IS DISTINCT FROM excluded.source "
+               f"RETURNING {_COLUMNS}")
+DELETE_MANY = f"DELETE FROM {TABLE} WHERE id = ANY($1::text[])"
 CREATE_ONLY = (f"INSERT INTO {TABLE} (id, doc, source) VALUES ($1, $2::jsonb, $3) "
                f"ON CONFLICT (id) DO NOTHING RETURNING {_COLUMNS}")
 UPDATE_IF = (f"UPDATE {TABLE} SET doc = $2::jsonb, source = $3 WHERE id = $1 AND version = $4 "
              f"RETURNING {_COLUMNS}")
-DELETE = f"DELETE FROM {TABLE} WHERE id = $1 RETURNING id"
 DELETE_IF = f"DELETE FROM {TABLE} WHERE id = $1 AND version = $2 RETURNING id"
 
 
@@ -266,25 +271,37 @@ class Postgres:
         every node applies it if it did."""
         async def run():
             async with self.worker.transaction():
-                return [await self._write_one(w) for w in writes]
+                rows = [await self._write_one(w) for w in writes if w.expect is not None]
+                puts = [w for w in writes if w.expect is None and w.doc is not None]
+                if puts:
+                    rows += await self._upsert(puts)
+                gone = [w.id for w in writes if w.expect is None and w.doc is None]
+                if gone:
+                    await self.worker.execute(DELETE_MANY, gone)
+                    rows += [Row(rule_id, None, 0, "", 0) for rule_id in gone]
+                return rows
         try:
             return await self._call(run)
         except _ConflictAt as e:
             raise Conflict(e.rule_id) from None
 
+    async def _upsert(self, puts: list[Write]) -> list[Row]:
+        conn = self.worker
+        rows = [_row(r) for r in await conn.fetch(
+            UPSERT_MANY, [w.id for w in puts], [w.doc for w in puts], [w.source for w in puts])]
+        unchanged = [w.id for w in puts if w.id not in {r.id for r in rows}]
+        if unchanged:
+            rows += [_row(r) for r in await conn.fetch(SELECT_SOME, unchanged)]
+        return rows
+
     async def _write_one(self, w: Write) -> Row:
+        """A conditional write (w.expect set)."""
         conn = self.worker
         if w.doc is None:
-            if w.expect is None:
-                await conn.fetchval(DELETE, w.id)
-            elif await conn.fetchval(DELETE_IF, w.id, w.expect) is None:
+            if await conn.fetchval(DELETE_IF, w.id, w.expect) is None:
                 raise _ConflictAt(w.id)
             return Row(w.id, None, 0, w.source, 0)
-        if w.expect is None:
-            record = await conn.fetchrow(UPSERT, w.id, w.doc, w.source)
-            if record is None:      # the same document was there: nothing changed
-                record = await conn.fetchrow(SELECT_SOME, [w.id])
-        elif w.expect == 0:
+        if w.expect == 0:
             record = await conn.fetchrow(CREATE_ONLY, w.id, w.doc, w.source)
         else:
             record = await conn.fetchrow(UPDATE_IF, w.id, w.doc, w.source, w.expect)

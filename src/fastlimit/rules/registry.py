@@ -213,27 +213,23 @@ class RuleRegistry:
 
     def apply_stored(self, rows) -> builtins.list[tuple[str, int, str]]:
         """Makes the rules of these ids what a shared store holds: rows of
-        (id, JSON text or None for a rule that is gone, version, source,
-        updated_ms).  A row whose version is the one in force changes
-        nothing.  Each row is applied all or nothing; a row that does not
-        validate, or that the batch cannot take, is not applied (its rule
-        keeps the version in force, or stays absent) and is returned as
-        (id, version, reason) while the others apply."""
+        (id, parsed, version, source, updated_ms) where parsed is the Rule,
+        None for a rule that is gone, or the reason the row's document does
+        not validate (parse_stored).  A row whose version is the one in
+        force changes nothing.  Each row is applied all or nothing; a row
+        that does not validate, or that the batch cannot take, is not
+        applied (its rule keeps the version in force, or stays absent) and
+        is returned as (id, version, reason) while the others apply."""
         changes, rejected = [], []
-        for rule_id, text, version, source, updated_ms in rows:
+        for rule_id, parsed, version, source, updated_ms in rows:
             old = self._entries.get(rule_id)
-            if text is None:
+            if parsed is None:
                 if old is not None:
                     changes.append(Change(rule_id, old, None))
-                continue
-            if old is not None and old.version == version:
-                continue
-            try:
-                rule = parse_rule(check_rule_id(rule_id), text)
-            except RuleError as e:
-                rejected.append((rule_id, version, str(e)))
-                continue
-            changes.append(self._change(rule, source, old, updated_ms, version))
+            elif isinstance(parsed, str):
+                rejected.append((rule_id, version, parsed))
+            elif old is None or old.version != version:
+                changes.append(self._change(parsed, source, old, updated_ms, version))
         try:
             self._commit(changes)
         except RuleError:
@@ -560,6 +556,17 @@ class RuleRegistry:
                                    f"mode={entry.rule.mode},source={entry.source},"
                                    + ",".join(f"{k}={stats[k]}" for k in STAT_FIELDS))
         return out
+
+
+def parse_stored(rule_id: str, doc: str | None) -> Rule | str | None:
+    """A shared store's row as apply_stored takes it: the Rule, None for
+    no document (the rule is gone), or why the document does not validate."""
+    if doc is None:
+        return None
+    try:
+        return parse_rule(check_rule_id(rule_id), doc)
+    except RuleError as e:
+        return str(e)
 
 
 def _summary_text(summary: dict) -> str:

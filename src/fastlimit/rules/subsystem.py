@@ -39,21 +39,16 @@ class RulesSubsystem(Subsystem):
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.sighup)
 
     def sighup(self) -> None:
-        if self.shared_store is not None:
-            asyncio.ensure_future(self._reload_into_store())
-        else:
-            self.reload_file_in_thread()
+        self.reload_file_in_thread()
         for reload in self.on_sighup:
             reload()
 
-    async def _reload_into_store(self) -> None:
-        """SIGHUP with a PostgreSQL rules-store: the rules file is written to
-        its table (as CL.RULE RELOAD does); a failure is logged."""
-        if not self.registry.rules_file:
-            self.registry.reload_from_signal()      # says there is no file
-            return
+    async def _reload_into_store(self, read) -> None:
+        """SIGHUP with a PostgreSQL rules-store: the rules file (read in a
+        thread) is written to its table, as CL.RULE RELOAD does; a failure
+        is logged."""
         try:
-            summary = await self.shared_store.reload_file()
+            summary = await self.shared_store.reload_file(read)
         except (RuleError, ReplyError) as e:
             self.log.warning("rules reload failed, nothing changed: %s", e)
             return
@@ -79,7 +74,10 @@ class RulesSubsystem(Subsystem):
                 if error is not None:
                     raise error
                 return wanted
-            self.registry.reload_from_signal(read)
+            if self.shared_store is not None:
+                asyncio.ensure_future(self._reload_into_store(read))
+            else:
+                self.registry.reload_from_signal(read)
 
         off_loop(lambda: load_rules_file(path), done, "rules-file")
 

@@ -31,11 +31,14 @@ def etag_of(document: bytes) -> str:
 
 
 @pytest.fixture
-def start(make_server):
-    """start(*args) -> a manual-clock Node with an HTTP port of its own."""
+def start(make_server, rules_store):
+    """start(*args) -> a manual-clock Node with an HTTP port of its own,
+    on each rules store (the SQLite rules-db, and a PostgreSQL table that
+    every node of the test shares)."""
     def run(*args) -> Node:
         port = free_port()
-        return Node(make_server("--manual-clock", "--http-port", str(port), *args), port)
+        return Node(make_server("--manual-clock", "--http-port", str(port), *rules_store, *args),
+                    port)
     return run
 
 
