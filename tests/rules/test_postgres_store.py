@@ -440,3 +440,16 @@ def test_a_primary_and_its_replica_both_follow_the_store(pg, node):
     all_have([primary, replica], "both", 8)
     with replica.client() as c, pytest.raises(redis.ReadOnlyError):
         c.execute_command("CL.RULE", "SET", "both", doc(9))
+
+
+def test_the_stores_password_never_leaves_the_node(node):
+    n = node("postgresql://fleet:hunter2@127.0.0.1:1/rules")
+    info = store_info(n)
+    assert info["rules_store"] == "postgresql://fleet:***@127.0.0.1:1/rules"
+    assert info["rules_store_state"] == "down" and info["rules_store_last_error"]
+    with n.client() as c, pytest.raises(redis.RedisError) as e:
+        c.execute_command("CL.RULE", "SET", "x", doc(1))
+    shown = [str(e.value), n.log(), call(n.http.port, "GET", "/metrics").body.decode(),
+             json.dumps(call(n.http.port, "GET", "/v1/info").json())]
+    assert all("hunter2" not in text for text in shown)
+    assert "postgresql://fleet:***@127.0.0.1:1/rules" in str(e.value)

@@ -345,6 +345,7 @@ class StoreFollower(Subsystem):
     def info_sections(self, sections, named):
         stale = self.staleness_s()
         fields = {
+            "rules_store": self.shown_url,
             "rules_store_state": self.state,
             "rules_store_version": self.last_version,
             "rules_store_lag_ms": self.lag_ms,

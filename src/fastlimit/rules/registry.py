@@ -61,6 +61,8 @@ SOURCE_RESERVED = "reserved"
 # No rule id starts with it (model.RULE_ID).
 RESERVED_PREFIX = "@"
 STAT_FIELDS = ("allowed", "denied", "shadow_denied")
+# The number vet() indexes rules under while it looks (never an engine's).
+VETTED = 0
 
 log = logging.getLogger("fastlimit.rules")
 
@@ -244,19 +246,16 @@ class RuleRegistry:
         return rejected
 
     def vet(self, rules: builtins.list[Rule]) -> None:
-        """Raises the RuleError that setting these rules would raise, and
-        changes nothing: a shared store's writer checks a change before it
-        commits it to the table every node applies."""
-        # Each under a number of its own, so that the rules in force are
-        # not touched (a kept number would take the new spec for a moment).
+        """Raises the RuleError that setting these (validated) rules would
+        raise for too many rules per request, and changes nothing: a shared
+        store's writer checks a change before it commits it to the table
+        that every node applies.  No engine number is taken (numbers are
+        never given twice, and the engine's table grows with the highest)."""
         changes = [Change(rule.id, self._entries.get(rule.id),
-                          Entry(rule, self._take_number(), SOURCE_COMMAND, 0))
-                   for rule in rules]
+                          Entry(rule, VETTED, SOURCE_COMMAND, 0)) for rule in rules]
         undo_index = self._index_batch(changes)
         try:
             self._check_crowding(changes)
-            self._stage(changes)
-            self._unstage(changes)
         finally:
             undo_index()
 
