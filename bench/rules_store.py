@@ -123,6 +123,9 @@ def parse_args(argv=None):
                    help="pause after an answer before the next CL.RULE GET to that node "
                         "(default 1; 0: back to back, which on 2 cores starves PostgreSQL "
                         "and the nodes: see bench/README.md)")
+    p.add_argument("--node-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for part 1's nodes, last (so it wins), e.g. "
+                        "--node-arg=--rules-db= (no cache file); repeatable")
     p.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -260,7 +263,7 @@ def propagation(args, pg: PostgresServer, workdir: Path) -> dict:
     nodes: list[Fastlimit] = []
     try:
         for n in range(args.nodes):       # all spawned, then waited for: they start together
-            nodes.append(store_node(workdir, url, workdir / f"node{n}.db"))
+            nodes.append(store_node(workdir, url, workdir / f"node{n}.db", *args.node_arg))
         for node in nodes:
             node.wait_ready(timeout=60)
         log(f"  {len(nodes)} nodes ready on ports {', '.join(str(n.port) for n in nodes)}")
