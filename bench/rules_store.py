@@ -99,14 +99,14 @@ CALLGRIND_RULE = {"match": {"resource": "api"}, "capacity": 10**9, "refill_per_s
 BATCH = 16                  # CL.LIMITs per write in part 3, as redis-benchmark -P 16
 
 # What the figure is compared with in part 1's second table.
-DESIGN = "issue 25's design: in force on every node \"every few seconds\""
-ENVOY = ("envoyproxy/ratelimit's file reload: no poll; each node reloads every file on an "
-         "inotify event (goruntime's fsnotify watch, README \"File Based Configuration "
-         "Loading\", lyft/goruntime loader/loader.go), so across a fleet it takes as long as the "
-         "file takes to reach every node's disk, e.g. a Kubernetes ConfigMap volume: up to the "
-         "kubelet sync period (default 1 min) plus its cache's TTL (Kubernetes docs, \"Mounted "
+DESIGN = ("issue 25's design", "\"every few seconds\"")
+ENVOY = ("envoyproxy/ratelimit, file reload",
+         "no poll interval: each node reloads every file on an inotify event (goruntime's "
+         "fsnotify watch; its README, \"File Based Configuration Loading\", and "
+         "lyft/goruntime loader/loader.go). Across a fleet it takes as long as the file takes "
+         "to reach every disk: a Kubernetes ConfigMap volume, for one, takes up to the kubelet "
+         "sync period (default 1 min) plus its cache's TTL (Kubernetes docs, \"Mounted "
          "ConfigMaps are updated automatically\")")
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -332,8 +332,8 @@ def propagation_lines(args, out: dict) -> list[str]:
               "|---|---|",
               f"| fastlimit, PostgreSQL rules-store, measured here ({args.nodes} nodes) | p50 "
               f"{pct(lat, 50):.1f} ms, p99 {p99:.1f} ms, max {max(lat):.1f} ms |",
-              f"| {DESIGN} | a few seconds |",
-              f"| {ENVOY} | seconds to minutes, set by the distribution, not by ratelimit |", "",
+              f"| {DESIGN[0]} | {DESIGN[1]} |",
+              f"| {ENVOY[0]} | {ENVOY[1]} |", "",
               f"- target: p99 ≤ {TARGET_P99_MS:.0f} ms on every node: {p99:.1f} ms — "
               f"**{'met' if met else 'MISSED'}**", ""]
     return lines
