@@ -168,7 +168,7 @@ UPDATE = (f"UPDATE {TABLE} SET doc = jsonb_set(doc, '{{capacity}}', to_jsonb($1:
 
 
 class Poller:
-    """One node's connection, asking CL.RULE GET back to back."""
+    """One node's connection, asking CL.RULE GET until the node shows a capacity."""
 
     def __init__(self, port: int):
         self.port = port
@@ -228,7 +228,7 @@ async def _propagation(url: str, ports: list[int], changes: int, pause_s: float)
             watches = [asyncio.ensure_future(p.until(gets[rule_id], capacity, pause_s))
                        for p in pollers]
             _, pending = await asyncio.wait(watches, timeout=CHANGE_TIMEOUT_S)
-            commit = await committed
+            commit = await asyncio.wait_for(committed, 60)     # PostgreSQL's commit
             out["commit"].append((commit - t0) * 1e3)
             if pending:
                 for task in pending:
