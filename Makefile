@@ -10,7 +10,7 @@ test-debug-serial:  ## the serial tests (volume, time bounds) on the debug build
 	scripts/bootstrap.sh --debug
 	FASTLIMIT_PYTHON=$$PWD/.venv-debug/bin/python .venv-debug/bin/python -m pytest -m "serial and not release_only"
 
-bench:          ## fastlimit vs redis-server, the clients vs the limits library, replication (bench/README.md)
+bench:          ## fastlimit vs redis-server, the clients vs the limits library, replication, the PostgreSQL rules-store (bench/README.md)
 	scripts/bootstrap.sh
 	.venv/bin/python bench/run.py
 	.venv/bin/python bench/clients.py
@@ -21,6 +21,7 @@ bench:          ## fastlimit vs redis-server, the clients vs the limits library,
 	.venv/bin/python bench/grpc_front.py
 	.venv/bin/python bench/envoy_e2e.py
 	.venv/bin/python bench/acl.py
+	.venv/bin/python bench/rules_store.py
 
 soak:           ## every attack of the hardening review at once, a good client's latency and memory (bench/soak.py)
 	scripts/bootstrap.sh
