@@ -250,12 +250,17 @@ class StoreFollower(Subsystem):
                         for r in rows]
         many = sum(r.id not in known for r in rows) > PARSE_IN_THREAD
         prepared = await asyncio.to_thread(prepare) if many else prepare()
+        # what each row changes here, told before it is applied: a row
+        # already in force (a node's own write, read back) applies nothing
+        changes = {r.id for r in rows
+                   if (r.doc is None) != (self.registry.entry(r.id) is None)
+                   or (r.doc is not None and self._version_here(r.id) != r.version)}
         rejected = self.registry.apply_stored(prepared)
         refused = {rule_id for rule_id, _, _ in rejected}
         for r in rows:
             if r.id not in refused:
                 self.rejected.pop(r.id, None)
-                self.rows_applied += 1
+                self.rows_applied += r.id in changes
                 self.last_version = max(self.last_version, r.version)
         for rule_id, version, reason in rejected:
             if self.rejected.get(rule_id, (None,))[0] == version:

@@ -37,7 +37,7 @@ CREATE SEQUENCE IF NOT EXISTS {TABLE}_version;
 CREATE TABLE IF NOT EXISTS {TABLE} (
     id          text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND {MAX_ID_CHARS}),
     doc         jsonb NOT NULL CHECK (octet_length(doc::text) <= {MAX_DOCUMENT_BYTES}),
-    version     bigint NOT NULL DEFAULT nextval('{TABLE}_version'),
+    version     bigint NOT NULL DEFAULT 0,    -- set by {TABLE}_stamp()
     source      text NOT NULL DEFAULT 'sql',
     updated_by  text NOT NULL DEFAULT current_user,
     updated_at  timestamptz NOT NULL DEFAULT clock_timestamp()

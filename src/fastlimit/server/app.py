@@ -51,10 +51,11 @@ class Server:
         self.rule_engine = RuleEngine(clock=self.clock, shards=settings.shards)
         # Loads the rules database, then the rules file; raises RuleError
         # (the server refuses to start) if either cannot be used.
-        self.rules = RuleRegistry(
-            self.rule_engine, RuleStore(settings.rules_db) if settings.rules_db else None,
-            settings.rules_file)
         shared = settings.shared_rules_store
+        self.rules = RuleRegistry(
+            self.rule_engine,
+            RuleStore(settings.rules_db, cache=shared is not None) if settings.rules_db else None,
+            settings.rules_file)
         self.rules.start(load_file=shared is None)
         # A PostgreSQL rules-store that every node follows (rules/follower.py);
         # rules-db is then its cache.  None: the rules are this node's own.
