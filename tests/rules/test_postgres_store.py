@@ -26,7 +26,7 @@ from proxy import Proxy
 from servers import readme_block, run_lines
 from wire import free_port, wait_until
 
-from fastlimit.rules.postgres import SCHEMA_DDL, TABLE
+from fastlimit.rules.postgres import SCHEMA_DDL, TABLE, parse_notification
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = {"match": {"resource": "api/*"}, "capacity": 3, "refill_per_second": 1}
@@ -453,3 +453,34 @@ def test_the_stores_password_never_leaves_the_node(node):
              json.dumps(call(n.http.port, "GET", "/v1/info").json())]
     assert all("hunter2" not in text for text in shown)
     assert "postgresql://fleet:***@127.0.0.1:1/rules" in str(e.value)
+
+
+@pytest.mark.parametrize(("payload", "parsed"), [
+    ('{"id": "a", "v": 3, "op": "update", "at": 17}', ("a", 17)),
+    ('{"id": "a", "v": 3, "op": "delete"}', ("a", None)),
+    ('{"op": "resync", "at": 5}', (None, 5)),          # TRUNCATE: read everything
+    ('{"op": "probe", "nonce": "x"}', None),           # another node's probe: nothing
+    ('{"id": 7, "op": "update"}', (None, None)),       # not ours: read everything
+    ("[1, 2]", (None, None)),
+    ("not json", (None, None)),
+])
+def test_notifications_as_a_node_reads_them(payload, parsed):
+    assert parse_notification(payload) == parsed
+
+
+def test_a_hot_standby_is_refused_with_the_reason(pg, node):
+    """LISTEN is not accepted on a hot standby: a node pointed at one says
+    so and stays down rather than silently hearing nothing."""
+    url = pg.create_database()
+    node(url).stop()                    # makes the table on the primary
+    sql_insert(pg, db_of(url), "x", doc(3))
+    standby = PostgresServer(standby_of=pg).start()
+    try:
+        wait_until(lambda: standby.sql(f"SELECT count(*) FROM {TABLE}", db_of(url)) == "1", 20)
+        n = node(pg.url_for(db_of(url), port=standby.port))
+        info = store_info(n)
+        assert info["rules_store_state"] == "down"
+        assert "hot standby" in info["rules_store_last_error"], info["rules_store_last_error"]
+        assert capacity(n, "x") is None
+    finally:
+        standby.remove()

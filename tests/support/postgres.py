@@ -44,14 +44,26 @@ def _as_postgres(*argv: str, timeout: float = START_TIMEOUT, check: bool = True,
 
 
 class PostgresServer:
-    def __init__(self):
+    def __init__(self, standby_of: PostgresServer | None = None):
+        """A new cluster, or (standby_of) a hot standby of a running one,
+        copied with pg_basebackup and streaming from it."""
         home = pwd.getpwnam(USER).pw_dir
         self.dir = _as_postgres("mktemp", "-d", f"{home}/fastlimit-test.XXXXXX").stdout.strip()
         self.data = f"{self.dir}/data"
         self.port = free_port()
         self.running = False
-        _as_postgres(_bin("initdb"), "-D", self.data, "-A", "trust", "-U", USER,
-                     "--no-sync", "-E", "UTF8")
+        try:
+            if standby_of is not None:
+                # -c fast: a checkpoint now, not spread over checkpoint_timeout
+                _as_postgres(_bin("pg_basebackup"), "-D", self.data, "-R", "-X", "stream",
+                             "-c", "fast", "-h", "127.0.0.1", "-p", str(standby_of.port),
+                             "-U", USER)
+            else:
+                _as_postgres(_bin("initdb"), "-D", self.data, "-A", "trust", "-U", USER,
+                             "--no-sync", "-E", "UTF8")
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     @property
     def url(self) -> str:

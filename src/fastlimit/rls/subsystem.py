@@ -24,7 +24,7 @@ import time
 
 from fastlimit.rls.config import ConfigError, config_files, load, load_documents
 from fastlimit.rls.service import LIMIT_STAT_FIELDS, Prepared, RateLimitService
-from fastlimit.server.subsystem import Subsystem, collector_paused, off_loop
+from fastlimit.server.subsystem import Subsystem, collector_paused, info_text, off_loop
 
 
 def _stamp(path: str):
@@ -192,7 +192,7 @@ class RlsSubsystem(Subsystem):
             "rls_reloads": self.reloads,
             "rls_reload_failures": self.failures,
             "rls_reload_in_progress": int(self._reading is not None),
-            "rls_last_error": " ".join(self.last_error.split()).replace(",", ";"),
+            "rls_last_error": info_text(self.last_error, 1024),
             "rls_unknown_domain_calls": self.service.unknown_domain,
             "rls_global_shadow_mode": self.service.global_shadow_mode,
         }

@@ -40,7 +40,7 @@ from fastlimit.rls.config import ConfigError
 from fastlimit.rls.service import Prepared
 from fastlimit.server import config as cfg
 from fastlimit.server import tls
-from fastlimit.server.subsystem import Subsystem, collector_paused
+from fastlimit.server.subsystem import Subsystem, collector_paused, info_text
 
 # google.rpc.Code of a NACK's error_detail: the configuration is invalid.
 INVALID_ARGUMENT = 3
@@ -201,7 +201,7 @@ class XdsClient:
             self.stats.nacks += 1
             self.stats.last_error = problem
             self.log.warning("rls: xDS server %s: NACK, the configuration in force (version "
-                             "'%s') is unchanged: %s", self.server, _info_text(self.stats.version),
+                             "'%s') is unchanged: %s", self.server, info_text(self.stats.version),
                              " ".join(problem.split()))
             return xds.encode_discovery_request(self.node, self.stats.version, nonce,
                                                 (INVALID_ARGUMENT, problem))
@@ -210,7 +210,7 @@ class XdsClient:
         self.stats.last_error = ""
         self.stats.last_update = int(time.time())
         self.log.info("rls: xDS server %s: version '%s' in force: %d domains, %d descriptors",
-                      self.server, _info_text(response.version_info),
+                      self.server, info_text(response.version_info),
                       len(prepared.config.domains), prepared.config.descriptor_count)
         return xds.encode_discovery_request(self.node, response.version_info, nonce)
 
@@ -239,13 +239,6 @@ class XdsClient:
             done.set_exception(e)
         else:
             done.set_result(None)
-
-
-def _info_text(text: str, limit: int = 256) -> str:
-    """A server-given string as one INFO field or log line: one line, no
-    commas, bounded."""
-    return "".join(c if c.isprintable() else " " for c in " ".join(text.split())) \
-        .replace(",", ";")[:limit]
 
 
 class RlsXdsSubsystem(Subsystem):
@@ -317,10 +310,10 @@ class RlsXdsSubsystem(Subsystem):
         return {"rls": {
             "rls_xds_server": s.server if s else "",
             "rls_xds_state": s.state if s else "off",
-            "rls_xds_version": _info_text(s.version) if s else "",
+            "rls_xds_version": info_text(s.version) if s else "",
             "rls_xds_acks": s.acks if s else 0,
             "rls_xds_nacks": s.nacks if s else 0,
             "rls_xds_streams": s.streams if s else 0,
             "rls_xds_last_update": s.last_update if s else 0,
-            "rls_xds_last_error": _info_text(s.last_error) if s else "",
+            "rls_xds_last_error": info_text(s.last_error) if s else "",
         }}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Iterable
@@ -44,7 +45,7 @@ from fastlimit.rules.postgres import (
 )
 from fastlimit.rules.registry import parse_stored
 from fastlimit.rules.store import StoreError, wall_ms
-from fastlimit.server.subsystem import Subsystem, collector_paused
+from fastlimit.server.subsystem import Subsystem, collector_paused, info_text
 
 log = logging.getLogger("fastlimit.rules")
 
@@ -77,6 +78,7 @@ class StoreFollower(Subsystem):
         self.full_read_wanted = False
         self._wake = asyncio.Event()
         self._lost = False
+        self._probe: tuple[str, asyncio.Event] | None = None
         self._task: asyncio.Task | None = None
         self.file_import_pending = bool(registry.rules_file)
         # observed
@@ -124,6 +126,7 @@ class StoreFollower(Subsystem):
         self._lost = False
         self.pending.clear()
         await self.pg.open(self._notified, self._connection_lost)
+        await self._probe_channel()
         self.connects += 1
         await self._full_read()
         self.state = "connected"
@@ -132,6 +135,24 @@ class StoreFollower(Subsystem):
                     len(self.registry), self.last_version)
         if self.file_import_pending:
             await self._import_rules_file()
+
+    async def _probe_channel(self) -> None:
+        """A notification this node sends itself must come back within
+        rules-store-timeout: else the listener would hear nothing, ever,
+        as behind a transaction-pooling PgBouncer, and the node would
+        follow changes only at each full compare."""
+        nonce = os.urandom(8).hex()
+        self._probe = (nonce, asyncio.Event())
+        try:
+            await self.pg.probe(nonce)
+            await asyncio.wait_for(self._probe[1].wait(), self.pg.timeout_s)
+        except TimeoutError:
+            raise PostgresError(
+                "a notification sent on the channel did not come back: LISTEN does not "
+                "work on this connection (a transaction pooler such as PgBouncer in "
+                "transaction mode between?); rules-store needs a session of its own") from None
+        finally:
+            self._probe = None
 
     def _failed(self, e: Exception, state: str = "down") -> None:
         """A connect that failed (down), or a connection lost
@@ -167,8 +188,14 @@ class StoreFollower(Subsystem):
     # ---- following -----------------------------------------------------------------
 
     def _notified(self, payload: str) -> None:
+        if self._probe is not None and self._probe[0] in payload:
+            self._probe[1].set()
+            return
+        parsed = parse_notification(payload)
+        if parsed is None:
+            return              # another node's probe
         self.notifications += 1
-        rule_id, at = parse_notification(payload)
+        rule_id, at = parsed
         if rule_id is None or len(self.pending) >= MAX_PENDING:
             self.full_read_wanted = True
         else:
@@ -362,10 +389,10 @@ class StoreFollower(Subsystem):
             "rules_store_rows_applied": self.rows_applied,
             "rules_store_rows_rejected": self.rows_rejected,
             "rules_store_rejected_now": len(self.rejected),
-            "rules_store_last_error": show(self.last_error, 200),
+            "rules_store_last_error": info_text(self.last_error, 200),
         }
         if "rules" in named:
             for i, (rule_id, (version, reason)) in enumerate(sorted(self.rejected.items())):
                 fields[f"rejected{i}"] = (f"id={rule_id},version={version},"
-                                          f"reason={show(reason, 200)}")
+                                          f"reason={info_text(reason, 200)}")
         return {"rules": fields}

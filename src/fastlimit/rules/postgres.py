@@ -154,16 +154,24 @@ def _row(record) -> Row:
     return Row(record[0], record[1], record[2], record[3], record[4])
 
 
-def parse_notification(payload: str) -> tuple[str | None, int | None]:
+def probe_payload(nonce: str) -> str:
+    """What a node sends itself after connecting (Postgres.probe)."""
+    return json.dumps({"op": "probe", "nonce": nonce})
+
+
+def parse_notification(payload: str) -> tuple[str | None, int | None] | None:
     """(id, commit time in ms) of a notification; id None: read every
-    rule (a TRUNCATE, or a payload this version does not know).  Bad
-    text (someone else's NOTIFY on our channel) means a full read."""
+    rule (a TRUNCATE, or a payload this version does not know); None: a
+    node's probe, which changes nothing.  Bad text (someone else's NOTIFY
+    on our channel) means a full read."""
     try:
         note = json.loads(payload)
     except ValueError:
         return None, None
     if not isinstance(note, dict):
         return None, None
+    if note.get("op") == "probe":
+        return None
     at = note.get("at")
     at = at if isinstance(at, int) else None
     rule_id = note.get("id")
@@ -221,6 +229,10 @@ class Postgres:
             raise PostgresError(_reason(e)) from None
 
     async def _ensure_schema(self) -> None:
+        if await self.worker.fetchval("SELECT pg_is_in_recovery()"):
+            raise PostgresError("the server is a hot standby, which refuses LISTEN and "
+                                "writes: point rules-store at the primary (or add "
+                                "target_session_attrs read-write with every host)")
         async with self.worker.transaction():
             await self.worker.execute("SELECT pg_advisory_xact_lock(hashtext($1))", TABLE)
             found = await self.worker.fetchval(
@@ -240,6 +252,12 @@ class Postgres:
             if conn is not None and not conn.is_closed():
                 conn.terminate()
         self.listener = self.worker = None
+
+    async def probe(self, nonce: str) -> None:
+        """Sends a notification on the channel, for the listener to see
+        come back (StoreFollower checks it does)."""
+        await self._call(self.worker.execute, "SELECT pg_notify($1, $2)", CHANNEL,
+                         probe_payload(nonce))
 
     # ---- reading --------------------------------------------------------------------
 

@@ -58,6 +58,14 @@ class Subsystem:
         """Ends the work and releases what start() took."""
 
 
+def info_text(text: str, limit: int = 256) -> str:
+    """A string from outside (a server's error, a client's key) as one INFO
+    field or log line: one line, printable, no commas (INFO's readers split
+    fields on them), bounded."""
+    return "".join(c if c.isprintable() else " " for c in " ".join(text.split())) \
+        .replace(",", ";")[:limit]
+
+
 def off_loop(work: Callable[[], object], done: Callable[[object, Exception | None], None],
              name: str) -> None:
     """Runs work() in a thread of its own and calls done(result, None), or
