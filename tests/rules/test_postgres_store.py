@@ -484,3 +484,41 @@ def test_a_hot_standby_is_refused_with_the_reason(pg, node):
         assert capacity(n, "x") is None
     finally:
         standby.remove()
+
+
+def test_changes_made_through_repeated_reconnects_all_arrive(pg, node):
+    """A writer changes rules without pause while the nodes' connections
+    are killed again and again: when it stops, every node holds exactly
+    what the table holds."""
+    url = pg.create_database()
+    db = db_of(url)
+    nodes = [node(url), node(url)]
+    stop = threading.Event()
+
+    def write():
+        i = 0
+        while not stop.is_set() and i < 400:
+            pg.sql(f"INSERT INTO {TABLE} (id, doc) VALUES ('w{i % 20}', '{doc(i + 1)}') "
+                   "ON CONFLICT (id) DO UPDATE SET doc = excluded.doc", db)
+            i += 1
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for _ in range(10):
+            time.sleep(0.15)
+            pg.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                   f"WHERE datname = '{db}' AND application_name LIKE 'fastlimit%'", db)
+    finally:
+        stop.set()
+        writer.join(60)
+    table = dict(line.split("|") for line in pg.sql(
+        f"SELECT id, doc->>'capacity' FROM {TABLE}", db).splitlines())
+    for n in nodes:
+        wait_until(lambda n=n: all(capacity(n, rule_id) == int(cap)
+                                   for rule_id, cap in table.items()), 20,
+                   "every node to hold what the table holds")
+        with n.client() as c:
+            assert sorted(c.execute_command("CL.RULE", "LIST")) == sorted(
+                rule_id.encode() for rule_id in table)
+        assert store_info(n)["rules_store_connects"] >= 3
+        assert "unexpected" not in n.log(), n.log()     # every failure was foreseen

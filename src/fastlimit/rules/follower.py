@@ -162,6 +162,9 @@ class StoreFollower(Subsystem):
         self.last_error = str(e)
 
     async def _run(self) -> None:
+        """Follows for as long as the server runs: whatever a connection
+        does, the loop goes on (an error it did not foresee is logged with
+        its trace and handled as a lost connection, never the end of it)."""
         delay = BACKOFF_FIRST_S
         while True:
             if self.state != "connected":
@@ -169,13 +172,14 @@ class StoreFollower(Subsystem):
                 try:
                     await self._connect()
                     delay = BACKOFF_FIRST_S
-                except PostgresError as e:
-                    self._failed(e)
+                except Exception as e:      # noqa: BLE001 - see the docstring
+                    self._failed(_expected(e))
                     delay = min(delay * 2, BACKOFF_MAX_S)
                     continue
             try:
                 await self._follow()
-            except PostgresError as e:
+            except Exception as e:          # noqa: BLE001 - see the docstring
+                e = _expected(e)
                 log.warning("rules store %s lost (%s); checks go on with the %d rules in "
                             "force, reconnecting", self.shown_url, e, len(self.registry))
                 self._failed(e, "reconnecting")
@@ -396,3 +400,12 @@ class StoreFollower(Subsystem):
                 fields[f"rejected{i}"] = (f"id={rule_id},version={version},"
                                           f"reason={info_text(reason, 200)}")
         return {"rules": fields}
+
+
+def _expected(e: Exception) -> PostgresError:
+    """A PostgresError as it is; anything else logged with its trace (a bug
+    to fix) and made one."""
+    if isinstance(e, PostgresError):
+        return e
+    log.error("rules store: unexpected %s", type(e).__name__, exc_info=e)
+    return PostgresError(f"unexpected {type(e).__name__}: {e}")

@@ -215,7 +215,7 @@ class Postgres:
         except PostgresError:
             self.close()
             raise
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+        except _failures(asyncpg) as e:
             self.close()
             raise PostgresError(_reason(e)) from None
 
@@ -224,8 +224,7 @@ class Postgres:
             return await asyncpg.connect(
                 self.url, timeout=self.timeout_s, command_timeout=self.timeout_s,
                 server_settings={"application_name": self.application_name})
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError,
-                ValueError) as e:   # ValueError: a URI asyncpg cannot use
+        except (*_failures(asyncpg), ValueError) as e:   # ValueError: a URI asyncpg cannot use
             raise PostgresError(_reason(e)) from None
 
     async def _ensure_schema(self) -> None:
@@ -256,26 +255,27 @@ class Postgres:
     async def probe(self, nonce: str) -> None:
         """Sends a notification on the channel, for the listener to see
         come back (StoreFollower checks it does)."""
-        await self._call(self.worker.execute, "SELECT pg_notify($1, $2)", CHANNEL,
-                         probe_payload(nonce))
+        payload = probe_payload(nonce)
+        await self._call(lambda c: c.execute("SELECT pg_notify($1, $2)", CHANNEL, payload))
 
     # ---- reading --------------------------------------------------------------------
 
     async def heartbeat(self) -> None:
         """A round trip on the listener: a half-open connection, which
         would otherwise look healthy for minutes, is found within one."""
-        await self._call(self.listener.fetchval, "SELECT 1")
+        await self._call(lambda c: c.fetchval("SELECT 1"), on_listener=True)
 
     async def read_all(self) -> list[Row]:
         """Every rule, in one statement: one consistent snapshot."""
-        return [_row(r) for r in await self._call(self.worker.fetch, SELECT_ALL)]
+        return [_row(r) for r in await self._call(lambda c: c.fetch(SELECT_ALL))]
 
     async def read_versions(self) -> dict[str, int]:
-        return dict(await self._call(self.worker.fetch, SELECT_VERSIONS))
+        return dict(await self._call(lambda c: c.fetch(SELECT_VERSIONS)))
 
     async def read(self, ids: list[str]) -> list[Row]:
         """The rows of these ids; one that is gone comes back with doc None."""
-        found = {r[0]: _row(r) for r in await self._call(self.worker.fetch, SELECT_SOME, ids)}
+        found = {r[0]: _row(r) for r in await self._call(
+            lambda c: c.fetch(SELECT_SOME, ids))}
         return [found.get(rule_id, Row(rule_id, None, 0, "", 0)) for rule_id in ids]
 
     # ---- writing ----------------------------------------------------------------------
@@ -287,15 +287,15 @@ class Postgres:
         hold, PostgresError when the database fails or does not answer
         in time: then the change may or may not have committed, and
         every node applies it if it did."""
-        async def run():
-            async with self.worker.transaction():
-                rows = [await self._write_one(w) for w in writes if w.expect is not None]
+        async def run(conn):
+            async with conn.transaction():
+                rows = [await _write_one(conn, w) for w in writes if w.expect is not None]
                 puts = [w for w in writes if w.expect is None and w.doc is not None]
                 if puts:
-                    rows += await self._upsert(puts)
+                    rows += await _upsert(conn, puts)
                 gone = [w.id for w in writes if w.expect is None and w.doc is None]
                 if gone:
-                    await self.worker.execute(DELETE_MANY, gone)
+                    await conn.execute(DELETE_MANY, gone)
                     rows += [Row(rule_id, None, 0, "", 0) for rule_id in gone]
                 return rows
         try:
@@ -303,42 +303,55 @@ class Postgres:
         except _ConflictAt as e:
             raise Conflict(e.rule_id) from None
 
-    async def _upsert(self, puts: list[Write]) -> list[Row]:
-        conn = self.worker
-        rows = [_row(r) for r in await conn.fetch(
-            UPSERT_MANY, [w.id for w in puts], [w.doc for w in puts], [w.source for w in puts])]
-        unchanged = [w.id for w in puts if w.id not in {r.id for r in rows}]
-        if unchanged:
-            rows += [_row(r) for r in await conn.fetch(SELECT_SOME, unchanged)]
-        return rows
-
-    async def _write_one(self, w: Write) -> Row:
-        """A conditional write (w.expect set)."""
-        conn = self.worker
-        if w.doc is None:
-            if await conn.fetchval(DELETE_IF, w.id, w.expect) is None:
-                raise _ConflictAt(w.id)
-            return Row(w.id, None, 0, w.source, 0)
-        if w.expect == 0:
-            record = await conn.fetchrow(CREATE_ONLY, w.id, w.doc, w.source)
-        else:
-            record = await conn.fetchrow(UPDATE_IF, w.id, w.doc, w.source, w.expect)
-        if record is None:
-            raise _ConflictAt(w.id)
-        return _row(record)
-
-    async def _call(self, fn, *args):
+    async def _call(self, work, on_listener: bool = False):
+        """work(connection) on the worker (or the listener), bounded by
+        timeout_s, after the calls before it; the connection is the one
+        in place when it begins, whatever close() does meanwhile."""
         import asyncpg  # noqa: PLC0415 - loaded by open()
 
         async with self._turn:
             if self.worker is None or self.listener is None:
                 raise PostgresError("not connected")
+            conn = self.listener if on_listener else self.worker
             try:
-                return await asyncio.wait_for(fn(*args), self.timeout_s)
+                return await asyncio.wait_for(work(conn), self.timeout_s)
             except _ConflictAt:
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            except _failures(asyncpg) as e:
                 raise PostgresError(_reason(e)) from None
+
+
+def _failures(asyncpg) -> tuple[type[BaseException], ...]:
+    """What a connection's failure may raise: the network, the server, the
+    driver's view of a closed connection, and its InternalClientError (an
+    operation still in progress on a connection that was cut under it)."""
+    return (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError)
+
+
+async def _upsert(conn, puts: list[Write]) -> list[Row]:
+    """Unconditional puts, one statement; each rule's row as it now is."""
+    rows = [_row(r) for r in await conn.fetch(
+        UPSERT_MANY, [w.id for w in puts], [w.doc for w in puts], [w.source for w in puts])]
+    unchanged = [w.id for w in puts if w.id not in {r.id for r in rows}]
+    if unchanged:
+        rows += [_row(r) for r in await conn.fetch(SELECT_SOME, unchanged)]
+    return rows
+
+
+async def _write_one(conn, w: Write) -> Row:
+    """A conditional write (w.expect set)."""
+    if w.doc is None:
+        if await conn.fetchval(DELETE_IF, w.id, w.expect) is None:
+            raise _ConflictAt(w.id)
+        return Row(w.id, None, 0, w.source, 0)
+    if w.expect == 0:
+        record = await conn.fetchrow(CREATE_ONLY, w.id, w.doc, w.source)
+    else:
+        record = await conn.fetchrow(UPDATE_IF, w.id, w.doc, w.source, w.expect)
+    if record is None:
+        raise _ConflictAt(w.id)
+    return _row(record)
 
 
 class _ConflictAt(Exception):
