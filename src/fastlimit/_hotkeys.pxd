@@ -48,6 +48,7 @@ cdef extern from "fl_hotkeys.h":
     void fl_hk_count(fl_hk* t, uint8_t kind, const char* key, size_t len) nogil
     void fl_hk_offer(fl_hk* t, uint8_t kind, const char* key, size_t len, int64_t now_ms) nogil
     void fl_hk_advance(fl_hk* t, int64_t now_ms) nogil
+    int64_t fl_hk_covered(const fl_hk* t) nogil
     void fl_hk_expire(fl_hk* t, int64_t now_ms) nogil
     void fl_hk_stop(fl_hk* t, int64_t now_ms) nogil
 

@@ -84,7 +84,7 @@ cdef class HotKeys:
     def covered_ms(self, int64_t now_ms):
         """The time the counts cover (halved with them in continuous mode)."""
         self.advance(now_ms)
-        return self.t.covered_ms
+        return fl_hk_covered(&self.t)
 
     @property
     def k(self):

@@ -68,8 +68,9 @@ typedef struct {
     int64_t start_ms;    /* when this collection began */
     int64_t end_ms;      /* a session's automatic stop (FL_HK_NEVER: none) */
     int64_t stopped_ms;  /* when it stopped (valid while !active) */
-    int64_t mark_ms;     /* time counted into covered_ms so far */
+    int64_t mark_ms;     /* the last halving (or the start) */
     int64_t covered_ms;  /* time the counts cover up to mark_ms (halved with them) */
+    int64_t seen_ms;     /* the latest time seen */
     uint64_t checks;     /* checks seen since start, up to the last sampled one */
     uint64_t sampled;    /* checks offered since start */
     uint64_t rng;
@@ -119,7 +120,7 @@ static inline void fl_hk_reset(fl_hk *t, int64_t now_ms) {
     }
     t->n = 0;
     t->active = 1;
-    t->start_ms = t->mark_ms = now_ms;
+    t->start_ms = t->mark_ms = t->seen_ms = now_ms;
     t->end_ms = FL_HK_NEVER;
     t->stopped_ms = now_ms;
     t->covered_ms = 0;
@@ -240,18 +241,16 @@ static inline void fl_hk_halve(fl_hk *t) {
     t->covered_ms /= 2;
 }
 
-/* Brings the covered time to now_ms, halving counts once per half-life
- * passed (continuous mode); a clock that went back counts nothing. */
+/* Brings the tracker to now_ms (the latest time it has seen, so a clock
+ * that went back counts nothing), halving counts once per half-life
+ * passed since the last halving (continuous mode). */
 static inline void fl_hk_advance(fl_hk *t, int64_t now_ms) {
     int64_t hl = t->half_life_ms, periods;
-    if (now_ms <= t->mark_ms)
+    if (now_ms > t->seen_ms)
+        t->seen_ms = now_ms;
+    if (hl <= 0 || t->seen_ms - t->mark_ms < hl)
         return;
-    if (hl <= 0) {
-        t->covered_ms += now_ms - t->mark_ms;
-        t->mark_ms = now_ms;
-        return;
-    }
-    periods = (now_ms - t->mark_ms) / hl;
+    periods = (t->seen_ms - t->mark_ms) / hl;
     if (periods > 64) {       /* everything has halved away */
         for (uint32_t i = 0; i < t->n; i++)
             t->slots[i].count = t->slots[i].error = 0;
@@ -264,8 +263,11 @@ static inline void fl_hk_advance(fl_hk *t, int64_t now_ms) {
         t->mark_ms += hl;
         fl_hk_halve(t);
     }
-    t->covered_ms += now_ms - t->mark_ms;
-    t->mark_ms = now_ms;
+}
+
+/* The time the counts cover, as of the latest time seen. */
+static inline int64_t fl_hk_covered(const fl_hk *t) {
+    return t->covered_ms + (t->seen_ms - t->mark_ms);
 }
 
 /* A session past its DURATION stops at its end. */

@@ -104,3 +104,17 @@ def info_lines(es: list[Entry]) -> dict[str, str]:
                    f"error={e.error}", f"truncated={int(e.truncated)}"]
         lines[f"hotkey_{i}"] = ",".join(fields)
     return lines
+
+
+def text(name: bytes) -> str:
+    """A key for JSON (the status page): UTF-8, other bytes as \\xNN."""
+    return name[:SHOWN_KEY_CHARS].decode("utf-8", "backslashreplace")
+
+
+def as_json(e: Entry) -> dict:
+    """One entry for /v1/stats."""
+    out: dict = {"name": text(e.name), "source": e.source, "ops": round(e.ops, 1),
+                 "ops_min": round(e.ops_min, 1), "truncated": e.truncated}
+    if e.rule is not None:
+        out["rule"] = e.rule
+    return out

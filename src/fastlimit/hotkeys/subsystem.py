@@ -100,6 +100,12 @@ class HotKeysSubsystem(Subsystem):
             self.tracker, now_ms, self.server.rule_id,
             lambda num: carried[num][2] if num in carried else None, limit)
 
+    def snapshot(self, limit: int) -> dict:
+        """The status page's part of /v1/stats: the `limit` hottest keys."""
+        t = self.tracker
+        return {"mode": self.mode, "top_k": t.k, "sample": t.sample,
+                "keys": [report.as_json(e) for e in self.entries(self.now_ms(), limit)]}
+
     # ---- HOTKEYS --------------------------------------------------------------------
 
     def begin_session(self, count: int, sample: int, duration_ms: int) -> None:

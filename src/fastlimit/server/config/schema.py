@@ -302,7 +302,7 @@ class Settings:
         help="the hot-key tracker counts one check in this many, on average")
     hotkeys_metrics_keys: int = setting(
         10, integer(0, 1024), runtime=True,
-        help="hot keys /metrics names in fastlimit_hotkey_checks_per_second (0: none, only "
+        help="hot keys /metrics names in fastlimit_hotkey_ops_per_second (0: none, only "
              "the counts)")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
