@@ -261,7 +261,7 @@ def hotkeys_container() -> Command:
         return sub("hotkeys", name, arity, handler, summary, admin_flags, arguments, acl=ADMIN)
 
     return container("hotkeys", -2, (), [
-        admin("start", -5, hotkeys.cmd_hotkeys_start, "Starts hotkeys tracking.",
+        admin("start", -2, hotkeys.cmd_hotkeys_start, "Starts hotkeys tracking.",
               [("metrics", "block"), ("count", "integer", {"optional": True}),
                ("duration", "integer", {"optional": True}),
                ("sample", "integer", {"optional": True})]),

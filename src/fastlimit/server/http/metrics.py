@@ -239,14 +239,16 @@ def _hotkeys(out: Exposition, server) -> None:
     out.counter("fastlimit_hotkeys_sampled_checks_total", "Checks the hot-key tracker counted "
                 "since its collection began.", [("", t.sampled)])
     shown = hk.entries(hk.now_ms(), hk.metrics_keys) if hk.metrics_keys else []
-    samples = []
+    rates: dict[str, float] = {}
     for e in shown:
         labels = f'key="{escape(report.text(e.name))}",source="{e.source}"'
         if e.rule is not None:
             labels += f',rule="{escape(e.rule)}"'
-        samples.append((labels, round(e.ops, 3)))
+        # keys cut to the same 64 bytes are one series
+        rates[labels] = rates.get(labels, 0.0) + e.ops
     out.gauge("fastlimit_hotkey_ops_per_second", "Estimated checks per second of the "
-              "hottest keys (hotkeys-metrics-keys of them; key cut to 64 bytes).", samples)
+              "hottest keys (hotkeys-metrics-keys of them; key cut to 64 bytes).",
+              [(labels, round(v, 3)) for labels, v in rates.items()])
 
 
 def _rule_decisions(server) -> list[Sample]:
