@@ -74,7 +74,7 @@ typedef struct {
     uint64_t checks;     /* checks seen since start, up to the last sampled one */
     uint64_t sampled;    /* checks offered since start */
     uint64_t rng;
-    uint8_t hash_key[16];
+    uint64_t hash_seed;
     fl_hk_slot *slots;
     uint16_t *heap;      /* slot numbers, a min-heap by count */
     uint16_t *index;     /* slot number + 1 by hash, 0 = empty */
@@ -149,8 +149,7 @@ static inline int fl_hk_init(fl_hk *t, uint32_t k, uint32_t sample, int64_t half
     t->sample = sample < 1 ? 1 : sample;
     t->half_life_ms = half_life_ms < 0 ? 0 : half_life_ms;
     t->rng = seed | 1;
-    for (int i = 0; i < 16; i++)
-        t->hash_key[i] = (uint8_t)(fl_hk_rand(t) >> 56);
+    t->hash_seed = fl_hk_rand(t);
     if (k > FL_HK_MAX_K || sample < 1 || sample > FL_HK_MAX_SAMPLE) {
         fl_hk_reset(t, now_ms);
         return -1;
@@ -290,9 +289,37 @@ static inline void fl_hk_stop(fl_hk *t, int64_t now_ms) {
     }
 }
 
+/* The index's hash of a key: a seeded multiply-xorshift, a quarter of
+ * SipHash's cost on short keys.  Not collision-proof against a client who
+ * learns the seed, but the index is small and probing bounded by its size,
+ * so the worst a crafted stream does is lengthen a sampled check's probe. */
+static inline uint64_t fl_hk_hash(const char *p, size_t len, uint64_t seed) {
+    uint64_t h = seed ^ ((uint64_t)len * 0x9E3779B97F4A7C15ULL), tail = 0;
+    while (len >= 8) {
+        h = (h ^ fl_load64(p)) * 0xbf58476d1ce4e5b9ULL;
+        h ^= h >> 31;
+        p += 8;
+        len -= 8;
+    }
+    switch (len) {
+    case 7: tail |= ((uint64_t)(uint8_t)p[6]) << 48; /* fall through */
+    case 6: tail |= ((uint64_t)(uint8_t)p[5]) << 40; /* fall through */
+    case 5: tail |= ((uint64_t)(uint8_t)p[4]) << 32; /* fall through */
+    case 4: tail |= ((uint64_t)(uint8_t)p[3]) << 24; /* fall through */
+    case 3: tail |= ((uint64_t)(uint8_t)p[2]) << 16; /* fall through */
+    case 2: tail |= ((uint64_t)(uint8_t)p[1]) << 8;  /* fall through */
+    case 1: tail |= ((uint64_t)(uint8_t)p[0]);       /* fall through */
+    case 0: break;
+    }
+    h = (h ^ tail) * 0x94d049bb133111ebULL;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 32);
+}
+
 /* Counts one sampled check of key (Space-Saving's update). */
 static inline void fl_hk_count(fl_hk *t, uint8_t kind, const char *key, size_t len) {
-    uint64_t h = fl_siphash13(key, len, t->hash_key) ^ (kind ? 0x9E3779B97F4A7C15ULL : 0);
+    uint64_t h = fl_hk_hash(key, len, t->hash_seed) ^ (kind ? 0x9E3779B97F4A7C15ULL : 0);
     uint32_t mask = t->index_mask, i = (uint32_t)h & mask, s;
     int took_over = 0;
     fl_hk_slot *slot;
