@@ -19,7 +19,6 @@ cdef extern from "fl_hotkeys.h":
         uint64_t count
         uint64_t error
         uint32_t len
-        uint16_t heap_pos
         uint8_t kind
         char key[FL_HK_KEY_MAX]
 

@@ -9,9 +9,12 @@
  * counter; a new key takes over the smallest counter, whose count c it
  * inherits plus one, with c recorded as its error.  For every key counted,
  * count - error <= true hits <= count, and every key with more than
- * (hits sampled)/k hits is counted.  Counters are a min-heap by count (the
- * one to take over is the root) and an open-addressing index by the key's
- * hash finds a key's counter, so a sample costs O(log k), not O(k).
+ * (hits sampled)/k hits is counted.  Counters are kept as Space-Saving's
+ * stream-summary: a list of buckets of equal count in increasing order,
+ * each a list of its counters, so an increment moves a counter to the next
+ * bucket and the counter to take over is any of the first bucket's, both
+ * O(1); an open-addressing index by the key's hash finds a key's counter,
+ * so a sample costs O(1), not O(k).
  *
  * Sampling: one check in `sample` on average.  A countdown is decremented
  * on every check (fl_hk_due: one decrement and one branch); when it reaches
@@ -50,11 +53,21 @@ typedef struct {
     uint64_t count;      /* sampled checks (halved with time in continuous mode) */
     uint64_t error;      /* Space-Saving's bound on what count overstates */
     uint32_t len;        /* the key's full length; key[] holds min(len, FL_HK_KEY_MAX) */
-    uint16_t heap_pos;
+    uint16_t bucket;     /* its bucket of equal counts */
+    uint16_t prev, next; /* its neighbours in that bucket (FL_HK_NIL: none) */
     uint8_t kind;        /* FL_HK_BUCKET or FL_HK_RULE */
     uint8_t pad;
     char key[FL_HK_KEY_MAX];
 } fl_hk_slot;
+
+#define FL_HK_NIL 0xFFFF
+
+typedef struct {
+    uint64_t count;      /* the count of every counter in it */
+    uint16_t head;       /* its first counter */
+    uint16_t prev, next; /* the buckets of the next smaller and larger counts (or free list) */
+    uint16_t pad;
+} fl_hk_bucket;
 
 typedef struct {
     int64_t countdown;   /* checks until the next sampled one; FL_HK_NEVER when off */
@@ -76,7 +89,9 @@ typedef struct {
     uint64_t rng;
     uint64_t hash_seed;
     fl_hk_slot *slots;
-    uint16_t *heap;      /* slot numbers, a min-heap by count */
+    fl_hk_bucket *buckets;  /* k of them: in use, or free */
+    uint16_t bmin;       /* the bucket of the smallest count (FL_HK_NIL: none) */
+    uint16_t bfree;      /* the first free bucket */
     uint16_t *index;     /* slot number + 1 by hash, 0 = empty */
 } fl_hk;
 
@@ -91,7 +106,7 @@ static inline size_t fl_hk_index_size(uint32_t k) {
 static inline size_t fl_hk_bytes(uint32_t k) {
     if (k == 0)
         return sizeof(fl_hk);
-    return sizeof(fl_hk) + (size_t)k * (sizeof(fl_hk_slot) + sizeof(uint16_t))
+    return sizeof(fl_hk) + (size_t)k * (sizeof(fl_hk_slot) + sizeof(fl_hk_bucket))
         + fl_hk_index_size(k) * sizeof(uint16_t);
 }
 
@@ -117,7 +132,11 @@ static inline void fl_hk_arm(fl_hk *t) {
 static inline void fl_hk_reset(fl_hk *t, int64_t now_ms) {
     if (t->k > 0) {
         memset(t->index, 0, (t->index_mask + 1) * sizeof(uint16_t));
+        for (uint32_t i = 0; i < t->k; i++)
+            t->buckets[i].next = i + 1 < t->k ? (uint16_t)(i + 1) : FL_HK_NIL;
     }
+    t->bmin = FL_HK_NIL;
+    t->bfree = t->k > 0 ? 0 : FL_HK_NIL;
     t->n = 0;
     t->active = 1;
     t->start_ms = t->mark_ms = t->seen_ms = now_ms;
@@ -130,10 +149,11 @@ static inline void fl_hk_reset(fl_hk *t, int64_t now_ms) {
 
 static inline void fl_hk_free(fl_hk *t) {
     free(t->slots);
-    free(t->heap);
+    free(t->buckets);
     free(t->index);
     t->slots = NULL;
-    t->heap = t->index = NULL;
+    t->buckets = NULL;
+    t->index = NULL;
     t->k = t->n = 0;
     t->countdown = FL_HK_NEVER;
 }
@@ -157,9 +177,9 @@ static inline int fl_hk_init(fl_hk *t, uint32_t k, uint32_t sample, int64_t half
     if (k > 0) {
         isize = fl_hk_index_size(k);
         t->slots = (fl_hk_slot *)calloc(k, sizeof(fl_hk_slot));
-        t->heap = (uint16_t *)calloc(k, sizeof(uint16_t));
+        t->buckets = (fl_hk_bucket *)calloc(k, sizeof(fl_hk_bucket));
         t->index = (uint16_t *)calloc(isize, sizeof(uint16_t));
-        if (t->slots == NULL || t->heap == NULL || t->index == NULL) {
+        if (t->slots == NULL || t->buckets == NULL || t->index == NULL) {
             fl_hk_free(t);
             fl_hk_reset(t, now_ms);
             return -1;
@@ -176,34 +196,98 @@ static inline int fl_hk_due(fl_hk *t) {
     return --t->countdown == 0;
 }
 
-static inline void fl_hk_swap(fl_hk *t, uint32_t i, uint32_t j) {
-    uint16_t a = t->heap[i], b = t->heap[j];
-    t->heap[i] = b; t->slots[b].heap_pos = (uint16_t)i;
-    t->heap[j] = a; t->slots[a].heap_pos = (uint16_t)j;
+/* ---- the stream-summary ---- */
+
+/* Links bucket nb (count set) after bucket b (FL_HK_NIL: first). */
+static inline void fl_hk_blink(fl_hk *t, uint16_t nb, uint16_t b) {
+    fl_hk_bucket *x = &t->buckets[nb];
+    x->prev = b;
+    x->next = b == FL_HK_NIL ? t->bmin : t->buckets[b].next;
+    if (x->next != FL_HK_NIL)
+        t->buckets[x->next].prev = nb;
+    if (b == FL_HK_NIL)
+        t->bmin = nb;
+    else
+        t->buckets[b].next = nb;
 }
 
-static inline void fl_hk_sift_down(fl_hk *t, uint32_t i) {
-    for (;;) {
-        uint32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < t->n && t->slots[t->heap[l]].count < t->slots[t->heap[m]].count)
-            m = l;
-        if (r < t->n && t->slots[t->heap[r]].count < t->slots[t->heap[m]].count)
-            m = r;
-        if (m == i)
-            return;
-        fl_hk_swap(t, i, m);
-        i = m;
+static inline void fl_hk_bunlink(fl_hk *t, uint16_t b) {
+    fl_hk_bucket *x = &t->buckets[b];
+    if (x->prev == FL_HK_NIL)
+        t->bmin = x->next;
+    else
+        t->buckets[x->prev].next = x->next;
+    if (x->next != FL_HK_NIL)
+        t->buckets[x->next].prev = x->prev;
+    x->next = t->bfree;          /* back to the free list */
+    t->bfree = b;
+}
+
+/* A bucket of the given count, from the free list (never empty: there are
+ * never more buckets in use than counters). */
+static inline uint16_t fl_hk_balloc(fl_hk *t, uint64_t count) {
+    uint16_t b = t->bfree;
+    t->bfree = t->buckets[b].next;
+    t->buckets[b].count = count;
+    t->buckets[b].head = FL_HK_NIL;
+    return b;
+}
+
+static inline void fl_hk_push(fl_hk *t, uint16_t s, uint16_t b) {
+    fl_hk_slot *x = &t->slots[s];
+    x->bucket = b;
+    x->prev = FL_HK_NIL;
+    x->next = t->buckets[b].head;
+    if (x->next != FL_HK_NIL)
+        t->slots[x->next].prev = s;
+    t->buckets[b].head = s;
+}
+
+/* Takes counter s out of its bucket; whether the bucket is now empty. */
+static inline int fl_hk_pull(fl_hk *t, uint16_t s) {
+    fl_hk_slot *x = &t->slots[s];
+    if (x->prev == FL_HK_NIL)
+        t->buckets[x->bucket].head = x->next;
+    else
+        t->slots[x->prev].next = x->next;
+    if (x->next != FL_HK_NIL)
+        t->slots[x->next].prev = x->prev;
+    return t->buckets[x->bucket].head == FL_HK_NIL;
+}
+
+/* One more for counter s: to the bucket of the next count. */
+static inline void fl_hk_increment(fl_hk *t, uint16_t s) {
+    uint16_t b = t->slots[s].bucket, nb = t->buckets[b].next;
+    uint64_t c = t->buckets[b].count + 1;
+    t->slots[s].count = c;
+    if (nb != FL_HK_NIL && t->buckets[nb].count == c) {
+        if (fl_hk_pull(t, s))
+            fl_hk_bunlink(t, b);
+        fl_hk_push(t, s, nb);
+    } else if (t->buckets[b].head == s && t->slots[s].next == FL_HK_NIL) {
+        t->buckets[b].count = c;       /* alone: its bucket moves up in place */
+    } else {
+        fl_hk_pull(t, s);
+        nb = fl_hk_balloc(t, c);
+        fl_hk_blink(t, nb, b);
+        fl_hk_push(t, s, nb);
     }
 }
 
-static inline void fl_hk_sift_up(fl_hk *t, uint32_t i) {
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (t->slots[t->heap[p]].count <= t->slots[t->heap[i]].count)
-            return;
-        fl_hk_swap(t, i, p);
-        i = p;
+/* A new counter s with count 1 (after the buckets of smaller counts: only
+ * a count halved to 0 can be smaller). */
+static inline void fl_hk_place_new(fl_hk *t, uint16_t s) {
+    uint16_t b = t->bmin, before = FL_HK_NIL;
+    while (b != FL_HK_NIL && t->buckets[b].count < 1) {
+        before = b;
+        b = t->buckets[b].next;
     }
+    if (b == FL_HK_NIL || t->buckets[b].count != 1) {
+        b = fl_hk_balloc(t, 1);
+        fl_hk_blink(t, b, before);
+    }
+    t->slots[s].count = 1;
+    fl_hk_push(t, s, b);
 }
 
 static inline int fl_hk_same(const fl_hk_slot *s, uint64_t h, uint8_t kind, const char *key,
@@ -232,10 +316,28 @@ static inline void fl_hk_unindex(fl_hk *t, uint32_t s) {
     t->index[i] = 0;
 }
 
+/* Halves every count: monotone, so the buckets keep their order, and
+ * neighbours whose halves are equal merge. */
 static inline void fl_hk_halve(fl_hk *t) {
+    uint16_t b = t->bmin, prev = FL_HK_NIL;
     for (uint32_t i = 0; i < t->n; i++) {
-        t->slots[i].count >>= 1;     /* monotone: the heap stays a heap */
+        t->slots[i].count >>= 1;
         t->slots[i].error >>= 1;
+    }
+    while (b != FL_HK_NIL) {
+        uint16_t next = t->buckets[b].next;
+        t->buckets[b].count >>= 1;
+        if (prev != FL_HK_NIL && t->buckets[prev].count == t->buckets[b].count) {
+            while (t->buckets[b].head != FL_HK_NIL) {
+                uint16_t s = t->buckets[b].head;
+                fl_hk_pull(t, s);
+                fl_hk_push(t, s, prev);
+            }
+            fl_hk_bunlink(t, b);
+        } else {
+            prev = b;
+        }
+        b = next;
     }
     t->covered_ms /= 2;
 }
@@ -320,32 +422,29 @@ static inline uint64_t fl_hk_hash(const char *p, size_t len, uint64_t seed) {
 /* Counts one sampled check of key (Space-Saving's update). */
 static inline void fl_hk_count(fl_hk *t, uint8_t kind, const char *key, size_t len) {
     uint64_t h = fl_hk_hash(key, len, t->hash_seed) ^ (kind ? 0x9E3779B97F4A7C15ULL : 0);
-    uint32_t mask = t->index_mask, i = (uint32_t)h & mask, s;
-    int took_over = 0;
+    uint32_t mask = t->index_mask, i = (uint32_t)h & mask;
+    uint16_t s;
     fl_hk_slot *slot;
     while (t->index[i] != 0) {
-        s = t->index[i] - 1;
+        s = (uint16_t)(t->index[i] - 1);
         if (fl_hk_same(&t->slots[s], h, kind, key, len)) {
-            t->slots[s].count++;
-            fl_hk_sift_down(t, t->slots[s].heap_pos);
+            fl_hk_increment(t, s);
             return;
         }
         i = (i + 1) & mask;
     }
     if (t->n < t->k) {
-        s = t->n++;
+        s = (uint16_t)t->n++;
         slot = &t->slots[s];
-        slot->count = 1;
         slot->error = 0;
-        t->heap[s] = (uint16_t)s;
-        slot->heap_pos = (uint16_t)s;
+        fl_hk_place_new(t, s);
     } else {
-        s = t->heap[0];
+        /* take over a counter of the smallest count c: count c + 1, error c */
+        s = t->buckets[t->bmin].head;
         slot = &t->slots[s];
         fl_hk_unindex(t, s);
-        took_over = 1;
         slot->error = slot->count;
-        slot->count++;
+        fl_hk_increment(t, s);
         /* the index moved: find the new key's free place again */
         i = (uint32_t)h & mask;
         while (t->index[i] != 0)
@@ -356,10 +455,6 @@ static inline void fl_hk_count(fl_hk *t, uint8_t kind, const char *key, size_t l
     slot->kind = kind;
     memcpy(slot->key, key, len < FL_HK_KEY_MAX ? len : FL_HK_KEY_MAX);
     t->index[i] = (uint16_t)(s + 1);
-    if (took_over)
-        fl_hk_sift_down(t, 0);          /* took over the root: its count grew */
-    else
-        fl_hk_sift_up(t, slot->heap_pos);   /* a new counter at the heap's end */
 }
 
 /* Called when fl_hk_due said so: whether this check is counted (tracking

@@ -195,3 +195,24 @@ def test_off_counts_nothing():
     for _ in range(100):
         t.check(b"a", 0)
     assert not t.active and t.entries(0) == [] and t.sampled == 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 32])
+def test_halvings_merge_counters_of_equal_counts_and_the_summary_stays_whole(k):
+    """Counts halved again and again (a half-life of 7 ms over 20 s) merge
+    the buckets of equal counts; every counter stays listed once, the
+    counting goes on, and the steady hot key keeps first place."""
+    t = HotKeys(k=k, sample=1, half_life_ms=7, now_ms=0, seed=2)
+    rnd = random.Random(k)
+    for ms in range(20_000):
+        t.check(b"hot", ms)
+        t.check(b"cold:%d" % rnd.randrange(1000), ms)
+        if ms % 3 == 0:
+            t.check(b"warm:%d" % rnd.randrange(4), ms)
+        if ms % 5000 == 4999:
+            entries = t.entries(ms)
+            keys = [key for _, key, *_ in entries]
+            assert len(keys) == len(set(keys)) == min(k, t.used)
+            if k > 1:            # one counter is whichever key came last
+                assert keys[0] == b"hot"
+    assert t.used == k
