@@ -1,6 +1,6 @@
 # The hot-key tracker's contract: fl_hotkeys.h (Space-Saving top-k over a
 # sample of the checks, fixed memory) and HotKeys, its owner for Python.
-# The check path (_protocol_checks.pxi) calls fl_hk_due on every check and
+# The check path (check_bucket, RuleEngine.evaluate) calls fl_hk_due on every check and
 # fl_hk_begin / fl_hk_count on a sampled one; nothing here raises.
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t

@@ -151,7 +151,7 @@ cdef class ServerCore:
     cdef readonly dict monitors       # client id -> Connection in MONITOR mode
     cdef readonly dict watched_keys   # key -> {client id: Connection} watching it
     # The hot-key tracker (hotkeys/, issue 26): every check of the fronts
-    # passes through check_bucket or check_limit, which decrement hot's
+    # passes through check_bucket or RuleEngine.evaluate, which decrement hot's
     # countdown and offer the key to it one check in its sample.
     cdef readonly HotKeys hotkeys
     cdef fl_hk* hot

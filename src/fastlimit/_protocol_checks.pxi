@@ -219,21 +219,6 @@ cdef void sample_bucket(fl_hk* hot, const char* key, size_t keylen, int64_t now_
         fl_hk_count(hot, FL_HK_BUCKET, key, keylen)
 
 
-cdef int sample_rules(fl_hk* hot, RuleEngine rules, const char* client, size_t clen,
-                      const char* resource, size_t rlen, int n, int64_t now_ms) except -1:
-    """A sampled CL.LIMIT: each of its n rules' bucket keys, as the engine
-    composed them (the rule's number, the client, the resource if the rule
-    has a bucket per resource), is counted once."""
-    cdef int i
-    cdef size_t keylen
-    if not fl_hk_begin(hot, now_ms):
-        return 0
-    for i in range(n):
-        keylen = rules.compose_key(rules.order[i], client, clen, resource, rlen)
-        fl_hk_count(hot, FL_HK_RULE, rules.keybuf, keylen)
-    return 0
-
-
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
                      size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
                      CheckResult* r, int* nrules):
@@ -254,6 +239,4 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
         if rc == FL_EOOM:
             return OOM_ERROR
         return "OOM out of memory: the bucket could not be stored"
-    if fl_hk_due(core.hot):    # the hot-key tracker: one check in its sample
-        sample_rules(core.hot, rules, client, clen, resource, rlen, nrules[0], now_ms)
-    return None
+    return None    # the engine fed the hot-key tracker (RuleEngine.evaluate)

@@ -2,7 +2,8 @@
  * (Space-Saving, Metwally, Agrawal and El Abbadi 2005) over a sample of the
  * checks.  Plain C, no Python: every function is total and reports failure
  * through its return value.  _hotkeys.pyx wraps it; the check path
- * (_protocol_checks.pxi) calls fl_hk_due and, on a sampled check only,
+ * (check_bucket in _protocol_checks.pxi, RuleEngine.evaluate in _rules.pyx)
+ * calls fl_hk_due and, on a sampled check only,
  * fl_hk_offer.
  *
  * Space-Saving keeps k counters.  A key already counted adds one to its

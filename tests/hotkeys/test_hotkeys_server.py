@@ -169,23 +169,33 @@ def test_cl_limit_counts_each_rule_s_bucket_by_rule_client_and_resource(c):
     pipe = c.pipeline(transaction=False)
     for i in range(40):
         pipe.execute_command("CL.LIMIT", "tenant-a", "api/orders" if i % 4 else "api/users")
+    for _ in range(5):           # CL.APPLY names its rules: the same buckets, counted too
+        pipe.execute_command("CL.APPLY", "per-client", "tenant-b")
     pipe.execute()
     rows = {(d[b"rule"], d[b"client"], d.get(b"resource"), d[b"count"])
             for d in details(get(c))}
     assert rows == {(b"per-client", b"tenant-a", None, 40),
                     (b"per-route", b"tenant-a", b"api/orders", 30),
-                    (b"per-route", b"tenant-a", b"api/users", 10)}
+                    (b"per-route", b"tenant-a", b"api/users", 10),
+                    (b"per-client", b"tenant-b", None, 5)}
     assert [k for k, _ in by_ops(get(c))][0] == b"per-client:tenant-a"
 
 
-def test_the_http_check_endpoints_are_counted_by_the_same_hook(hs, c):
+def test_the_http_check_endpoints_are_counted_by_the_same_hooks(hs, c):
+    c.execute_command("CL.RULE", "SET", "api", json.dumps(
+        {"match": {"resource": "api"}, "capacity": 1000, "refill_per_second": 1}))
     c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
     for _ in range(5):
         status, _ = hs.request("POST", "/v1/check/bucket",
                                {"key": "via-http", "capacity": 10, "refill_per_sec": 1})
         assert status == 200
-    assert by_ops(get(c)) == [(b"via-http", 0)]          # the clock never moved: no rate
-    assert details(get(c))[0][b"count"] == 5
+    for _ in range(3):
+        assert hs.request("POST", "/v1/check", {"client_key": "t1", "resource": "api"})[0] == 200
+    for _ in range(2):
+        assert hs.request("POST", "/v1/limits/check", {"rule_id": "api", "key": "t2"})[0] == 200
+    rows = {(d[b"key"], d[b"source"], d[b"count"]) for d in details(get(c))}
+    assert rows == {(b"via-http", b"bucket", 5), (b"api:t1", b"rule", 3), (b"api:t2", b"rule", 2)}
+    assert by_ops(get(c))[0] == (b"via-http", 0)          # the clock never moved: no rate
 
 
 def test_info_hotkeys_by_name_lists_keys_and_default_info_only_counts(hs, c):
@@ -204,6 +214,15 @@ def test_info_hotkeys_by_name_lists_keys_and_default_info_only_counts(hs, c):
     assert default["hotkeys_tracking"] == 1 and default["hotkeys_sampled_checks"] == 40
     assert default["hotkeys_tracker_bytes"] > 0
     assert not any(k.startswith("hotkey_") for k in default)
+
+
+def test_metrics_name_no_key_by_default(hs, c):
+    checks(c, [b"tenant-zq81"] * 500)
+    assert by_ops(get(c))[0][0] == b"tenant-zq81"
+    series = samples(hs.request("GET", "/metrics")[1].decode())
+    assert named(series, "fastlimit_hotkey_ops_per_second") == {}
+    assert b"tenant-zq81" not in hs.request("GET", "/metrics")[1]
+    assert series[("fastlimit_hotkeys_tracking", frozenset())] == 1
 
 
 def test_metrics_name_the_hottest_keys_bounded_and_escaped(make_http_server):
@@ -309,3 +328,20 @@ def test_one_hot_key_among_a_million_cold_ones_is_ranked_first_within_a_second(h
     assert cold == 900_000
     assert time.monotonic() - started < 60
     sock.close()
+
+
+def test_the_envoy_rate_limit_service_s_checks_are_counted_by_their_counters(make_http_server,
+                                                                              tmp_path):
+    rls = tmp_path / "rls.yaml"
+    rls.write_text("domain: web\ndescriptors:\n  - key: path\n"
+                   "    rate_limit: {unit: minute, requests_per_unit: 100}\n")
+    hs = make_http_server("--manual-clock", "--rls-config", str(rls))
+    c = hs.client(protocol=2)
+    c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
+    for _ in range(4):
+        status, _ = hs.request("POST", "/json", {"domain": "web", "descriptors": [
+            {"entries": [{"key": "path", "value": "/orders"}]}]})
+        assert status == 200
+    (d,) = details(get(c))
+    assert (d[b"source"], d[b"count"]) == (b"rule", 4)
+    assert b"/orders" in d[b"key"]

@@ -12,8 +12,9 @@ the keys checked most often and shows them with their checks per second.
 
 Kernel parts it uses: fl_hotkeys.h (Space-Saving top-k in C, fixed memory)
 and _hotkeys.pyx (HotKeys, its owner for Python); ServerCore.hotkeys is the
-server's tracker, which check_bucket and check_limit (_protocol_checks.pxi)
-feed one check in hotkeys-sample: CL.CHECK, CL.LIMIT and the HTTP check
-endpoints, the one hook of every front's checks.  The HTTP front's
+server's tracker, which check_bucket (_protocol_checks.pxi: CL.CHECK,
+/v1/check/bucket) and RuleEngine.evaluate (_rules.pyx: CL.LIMIT, CL.APPLY,
+the HTTP endpoints, the Envoy rate limit service) feed one check in
+hotkeys-sample: where every front's checks are decided.  The HTTP front's
 /metrics (server/http/metrics.py) and status page read report.py.
 """

@@ -26,7 +26,7 @@ class HotKeysSubsystem(Subsystem):
         self.tracker = server.core.hotkeys
         self.top_k = self.tracker.k
         self.sample = self.tracker.sample
-        self.metrics_keys = 10
+        self.metrics_keys = 0
         # A HOTKEYS START session holds the tracker (running, or stopped or
         # past its DURATION with its counts kept) until HOTKEYS RESET.
         self.session = False

@@ -301,7 +301,7 @@ class Settings:
         16, integer(1, 1000000), runtime=True,
         help="the hot-key tracker counts one check in this many, on average")
     hotkeys_metrics_keys: int = setting(
-        10, integer(0, 1024), runtime=True,
+        0, integer(0, 1024), runtime=True,
         help="hot keys /metrics names in fastlimit_hotkey_ops_per_second (0: none, only "
              "the counts)")
     cluster_enabled: bool = setting(

@@ -15,8 +15,8 @@ labels are capped by ``metrics-rule-labels`` (rules past the cap, in id
 order, are summed under ``rule="__other__"``, limits under each domain's
 ``limit="__other__"``; 0 sums all of them there).  Keys are labels in one
 family only, ``fastlimit_hotkey_ops_per_second``: the hot-key tracker's
-``hotkeys-metrics-keys`` hottest (10 by default, 0 for none), each key cut
-to its first 64 bytes, so a scrape holds at most that many of them.
+``hotkeys-metrics-keys`` hottest (0 by default: none), each key cut to its
+first 64 bytes, so a scrape holds at most that many of them.
 """
 
 from __future__ import annotations
