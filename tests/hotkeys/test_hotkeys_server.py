@@ -14,6 +14,7 @@ import time
 
 import pytest
 import redis
+from cdp import Chromium, console_problems
 from metrics_text import named, samples
 from resp_values import Raw, info_fields
 
@@ -345,3 +346,27 @@ def test_the_envoy_rate_limit_service_s_checks_are_counted_by_their_counters(mak
     (d,) = details(get(c))
     assert (d[b"source"], d[b"count"]) == (b"rule", 4)
     assert b"/orders" in d[b"key"]
+
+
+def test_the_status_page_in_chromium_shows_the_hot_keys_with_no_console_error(hs, c):
+    c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
+    checks(c, [b"<b>tenant</b>"] * 30 + [b"calm"] * 10)
+    c.execute_command("DEBUG", "CLOCK", "ADVANCE", 1000)
+    with Chromium() as chromium:
+        page = chromium.page()
+        for domain in ("Runtime", "Log", "Page"):
+            page.call(f"{domain}.enable")
+        page.call("Page.navigate", {"url": f"http://127.0.0.1:{hs.extra_port}/"})
+        page.wait_for("document.readyState === 'complete'", 10)
+        read = """Array.from(document.querySelectorAll('#hot-keys tbody tr[data-key]'))
+                  .map((tr) => Array.from(tr.cells).map((td) => td.textContent))"""
+        page.wait_for(f"({read}).length === 2", 10)
+        rows = page.evaluate(read)
+        bold = page.evaluate("document.querySelectorAll('#hot-keys b').length")
+        hint = page.evaluate("document.getElementById('hot-hint').textContent")
+        problems = console_problems(page.events)
+        page.close()
+    assert problems == []
+    assert [row[:2] for row in rows] == [["<b>tenant</b>", "CL.CHECK"], ["calm", "CL.CHECK"]]
+    assert bold == 0                       # a key is text, never markup
+    assert hint == "session, 1 check in 1"
