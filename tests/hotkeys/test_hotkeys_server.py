@@ -1,4 +1,5 @@
-"""HOTKEYS, INFO hotkeys, /metrics and the status page's snapshot on a real
+"""HOTKEYS, INFO hotkeys, /metrics and the status page (its snapshot, and the
+page in Chromium) on a real
 server over real sockets (redis-py, RESP2 and RESP3; HTTP), on the manual
 clock: continuous tracking answers without a START; a session counts with
 its own COUNT and SAMPLE until its DURATION; CL.CHECK, CL.LIMIT (a rule's
