@@ -17,7 +17,10 @@ slot is computed and looked up, nothing is redirected).  With
 bound far above the N buckets costs only its bookkeeping, one below them
 makes each new key past it evict.  With ``existing`` the N commands go
 to 1,000 keys (the buckets exist after the first thousand): the path of a
-check of a stored bucket rather than of a new one.
+check of a stored bucket rather than of a new one.  The hot-key tracker
+is on as in a server (32 counters, one check in 16 counted); with
+``hotkeys-off`` it is off (each check still pays its countdown), with
+``hotkeys-seed N`` its random intervals are the same on every run.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ def main() -> None:
         bound.configure(int(sys.argv[sys.argv.index("maxmemory") + 1]), "nearest-full", 5)
         store.set_bound(bound)
         engine.set_bound(bound)
+    if "hotkeys-off" in sys.argv[2:]:
+        core.hotkeys.configure(0, 16, 0, 0)       # the tracker off: its countdown never ends
+    if "hotkeys-seed" in sys.argv[2:]:
+        # the same sampled checks on every run (the default seed is the time)
+        core.hotkeys.configure(32, 16, 10_000, 0, int(sys.argv[sys.argv.index("hotkeys-seed") + 1]))
     conn = Connection(core)
     conn.connection_made(Transport())
     reads = [b"".join(check(j) for j in range(i, i + 16)) for i in range(0, n, 16)]

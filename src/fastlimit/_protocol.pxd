@@ -11,6 +11,7 @@ from fastlimit._rules cimport RuleEngine
 from fastlimit._resp cimport Parser, ParseLimits, Arg
 from fastlimit._core cimport CheckResult, BucketParams
 from fastlimit._cluster cimport CLUSTER_SLOTS
+from fastlimit._hotkeys cimport HotKeys, fl_hk
 
 
 cdef enum FastPath:
@@ -149,6 +150,11 @@ cdef class ServerCore:
     cdef readonly int observers       # len(monitors) + len(watched_keys)
     cdef readonly dict monitors       # client id -> Connection in MONITOR mode
     cdef readonly dict watched_keys   # key -> {client id: Connection} watching it
+    # The hot-key tracker (hotkeys/, issue 26): every check of the fronts
+    # passes through check_bucket or RuleEngine.evaluate, which decrement hot's
+    # countdown and offer the key to it one check in its sample.
+    cdef readonly HotKeys hotkeys
+    cdef fl_hk* hot
 
     cdef str route_key(self, const char* key, size_t n)
 

@@ -8,6 +8,8 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
 from fastlimit._rules cimport RuleEngine
+from fastlimit._hotkeys cimport (HotKeys, fl_hk, fl_hk_due, fl_hk_begin, fl_hk_count,
+                                 FL_HK_BUCKET)
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
                               FL_EOOM)
@@ -197,6 +199,10 @@ cdef class ServerCore:
         self.slot_waiters = {}
         self.monitors = {}
         self.watched_keys = {}
+        # On by default (hotkeys-top-k, hotkeys-sample: the subsystem sets them).
+        self.hotkeys = HotKeys(now_ms=self.clock.now())
+        self.hot = &self.hotkeys.t
+        rules.track_hot_keys(self.hotkeys)    # named rules' checks, from every front
 
     cpdef bint full(self) except -1:
         """Whether maxclients connections are open, every front's and the

@@ -209,7 +209,14 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
         if rc == FL_EOOM:
             return OOM_ERROR
         return "OOM out of memory: the bucket could not be stored"
+    if fl_hk_due(core.hot):    # the hot-key tracker: one check in its sample
+        sample_bucket(core.hot, key, keylen, now_ms)
     return None
+
+
+cdef void sample_bucket(fl_hk* hot, const char* key, size_t keylen, int64_t now_ms) noexcept:
+    if fl_hk_begin(hot, now_ms):
+        fl_hk_count(hot, FL_HK_BUCKET, key, keylen)
 
 
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
@@ -232,4 +239,4 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
         if rc == FL_EOOM:
             return OOM_ERROR
         return "OOM out of memory: the bucket could not be stored"
-    return None
+    return None    # the engine fed the hot-key tracker (RuleEngine.evaluate)

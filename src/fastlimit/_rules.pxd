@@ -7,6 +7,7 @@
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
 
 from fastlimit._core cimport Table, CheckResult, BucketParams, Clock, MemoryBound
+from fastlimit._hotkeys cimport HotKeys, fl_hk
 
 
 cdef enum Algorithm:
@@ -103,6 +104,15 @@ cdef class RuleEngine:
     # applied), which the HTTP front names and describes in its headers.
     cdef readonly uint32_t binding_rule
     cdef CheckResult results[MAX_RULES_PER_CHECK]
+    # The hot-key tracker (the server's, ServerCore.hotkeys, through
+    # track_hot_keys) or NULL: evaluate() counts the bucket of each rule of
+    # one check in its sample, for every caller (CL.LIMIT, CL.APPLY, the
+    # HTTP endpoints, the Envoy rate limit service).
+    cdef fl_hk* hot
+    cdef HotKeys hot_owner
+
+    cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
+                            size_t rlen, int n, int64_t now_ms) except -1
 
     cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
                         const char* resource, size_t rlen, int64_t cost,

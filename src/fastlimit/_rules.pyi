@@ -4,6 +4,7 @@ from collections import deque
 from typing import Any
 
 from fastlimit._core import Clock, MemoryBound, SlotCursor, SlotKeys
+from fastlimit._hotkeys import HotKeys
 
 MAX_RULES_PER_REQUEST: int
 
@@ -38,6 +39,7 @@ class RuleEngine:
     def set_match_cache_limit(self, nbytes: int) -> None: ...
     @property
     def match_cache_info(self) -> tuple[int, int, int, int]: ...
+    def track_hot_keys(self, tracker: HotKeys | None) -> None: ...
     def limit(self, client: bytes, resource: bytes, tier: bytes | None = None, cost: int = 1,
               now_ms: int | None = None, detail: bool = False) -> Any: ...
     def apply(self, nums: list[int], client: bytes, cost: int = 1, resource: bytes = b"",

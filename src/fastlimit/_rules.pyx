@@ -5,6 +5,8 @@ from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, INT64_M
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset
 
+from fastlimit._hotkeys cimport HotKeys, fl_hk_due, fl_hk_begin, fl_hk_count, FL_HK_RULE
+
 from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL_OK,
                               fl_get_u32, fl_put_u16,
                               FL_ENOMEM, FL_EKEYLEN, FL_MAX_KEY_LEN, table_init,
@@ -956,7 +958,27 @@ cdef class RuleEngine:
             out[0] = self.results[binding]
             out.allowed = passed
             self.binding_rule = self.order[binding]
+        if self.hot != NULL and fl_hk_due(self.hot):    # one check in the tracker's sample
+            self.sample_buckets(client, clen, resource, rlen, n, now_ms)
         return FL_OK
+
+    cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
+                            size_t rlen, int n, int64_t now_ms) except -1:
+        """A sampled check: each of its n rules' bucket keys, as
+        compose_key writes them, is counted once."""
+        cdef int i
+        cdef size_t keylen
+        if not fl_hk_begin(self.hot, now_ms):
+            return 0
+        for i in range(n):
+            keylen = self.compose_key(self.order[i], client, clen, resource, rlen)
+            fl_hk_count(self.hot, FL_HK_RULE, self.keybuf, keylen)
+        return 0
+
+    def track_hot_keys(self, HotKeys tracker):
+        """Counts every check's buckets in tracker (None: none)."""
+        self.hot_owner = tracker
+        self.hot = &tracker.t if tracker is not None else NULL
 
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost):

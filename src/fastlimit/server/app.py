@@ -20,6 +20,7 @@ from fastlimit._rules import RuleEngine
 from fastlimit.acl.users import Acl
 from fastlimit.cluster.reshard import Reshard
 from fastlimit.cluster.subsystem import Cluster
+from fastlimit.hotkeys.subsystem import HotKeysSubsystem
 from fastlimit.pubsub.subsystem import PubSub
 from fastlimit.replication.primary import Replication
 from fastlimit.rls.subsystem import RlsSubsystem
@@ -77,6 +78,7 @@ class Server:
         self.expiry = Expiry([self.store, self.rule_engine])
         self.maxmemory = MaxMemory(self)
         self.pubsub = PubSub(self.core)
+        self.hotkeys = HotKeysSubsystem(self)
         self.port = settings.port
         # Reads the slot map; raises MapError (the server refuses to start)
         # if it cannot be used.
@@ -97,7 +99,8 @@ class Server:
         self.subsystems: list[Subsystem] = [
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             *([self.rules_store] if self.rules_store is not None else []),
-            self.replication, self.snapshots, self.pubsub, self.cluster, self.reshard,
+            self.replication, self.snapshots, self.pubsub, self.hotkeys, self.cluster,
+            self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)
         self.core.budget += [self.http.shared.connections, self.grpc.shared.connections]

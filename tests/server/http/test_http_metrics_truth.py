@@ -172,6 +172,11 @@ TABLE = {
     "fastlimit_rules_cache_max_bytes": (field("rules_cache_max_bytes"), None),
     "fastlimit_rules_cache_hits_total": (field("rules_cache_hits"), None),
     "fastlimit_rules_cache_misses_total": (field("rules_cache_misses"), None),
+    "fastlimit_hotkeys_tracking": (field("hotkeys_tracking"), None),
+    "fastlimit_hotkeys_tracker_bytes": (field("hotkeys_tracker_bytes"), None),
+    "fastlimit_hotkeys_sampled_checks_total": (field("hotkeys_sampled_checks"), None),
+    # an estimate over a moving window: tests/hotkeys/ checks it against HOTKEYS GET
+    "fastlimit_hotkey_ops_per_second": (None, None),
     "fastlimit_replication_is_primary": (lambda i, labels: int(i["role"] == "master"), None),
     "fastlimit_replication_offset_bytes": (field("master_repl_offset"), None),
     "fastlimit_replication_connected_replicas": (field("connected_slaves"), None),

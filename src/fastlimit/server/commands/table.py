@@ -16,6 +16,7 @@ from __future__ import annotations
 from fastlimit._protocol import Command
 from fastlimit.acl import commands as acl
 from fastlimit.cluster import commands as cluster
+from fastlimit.hotkeys import commands as hotkeys
 from fastlimit.pubsub import commands as pubsub
 from fastlimit.replication import commands as replication
 from fastlimit.rls import commands as rls
@@ -209,6 +210,7 @@ def build_table() -> dict[bytes, Command]:
         ], {"summary": "A container for function commands.", "group": "scripting"},
             acl=("@slow",)),
         acl_container(),
+        hotkeys_container(),
         *pubsub_commands(),
         *cluster_commands(),
     ]
@@ -249,6 +251,28 @@ def client_container() -> Command:
             acl=CONNECTION),
     ], {"summary": "A container for client connection commands.", "group": "connection"},
         help_acl=CONNECTION)
+
+
+def hotkeys_container() -> Command:
+    """HOTKEYS, with Redis 8.6's subcommands and categories (hotkeys/commands.py)."""
+    admin_flags = ("admin", "noscript", "loading", "stale")
+
+    def admin(name, arity, handler, summary, arguments=()):
+        return sub("hotkeys", name, arity, handler, summary, admin_flags, arguments, acl=ADMIN)
+
+    return container("hotkeys", -2, (), [
+        admin("start", -2, hotkeys.cmd_hotkeys_start, "Starts hotkeys tracking.",
+              [("metrics", "block"), ("count", "integer", {"optional": True}),
+               ("duration", "integer", {"optional": True}),
+               ("sample", "integer", {"optional": True})]),
+        admin("stop", 2, hotkeys.cmd_hotkeys_stop, "Stops hotkeys tracking (the results stay "
+              "available to GET)."),
+        admin("get", 2, hotkeys.cmd_hotkeys_get, "Returns the top keys by checks per second "
+              "and the tracking's metadata."),
+        admin("reset", 2, hotkeys.cmd_hotkeys_reset, "Drops the results and goes back to "
+              "continuous tracking (a session must have been stopped)."),
+    ], {"summary": "A container for hotkeys tracking commands.", "group": "server",
+        "since": "8.6.0"}, acl=("@slow",))
 
 
 def acl_container() -> Command:

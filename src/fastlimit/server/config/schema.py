@@ -293,6 +293,17 @@ class Settings:
     maxmemory_samples: int = setting(
         5, integer(1, 64), runtime=True,
         help="buckets looked at per eviction")
+    hotkeys_top_k: int = setting(
+        32, integer(0, 1024), runtime=True,
+        help="counters of the hot-key tracker (HOTKEYS GET, INFO hotkeys): the keys checked "
+             "most often, estimated in fixed memory (0: off)")
+    hotkeys_sample: int = setting(
+        16, integer(1, 1000000), runtime=True,
+        help="the hot-key tracker counts one check in this many, on average")
+    hotkeys_metrics_keys: int = setting(
+        0, integer(0, 1024), runtime=True,
+        help="hot keys /metrics names in fastlimit_hotkey_ops_per_second (0: none, only "
+             "the counts)")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
         help="serve the hash slots the slot map gives this node's shard, and redirect the "

@@ -10,10 +10,13 @@ UNIT and info metadata, and the final ``# EOF``.
 
 Labels come from the command table, the fronts (gRPC methods beside
 commands), error codes, replicas, rules and the rls-config's domains and
-limits, never from keys or descriptor values; the per-rule and per-limit
+limits, never from descriptor values; the per-rule and per-limit
 labels are capped by ``metrics-rule-labels`` (rules past the cap, in id
 order, are summed under ``rule="__other__"``, limits under each domain's
-``limit="__other__"``; 0 sums all of them there).
+``limit="__other__"``; 0 sums all of them there).  Keys are labels in one
+family only, ``fastlimit_hotkey_ops_per_second``: the hot-key tracker's
+``hotkeys-metrics-keys`` hottest (0 by default: none), each key cut to its
+first 64 bytes, so a scrape holds at most that many of them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Iterable
 
 from fastlimit import __version__
 from fastlimit._protocol import LATENCY_BOUNDS, Command
+from fastlimit.hotkeys import report
 from fastlimit.rls.service import LIMIT_STAT_FIELDS, NEAR_LIMIT_RATIO
 from fastlimit.server.http.routes import Request, Response
 
@@ -225,6 +229,28 @@ def _buckets(out: Exposition, server, stats: dict) -> None:
               [("", stats.get("sweep_last_budget_ms", 0) / 1000)])
 
 
+def _hotkeys(out: Exposition, server) -> None:
+    hk = server.hotkeys
+    t = hk.tracker
+    out.gauge("fastlimit_hotkeys_tracking", "1 while the hot-key tracker counts checks.",
+              [("", int(hk.active))])
+    out.gauge("fastlimit_hotkeys_tracker_bytes", "Memory of the hot-key tracker (fixed by "
+              "hotkeys-top-k).", [("", t.nbytes)])
+    out.counter("fastlimit_hotkeys_sampled_checks_total", "Checks the hot-key tracker counted "
+                "since its collection began.", [("", t.sampled)])
+    shown = hk.entries(hk.now_ms(), hk.metrics_keys) if hk.metrics_keys else []
+    rates: dict[str, float] = {}
+    for e in shown:
+        labels = f'key="{escape(report.text(e.name))}",source="{e.source}"'
+        if e.rule is not None:
+            labels += f',rule="{escape(e.rule)}"'
+        # keys cut to the same 64 bytes are one series
+        rates[labels] = rates.get(labels, 0.0) + e.ops
+    out.gauge("fastlimit_hotkey_ops_per_second", "Estimated checks per second of the "
+              "hottest keys (hotkeys-metrics-keys of them; key cut to 64 bytes).",
+              [(labels, round(v, 3)) for labels, v in rates.items()])
+
+
 def _rule_decisions(server) -> list[Sample]:
     """Per rule and outcome, the first metrics-rule-labels rules (by id)
     under their own label and the rest summed under __other__."""
@@ -417,6 +443,7 @@ def render(server, openmetrics: bool) -> bytes:
     _rls(out, server)
     _buckets(out, server, stats)
     _rules(out, server, stats, memory)
+    _hotkeys(out, server)
     _replication(out, server, sections.get("replication", {}))
     _snapshot(out, sections.get("persistence", {}))
     return out.body()

@@ -5,7 +5,8 @@ second: counters the engine already keeps, read as they are.  Rates and
 history are the reader's business (the page keeps the last minutes
 itself), so the server holds no state for it.  Every list in it is
 bounded: the rules by RULES_CAP (the most denied first), the commands by
-the command table, the replicas by the connections.
+the command table, the replicas by the connections, the hot keys by
+HOT_KEYS_SHOWN (the tracker's estimate, hotkeys/).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastlimit.server.http.status_page import PAGE
 from fastlimit.server.info import rss_bytes
 
 RULES_CAP = 1000        # rules listed in one snapshot, at most (?rules=N asks for fewer)
+HOT_KEYS_SHOWN = 10     # hot keys listed in one snapshot
 
 _PAGE_BODY = PAGE.encode()
 
@@ -66,6 +68,7 @@ def snapshot(server, rules_cap: int = RULES_CAP) -> dict:
         "latency": {"resp": command_latency(_resp_commands(core)),
                     "http": command_latency(server.http.endpoint_stats.items())},
         "replication": replication_state(server.replication.info()),
+        "hotkeys": server.hotkeys.snapshot(HOT_KEYS_SHOWN),
     }
 
 

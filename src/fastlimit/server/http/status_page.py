@@ -138,6 +138,16 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   </section>
 
   <section>
+    <h2>Hot keys <span class="hint" id="hot-hint"></span></h2>
+    <table id="hot-keys">
+      <thead><tr><th>key</th><th>source</th>
+        <th title="estimated checks per second; at least the second figure">checks/s</th>
+        <th title="Space-Saving's guaranteed part of the estimate">at least</th></tr></thead>
+      <tbody><tr><td class="empty" colspan="4">waiting for the first snapshot</td></tr></tbody>
+    </table>
+  </section>
+
+  <section>
     <h2>Latency <span class="hint">mean per call since start</span></h2>
     <table id="latency">
       <thead><tr><th>command</th><th>front</th><th>calls</th><th>&micro;s/call</th>
@@ -417,6 +427,18 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
             " most denied rules of " + num(rules.count) + "; totals cover all of them." : "");
   }
 
+  function renderHotKeys(h) {
+    setText("hot-hint", h.mode === "off" ? "tracking off (hotkeys-top-k 0)"
+            : h.mode + ", 1 check in " + num(h.sample));
+    const body = $("hot-keys").tBodies[0];
+    body.replaceChildren(...(h.keys.length ? h.keys.map((k) => el("tr",
+      { "data-key": k.name },
+      el("td", {}, k.name + (k.truncated ? "\u2026" : "")),
+      el("td", {}, k.rule === undefined ? "CL.CHECK" : "rule " + k.rule),
+      el("td", {}, rate(k.ops)), el("td", {}, rate(k.ops_min))))
+      : [el("tr", {}, el("td", { class: "empty", colspan: 4 }, "no checks yet"))]));
+  }
+
   function renderLatency(s) {
     const rows = [...s.latency.resp.map((c) => ["RESP", c]),
                   ...s.latency.http.map((c) => ["HTTP", c])]
@@ -475,6 +497,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     setText("server-meta", "v" + s.version + " \u00b7 up " + duration(s.uptime_s));
     renderRules(s);
     renderLatency(s);
+    renderHotKeys(s.hotkeys);
     renderReplication(s.replication);
     drawCharts();
   }
