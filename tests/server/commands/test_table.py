@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from resp_values import run_sequence
 
+from fastlimit.server.commands.table import build_table
+
 EXACT = {
     "ping": ([("PING",)], [b"+PONG\r\n"]),
     "ping-message": ([("PING", "hello world")], [b"$11\r\nhello world\r\n"]),
@@ -214,3 +216,21 @@ def test_commands_not_allowed_in_multi_like_redis(make_server, redis_server):
     assert run_sequence(redis_server.port, commands) == expected
     assert run_sequence(s.port, commands) == expected
     assert s.alive()
+
+
+def test_every_block_and_oneof_argument_documents_its_arguments():
+    """redis-cli reads COMMAND DOCS at its start and crashes on a block or
+    oneof argument without arguments (it did, on HOTKEYS START)."""
+    def walk(arguments, where):
+        for arg in arguments:
+            options = arg[2] if len(arg) > 2 else {}
+            if arg[1] in ("block", "oneof"):
+                assert options.get("arguments"), f"{where} {arg[0]}"
+            walk(options.get("arguments", ()), f"{where} {arg[0]}")
+
+    def commands(table):
+        for cmd in table.values():
+            yield cmd
+            yield from cmd.subcommands.values()
+    for cmd in commands(build_table()):
+        walk(cmd.doc.get("arguments", ()), cmd.name)

@@ -262,9 +262,12 @@ def hotkeys_container() -> Command:
 
     return container("hotkeys", -2, (), [
         admin("start", -2, hotkeys.cmd_hotkeys_start, "Starts hotkeys tracking.",
-              [("metrics", "block"), ("count", "integer", {"optional": True}),
-               ("duration", "integer", {"optional": True}),
-               ("sample", "integer", {"optional": True})]),
+              # a block has its arguments: redis-cli crashes on one without
+              [("metrics", "block", {"token": "METRICS", "arguments": [
+                  ("count", "integer"), ("ops", "pure-token", {"token": "OPS"})]}),
+               ("k", "integer", {"token": "COUNT", "optional": True}),
+               ("seconds", "integer", {"token": "DURATION", "optional": True}),
+               ("ratio", "integer", {"token": "SAMPLE", "optional": True})]),
         admin("stop", 2, hotkeys.cmd_hotkeys_stop, "Stops hotkeys tracking (the results stay "
               "available to GET)."),
         admin("get", 2, hotkeys.cmd_hotkeys_get, "Returns the top keys by checks per second "
