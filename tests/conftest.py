@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 import servers
+from http_server import HttpServer
 from postgres import PostgresServer
 from servers import RedisServerProcess, ServerProcess, started_servers
 
@@ -135,6 +136,19 @@ def make_server():
         yield make
 
 
+@pytest.fixture
+def make_http_server():
+    """Servers with the HTTP front on a free port (tests/support/http_server.py)."""
+    with started_servers(HttpServer) as make:
+        yield make
+
+
+@pytest.fixture
+def hs(make_http_server) -> HttpServer:
+    """The default: manual clock, no password, the HTTP front on."""
+    return make_http_server("--manual-clock")
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     if shutil.which("redis-server") is None:
@@ -145,7 +159,7 @@ def redis_server():
 
 
 @pytest.fixture(scope="session")
-def postgres():
+def pg():
     """One real PostgreSQL per test process (tests/support/postgres.py);
     each test that needs one takes a database of its own."""
     s = PostgresServer().start()
@@ -161,4 +175,4 @@ def rules_store(request) -> list[str]:
     starts shares, as a fleet does."""
     if request.param == "sqlite":
         return []
-    return ["--rules-store", request.getfixturevalue("postgres").create_database()]
+    return ["--rules-store", request.getfixturevalue("pg").create_database()]

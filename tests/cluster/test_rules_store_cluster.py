@@ -24,7 +24,6 @@ import pytest
 import redis
 from cluster_rig import FastlimitCluster, info
 from http_rules import Node
-from postgres import PostgresServer
 from servers import failed
 from wire import Wire, free_port, wait_until
 
@@ -54,13 +53,6 @@ class StoreCluster(FastlimitCluster):
 
     def http(self, process) -> Node:
         return Node(process, self.http_ports[process.port])
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PostgresServer().start()
-    yield server
-    server.remove()
 
 
 @pytest.fixture

@@ -188,7 +188,7 @@ def test_the_http_check_endpoints_are_counted_by_the_same_hooks(hs, c):
         {"match": {"resource": "api"}, "capacity": 1000, "refill_per_second": 1}))
     c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
     for _ in range(5):
-        status, _ = hs.request("POST", "/v1/check/bucket",
+        status, _, _ = hs.request("POST", "/v1/check/bucket",
                                {"key": "via-http", "capacity": 10, "refill_per_sec": 1})
         assert status == 200
     for _ in range(3):
@@ -221,9 +221,9 @@ def test_info_hotkeys_by_name_lists_keys_and_default_info_only_counts(hs, c):
 def test_metrics_name_no_key_by_default(hs, c):
     checks(c, [b"tenant-zq81"] * 500)
     assert by_ops(get(c))[0][0] == b"tenant-zq81"
-    series = samples(hs.request("GET", "/metrics")[1].decode())
+    series = samples(hs.request("GET", "/metrics")[2].decode())
     assert named(series, "fastlimit_hotkey_ops_per_second") == {}
-    assert b"tenant-zq81" not in hs.request("GET", "/metrics")[1]
+    assert b"tenant-zq81" not in hs.request("GET", "/metrics")[2]
     assert series[("fastlimit_hotkeys_tracking", frozenset())] == 1
 
 
@@ -233,7 +233,7 @@ def test_metrics_name_the_hottest_keys_bounded_and_escaped(make_http_server):
     c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
     checks(c, [b'a"b\\c\n' + b"x" * 100] * 30 + [b"two"] * 20 + [b"three"] * 10)
     c.execute_command("DEBUG", "CLOCK", "ADVANCE", 1000)
-    status, body = hs.request("GET", "/metrics")
+    status, _, body = hs.request("GET", "/metrics")
     assert status == 200
     series = samples(body.decode())
     rates = {dict(labels)["key"]: v for labels, v in
@@ -243,7 +243,7 @@ def test_metrics_name_the_hottest_keys_bounded_and_escaped(make_http_server):
     assert series[("fastlimit_hotkeys_tracking", frozenset())] == 1
     assert series[("fastlimit_hotkeys_sampled_checks_total", frozenset())] == 60
     c.config_set("hotkeys-metrics-keys", 0)
-    series = samples(hs.request("GET", "/metrics")[1].decode())
+    series = samples(hs.request("GET", "/metrics")[2].decode())
     assert named(series, "fastlimit_hotkey_ops_per_second") == {}
 
 
@@ -251,7 +251,7 @@ def test_the_status_snapshot_lists_the_hot_keys(hs, c):
     c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
     checks(c, [b"hot\xff"] * 20 + [b"warm"] * 5)
     c.execute_command("DEBUG", "CLOCK", "ADVANCE", 1000)
-    status, body = hs.request("GET", "/v1/stats")
+    status, _, body = hs.request("GET", "/v1/stats")
     h = json.loads(body)["hotkeys"]
     assert (h["mode"], h["top_k"], h["sample"]) == ("session", 32, 1)
     assert [(k["name"], k["source"], k["ops"]) for k in h["keys"]] == [
@@ -341,7 +341,7 @@ def test_the_envoy_rate_limit_service_s_checks_are_counted_by_their_counters(mak
     c = hs.client(protocol=2)
     c.execute_command("HOTKEYS", "START", "METRICS", 1, "OPS", "SAMPLE", 1)
     for _ in range(4):
-        status, _ = hs.request("POST", "/json", {"domain": "web", "descriptors": [
+        status, _, _ = hs.request("POST", "/json", {"domain": "web", "descriptors": [
             {"entries": [{"key": "path", "value": "/orders"}]}]})
         assert status == 200
     (d,) = details(get(c))

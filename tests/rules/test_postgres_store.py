@@ -35,13 +35,6 @@ QUICK = ("--rules-store-heartbeat", "0.2", "--rules-store-timeout", "1",
          "--rules-store-resync", "30")
 
 
-@pytest.fixture(scope="module")
-def pg():
-    server = PostgresServer().start()
-    yield server
-    server.remove()
-
-
 @pytest.fixture
 def own_pg():
     """A PostgreSQL of the test's own, for tests that stop it."""

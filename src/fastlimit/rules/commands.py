@@ -72,10 +72,10 @@ async def _written(conn, writes: list[Write], reply=OK):
     """A rule change through the shared store: in force here when the
     table has it (read-your-writes), on the other nodes as they read it."""
     try:
-        rows = await _shared(conn).write(writes)
+        await _shared(conn).write(writes)
     except RuleError as e:
         raise _reply_error(e) from None
-    return reply(rows) if callable(reply) else reply
+    return reply
 
 
 def cmd_rule_set(conn, args):

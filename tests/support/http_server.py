@@ -1,12 +1,13 @@
-"""A fastlimit with its HTTP front on, for the tests of server/http/."""
+"""A fastlimit-server child with its HTTP front on a free port, for every
+test folder that speaks HTTP to a real server (tests/server/http/,
+tests/hotkeys/): ``from http_server import HttpServer``."""
 
 from __future__ import annotations
 
 import http.client
 import json
 
-import pytest
-from servers import ExtraPortServer, started_servers
+from servers import ExtraPortServer
 
 
 class HttpServer(ExtraPortServer):
@@ -38,15 +39,3 @@ class HttpServer(ExtraPortServer):
         """(status, headers, the JSON body decoded)."""
         status, hdrs, body = self.request("POST", path, doc, headers)
         return status, hdrs, json.loads(body)
-
-
-@pytest.fixture
-def make_http_server():
-    with started_servers(HttpServer) as make:
-        yield make
-
-
-@pytest.fixture
-def hs(make_http_server) -> HttpServer:
-    """The default: manual clock, no password."""
-    return make_http_server("--manual-clock")
