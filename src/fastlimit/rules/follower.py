@@ -107,7 +107,8 @@ class StoreFollower(Subsystem):
         without any if rules-store-required says so."""
         try:
             await self._connect()
-        except PostgresError as e:
+        except Exception as e:          # noqa: BLE001 - as _run's: never the end of the node
+            e = _expected(e)
             self._failed(e)
             if self.required and len(self.registry) == 0:
                 raise StoreError(f"rules store {self.shown_url} cannot be reached ({e}) and "
