@@ -27,7 +27,7 @@ from fractions import Fraction
 import pytest
 
 from fastlimit._core import Clock
-from fastlimit._rules import RuleEngine
+from fastlimit._rules import MAX_RULE_NUMBER, RuleEngine
 
 SEED = bytes(range(16))
 NO_RULE = (1, -1, -1, 0, 0)
@@ -681,7 +681,7 @@ def test_scope_client_and_resource_separates_buckets(engine):
 def test_buckets_of_different_rules_never_collide(engine, algorithm):
     """Rules sharing an algorithm share a table; clients that spell another
     rule's key prefix must still get buckets of their own."""
-    nums = [0, 1, 2, 255, 256, 65536, 2 ** 24 + 1]
+    nums = [0, 1, 2, 255, 256, 65536, MAX_RULE_NUMBER]
     spec = dict(ALGORITHM_SPECS[algorithm], scope="client+resource")
     for n in nums:
         engine.define(n, spec)
@@ -694,6 +694,13 @@ def test_buckets_of_different_rules_never_collide(engine, algorithm):
     for n in nums:
         for c in clients:
             assert peek(engine, n, c, b"r")[2] == 10 - (n % 7 + 1), (n, c)
+
+
+def test_rule_numbers_stop_below_the_split_epoch_byte(engine):
+    """A bucket key's u32 holds the rule number in 24 bits and a split's
+    epoch in the high byte: a number past them is refused, not folded."""
+    with pytest.raises(ValueError, match="past 16777215"):
+        engine.define(MAX_RULE_NUMBER + 1, tb(3, 1))
 
 
 def test_forget_makes_buckets_unreachable(engine):

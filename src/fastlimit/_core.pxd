@@ -46,6 +46,12 @@ cdef enum:
     FL_ENOMEM = -1
     FL_EKEYLEN = -2
     FL_EOOM = -6       # maxmemory is reached and the policy frees nothing
+
+# A rule bucket's key starts with a u32: the rule number in its low bits,
+# a split's epoch in the high byte (_rules.pyx); renumbering keeps the epoch.
+cdef enum:
+    RULE_NUMBER_BITS = 24
+    RULE_NUMBER_MASK = 0xFFFFFF
     FL_MAX_KEY_LEN = 65535
 
 cdef struct Slot:

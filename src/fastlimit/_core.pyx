@@ -789,7 +789,7 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
             if renumber == NULL:
                 rc = load_record(t, rec, keylen, hashes[j], deletes)
                 continue
-            num = fl_get_u32(rec + RECORD_HEADER + t.value_size)
+            num = fl_get_u32(rec + RECORD_HEADER + t.value_size) & RULE_NUMBER_MASK
             if num >= renumber_len or renumber[num] == UINT32_MAX:
                 continue
             n = RECORD_HEADER + t.value_size + keylen
@@ -797,7 +797,8 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
             if copy == NULL:
                 return FL_ENOMEM
             memcpy(copy, rec, n)
-            fl_put_u32(copy + RECORD_HEADER + t.value_size, renumber[num])
+            fl_put_u32(copy + RECORD_HEADER + t.value_size, renumber[num] | (
+                fl_get_u32(rec + RECORD_HEADER + t.value_size) & ~RULE_NUMBER_MASK))
             rc = load_record(t, copy, keylen,
                              fl_siphash13(copy + RECORD_HEADER + t.value_size, keylen, t.seed),
                              deletes)

@@ -7,6 +7,7 @@ from fastlimit._core cimport BucketParams, CheckResult, fl_mono_ns
 from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit, record_call,
                                   acl_verdict)
 from fastlimit._resp cimport Arg
+from fastlimit._rules cimport FL_SPLIT_MAX
 from fastlimit._protocol import SLICE_BUDGET_S, credentials, peer_text
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
@@ -734,6 +735,7 @@ cdef class HttpConnection:
         bp.refill = integer_field(doc, "refill_per_sec", 0, 1, MAX_COST)
         bp.period_ms = integer_field(doc, "period_ms", 1000, 1, MAX_COST)
         bp.cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        cdef int split = integer_field(doc, "split", 1, 1, FL_SPLIT_MAX)
         if "capacity" not in doc:
             raise BadField("capacity", "capacity is required")
         if "refill_per_sec" not in doc:
@@ -741,7 +743,7 @@ cdef class HttpConnection:
         self.permit(b"cl.check", 1, key)
         self.route(key)
         error = check_bucket(self.core, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &bp,
-                             self.core.clock.now_ms(), r)
+                             split, self.core.clock.now_ms(), r)
         if error is not None:
             raise Refused(error)
 

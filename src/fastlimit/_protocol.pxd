@@ -259,7 +259,7 @@ cdef void write_check(Connection c, const CheckResult* r, int extra=*)
 cdef void ping(Connection c)
 cdef bint queued_write(Connection c, Command cmd)
 cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int64_t now_ms, CheckResult* r)
+                      int split, int64_t now_ms, CheckResult* r)
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
                      size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
                      CheckResult* r, int* nrules)

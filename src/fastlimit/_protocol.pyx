@@ -1,13 +1,15 @@
 """The per-connection protocol state machine; see _protocol.pxd."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free
 from cpython.ref cimport PyObject
 from libc.string cimport memcmp, memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
-from fastlimit._rules cimport RuleEngine
+from fastlimit._rules cimport (RuleEngine, FL_ESPLIT, FL_ESPLITMIX, FL_SPLIT_MAX,
+                               FL_SPLIT_SUFFIX_MAX, fl_split_parse, fl_split_subkey,
+                               fl_split_share, fl_split_random, split_pick, split_refused)
 from fastlimit._hotkeys cimport (HotKeys, fl_hk, fl_hk_due, fl_hk_begin, fl_hk_count,
                                  FL_HK_BUCKET)
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,

@@ -28,6 +28,7 @@ cdef enum OptionStatus:
     OPT_BAD_COST = 5
     OPT_BAD_PERIOD = 6
     OPT_BAD_LIMIT_COST = 7
+    OPT_BAD_SPLIT = 8
 
 
 cdef struct LimitArgs:
@@ -37,11 +38,14 @@ cdef struct LimitArgs:
     bint detail
 
 
-cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* bad) noexcept:
-    """CL.CHECK's numbers and options into bp: OPT_OK, or what is wrong
-    (with the option at a[*bad])."""
+cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* split,
+                         int* bad) noexcept:
+    """CL.CHECK's numbers and options into bp and split: OPT_OK, or what
+    is wrong (with the option at a[*bad])."""
     cdef int i = 4
+    cdef int64_t k
     bp.cost = 1
+    split[0] = 1
     bp.period_ms = 1000
     if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
         return OPT_BAD_CAPACITY
@@ -57,6 +61,10 @@ cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* bad) noe
         elif eq_nocase(&a[i], b"period", 6):
             if not parse_int64(a[i + 1].ptr, a[i + 1].len, &bp.period_ms):
                 return OPT_BAD_PERIOD
+        elif eq_nocase(&a[i], b"split", 5):
+            if not parse_int64(a[i + 1].ptr, a[i + 1].len, &k) or not 1 <= k <= FL_SPLIT_MAX:
+                return OPT_BAD_SPLIT
+            split[0] = <int>k
         else:
             return OPT_UNKNOWN
         i += 2
@@ -101,22 +109,24 @@ cdef str options_error(int status, const Arg* option, str expected):
         return "ERR PERIOD is not an integer or out of range"
     if status == OPT_BAD_LIMIT_COST:
         return "ERR COST must be an integer from 0 to 10^15"
+    if status == OPT_BAD_SPLIT:
+        return f"ERR SPLIT must be an integer from 1 to {FL_SPLIT_MAX}"
     if status == OPT_NEEDS_VALUE:
         return f"ERR syntax error: option '{arg_text(option)}' needs a value"
     return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
 
 
 cdef void cl_check(Connection c):
-    """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]"""
+    """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms] [SPLIT k]"""
     cdef Arg* a = c.parser.argv
     cdef BucketParams bp
     cdef CheckResult r
-    cdef int rc, bad = 0
-    rc = read_check_args(a, c.parser.argc, &bp, &bad)
+    cdef int rc, bad = 0, split
+    rc = read_check_args(a, c.parser.argc, &bp, &split, &bad)
     if rc != OPT_OK:
-        c.reply_error(options_error(rc, &a[bad], "COST or PERIOD"))
+        c.reply_error(options_error(rc, &a[bad], "COST, PERIOD or SPLIT"))
         return
-    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, c.now_ms, &r)
+    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, split, c.now_ms, &r)
     if error is not None:
         c.reply_error(error)
         return
@@ -181,9 +191,9 @@ cdef bint queued_write(Connection c, Command cmd):
     writes when it runs."""
     cdef BucketParams bp
     cdef LimitArgs la
-    cdef int bad
+    cdef int bad, split
     if cmd.fast == FAST_CL_CHECK:
-        return read_check_args(c.parser.argv, c.parser.argc, &bp, &bad) == OPT_OK \
+        return read_check_args(c.parser.argv, c.parser.argc, &bp, &split, &bad) == OPT_OK \
             and bp.cost != 0
     if cmd.fast == FAST_CL_LIMIT:
         return read_limit_args(c.parser.argv, c.parser.argc, &la, &bad) == OPT_OK \
@@ -194,15 +204,22 @@ cdef bint queued_write(Connection c, Command cmd):
 # ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----
 
 cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int64_t now_ms, CheckResult* r):
-    """CL.CHECK's decision into r: None, or the error reply's text."""
+                      int split, int64_t now_ms, CheckResult* r):
+    """CL.CHECK's decision into r (split k ways when split > 1): None, or
+    the error reply's text."""
     cdef const char* err = bucket_params_error(bp)
-    cdef int rc
     if err != NULL:
         return "ERR " + err.decode()
     if core.readonly and bp.cost != 0:
         return READONLY_ERROR    # a replica answers peeks only
-    rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
+    if split > 1:
+        return check_split_bucket(core, key, keylen, bp, split, now_ms, r)
+    return check_one_bucket(core, key, keylen, bp, now_ms, r)
+
+
+cdef inline str check_one_bucket(ServerCore core, const char* key, size_t keylen,
+                                 const BucketParams* bp, int64_t now_ms, CheckResult* r):
+    cdef int rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
     if rc != FL_OK:    # one test on the way of an answer
         if rc == FL_EKEYLEN:
             return "ERR key is longer than 65535 bytes"
@@ -212,6 +229,75 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
     if fl_hk_due(core.hot):    # the hot-key tracker: one check in its sample
         sample_bucket(core.hot, key, keylen, now_ms)
     return None
+
+
+# A split check's scratch: the base key (when the key given is a sub-key),
+# then room for a sub-key after it; grown as needed, never shrunk (one
+# loop, one check at a time).
+cdef char* SPLIT_SCRATCH = NULL
+cdef size_t SPLIT_SCRATCH_CAP = 0
+cdef uint64_t SPLIT_RNG = 0x9E3779B97F4A7C15
+
+
+cdef str check_split_bucket(ServerCore core, const char* key, size_t keylen,
+                            const BucketParams* bp, int k, int64_t now_ms, CheckResult* r):
+    """CL.CHECK ... SPLIT k, as a split rule does it (fl_split.h): a
+    sub-key ("user:42#3") names its sub-bucket, a plain key (or a sub-key
+    past k, from a client still on a larger split) gets a random one
+    (standalone; in cluster mode the client picks, the reply says how),
+    and a denied sub-bucket gets one other try here.  The reply
+    shows the whole bucket: its capacity, and k times the sub-bucket's
+    remaining (an estimate)."""
+    global SPLIT_SCRATCH, SPLIT_SCRATCH_CAP
+    cdef BucketParams part = bp[0]
+    cdef CheckResult alt
+    cdef int index = -1, other
+    cdef size_t at, baselen = keylen, need = 2 * (keylen + FL_SPLIT_SUFFIX_MAX)
+    cdef char* grown
+    cdef const char* base = key
+    if bp.capacity < k:
+        return "ERR SPLIT is more than the capacity: every sub-bucket needs a token"
+    part.period_ms = bp.period_ms * k
+    if bucket_params_error(&part) != NULL:
+        return "ERR SPLIT makes a sub-bucket's period (PERIOD x SPLIT) out of range"
+    if need > SPLIT_SCRATCH_CAP:
+        grown = <char*>realloc(SPLIT_SCRATCH, need)
+        if grown == NULL:
+            return "OOM out of memory: the bucket could not be stored"
+        SPLIT_SCRATCH, SPLIT_SCRATCH_CAP = grown, need
+    if fl_split_parse(key, keylen, FL_SPLIT_MAX, &index, &at):
+        baselen = keylen - (2 if index < 10 else 3)
+        memcpy(SPLIT_SCRATCH, key, at)
+        memcpy(SPLIT_SCRATCH + at, key + at + keylen - baselen, baselen - at)
+        base = SPLIT_SCRATCH
+    if index >= k or index < 0:     # a plain key, or one of a larger split's
+        if core.cluster_routing:
+            return split_refused(k)
+        index = <int>(fl_split_random(&SPLIT_RNG) % <uint64_t>k)
+    error = check_sub_bucket(core, base, baselen, &part, bp.capacity, k, index, now_ms, r)
+    if error is not None or r.allowed or bp.cost == 0:
+        return error
+    other = split_pick(&SPLIT_RNG, core.rules.local_slots, base, baselen, k, index,
+                       SPLIT_SCRATCH + baselen + FL_SPLIT_SUFFIX_MAX)
+    if other < 0:
+        return None
+    error = check_sub_bucket(core, base, baselen, &part, bp.capacity, k, other, now_ms, &alt)
+    if error is None and alt.allowed:
+        r[0] = alt
+    return error
+
+
+cdef str check_sub_bucket(ServerCore core, const char* base, size_t baselen,
+                          BucketParams* part, int64_t capacity, int k, int i, int64_t now_ms,
+                          CheckResult* r):
+    """Sub-bucket i of base's (its share of the capacity), shown whole."""
+    cdef char* sub = SPLIT_SCRATCH + baselen + FL_SPLIT_SUFFIX_MAX
+    cdef size_t sublen = fl_split_subkey(base, baselen, i, sub)
+    part.capacity = fl_split_share(capacity, k, i)
+    error = check_one_bucket(core, sub, sublen, part, now_ms, r)
+    r.limit = capacity
+    r.remaining = min(r.remaining * k, capacity)
+    return error
 
 
 cdef void sample_bucket(fl_hk* hot, const char* key, size_t keylen, int64_t now_ms) noexcept:
@@ -238,5 +324,7 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
             return "ERR client key and resource are longer than 65535 bytes"
         if rc == FL_EOOM:
             return OOM_ERROR
+        if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
+            return rules.split_error(rc)
         return "OOM out of memory: the bucket could not be stored"
     return None    # the engine fed the hot-key tracker (RuleEngine.evaluate)

@@ -26,6 +26,7 @@ cdef int set_slot_routing(ServerCore core, served, shard_of_slot, list moved_to)
     if moved_to is None:
         core.cluster_routing = False
         core.moved_to = None
+        core.rules.local_slots = NULL       # split keys: every sub-bucket is here
         return 0
     if len(served) != CLUSTER_SLOTS or len(shard_of_slot) != CLUSTER_SLOTS:
         raise ValueError(f"routing needs {CLUSTER_SLOTS} entries per slot")
@@ -39,6 +40,8 @@ cdef int set_slot_routing(ServerCore core, served, shard_of_slot, list moved_to)
         core.slot_shard[slot] = shard_of_slot[slot]
     core.moved_to = list(moved_to)
     core.cluster_routing = True
+    # split keys: a sub-bucket is checked where its sub-key's slot is served
+    core.rules.local_slots = <const unsigned char*>core.slot_served
     return 0
 
 

@@ -2,11 +2,14 @@
 # compiled rule specs, and the all-or-nothing check of several rules.
 # Rules are numbered by the Python registry; a number is never reused in
 # a process, so buckets of a deleted or replaced rule can never be read
-# again.  Bucket keys are <u32 rule number><client key>[\0<resource>].
+# again.  Bucket keys are <u32 rule number><client key>[\0<resource>];
+# a split rule's sub-buckets have the split's epoch in the number's high
+# byte and a sub-key (fl_split.h) as their client key.
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t
 
-from fastlimit._core cimport Table, CheckResult, BucketParams, Clock, MemoryBound
+from fastlimit._core cimport (Table, CheckResult, BucketParams, Clock, MemoryBound,
+                              RULE_NUMBER_BITS, RULE_NUMBER_MASK)
 from fastlimit._hotkeys cimport HotKeys, fl_hk
 
 
@@ -26,6 +29,11 @@ cdef enum:
     LEASE_SLOT = 12              # concurrency: i64 lease expiry ms (0 = free), u32 generation
     MAX_CONCURRENCY = 1024       # slots per key, so a record stays small
     MAX_RULES_PER_CHECK = 64
+    SPLIT_HISTORY = 3            # earlier splits a rule remembers
+    # evaluate(): a split rule in cluster mode, asked with its plain key (its
+    # sub-keys live on several shards), or with a rule that is not split
+    FL_ESPLIT = -40
+    FL_ESPLITMIX = -41
 
 
 cdef struct RuleSpec:
@@ -45,6 +53,14 @@ cdef struct RuleSpec:
     uint64_t allowed
     uint64_t denied
     uint64_t shadow_denied
+    # Split keys (fl_split.h): `split` sub-buckets per key (1: none), whose
+    # bucket keys carry split_epoch in the rule number's high byte; the
+    # earlier splits (newest first), which a new sub-bucket inherits from.
+    int split
+    uint32_t split_epoch
+    int nprev
+    int prev_split[SPLIT_HISTORY]
+    uint32_t prev_epoch[SPLIT_HISTORY]
 
 
 # The rules as C code outside the engine reads them (by a record's rule
@@ -71,6 +87,24 @@ cdef int concurrency_acquire(Table* t, const char* key, size_t keylen, RuleSpec*
                              int64_t now_ms, CheckResult* out) noexcept nogil
 cdef int concurrency_release(Table* t, const char* key, size_t keylen, const RuleSpec* r,
                              int64_t lease_id, int64_t now_ms) noexcept nogil
+
+
+cdef extern from "fl_split.h":
+    enum:
+        FL_SPLIT_MAX
+        FL_SPLIT_SUFFIX_MAX
+    bint fl_split_parse(const char* key, size_t n, int k, int* index,
+                        size_t* suffix_at) noexcept nogil
+    size_t fl_split_subkey(const char* base, size_t n, int i, char* out) noexcept nogil
+    int64_t fl_split_share(int64_t total, int k, int i) noexcept nogil
+    uint64_t fl_split_random(uint64_t* state) noexcept nogil
+
+# Split keys (fl_split.h): the choice of a sub-bucket, shared by split
+# rules and CL.CHECK ... SPLIT k, and the refusal of a plain key in
+# cluster mode.
+cdef int split_pick(uint64_t* rng, const unsigned char* local_slots, const char* base,
+                    size_t n, int k, int other, char* scratch) noexcept
+cpdef str split_refused(int k)
 
 
 cdef class RuleEngine:
@@ -110,21 +144,45 @@ cdef class RuleEngine:
     # HTTP endpoints, the Envoy rate limit service).
     cdef fl_hk* hot
     cdef HotKeys hot_owner
+    # Split keys: the sub-bucket each selected rule checks (-1: none), the
+    # client key without its sub-key suffix, the choice's random state, and
+    # in cluster mode the slots served here (ServerCore.slot_served, where
+    # 1 means served; NULL standalone: every sub-bucket is here).
+    cdef int subs[MAX_RULES_PER_CHECK]
+    cdef char* basebuf
+    cdef size_t basecap
+    cdef uint64_t rng
+    cdef const uint8_t* local_slots
+    cdef readonly int refused_split   # the k of the rule FL_ESPLIT names
 
     cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
                             size_t rlen, int n, int64_t now_ms) except -1
 
-    cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
+    cdef int check_rule(self, uint32_t num, int sub, const char* client, size_t clen,
                         const char* resource, size_t rlen, int64_t cost,
                         int64_t now_ms, bint commit, CheckResult* out) except? -100
+    cdef int check_spec(self, const RuleSpec* r, size_t keylen, int64_t cost,
+                        int64_t now_ms, bint commit, CheckResult* out) except? -100
+    cdef int choose_subs(self, const char** client, size_t* clen, int n) except? -100
+    cdef int keep_base(self, const char** client, size_t* clen, size_t at,
+                       size_t cut) except -1
+    cdef int pick_sub(self, uint32_t num, const char* client, size_t clen, int other)
+    cdef int inherit(self, uint32_t num, int sub, const char* client, size_t clen,
+                     const char* resource, size_t rlen, int64_t now_ms) except? -100
+    cdef int second_choice(self, int i, const char* client, size_t clen,
+                           const char* resource, size_t rlen, int64_t cost,
+                           int64_t now_ms) except? -100
+    cpdef str split_error(self, int rc)
+    cdef size_t key_of(self, int i, const char* client, size_t clen, const char* resource,
+                       size_t rlen) except? 0
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
                       size_t rlen, int n, int64_t cost, int64_t now_ms,
                       CheckResult* out) except? -100
     cdef int select_rules(self, const char* client, size_t clen, const char* resource,
                           size_t rlen, const char* tier, size_t tlen) except -1
     cdef int select_ids(self, list nums) except -1
-    cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
-                            const char* resource, size_t rlen) except? 0
+    cdef size_t compose_key(self, uint32_t num, uint32_t epoch, int sub, const char* client,
+                            size_t clen, const char* resource, size_t rlen) except? 0
     cdef int make_room(self, const char* client, size_t clen, const char* resource,
                        size_t rlen, int n, int64_t now_ms) except? -100
     cdef bint selected(self, uint32_t num, int n) noexcept

@@ -84,3 +84,5 @@ class RuleEngine:
         """A drained section's records in mask's slots, as a section."""
 
 def throttle_params_error(burst: int, count: int, period_s: int, quantity: int) -> str | None: ...
+MAX_SPLIT: int
+MAX_RULE_NUMBER: int

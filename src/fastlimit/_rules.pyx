@@ -25,6 +25,7 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               insert_cost, INSERT_ROUNDS, FL_EOOM, RECORD_HEADER,
                               record_spent, spent_share)
 from fastlimit._core import checked_slot
+from fastlimit._cluster cimport key_slot
 
 import collections
 import fnmatch
@@ -48,6 +49,9 @@ cdef extern from "fl_native.h":
     const int64_t MAX_GCRA_COUNT                 # 10**6 arrivals per period
     const int64_t MAX_GCRA_BURST                 # 10**9
     const int64_t MAX_GCRA_TOLERANCE             # 10**18: period_ms * (burst + 1)
+
+MAX_SPLIT = FL_SPLIT_MAX
+MAX_RULE_NUMBER = RULE_NUMBER_MASK
 
 cdef enum:
     MAX_LEASE_MS = 86400000                      # a day
@@ -100,7 +104,7 @@ cdef const RuleSpec* record_rule(const char* rec, uint32_t value_size, const voi
     cdef uint32_t num
     if fl_get_u16(rec + 4) < 4:
         return NULL
-    num = fl_get_u32(rec + RECORD_HEADER + value_size)
+    num = fl_get_u32(rec + RECORD_HEADER + value_size) & RULE_NUMBER_MASK
     if num >= ruleset.nrules or not ruleset.rules[num].in_use \
             or ruleset.rules[num].algorithm != algorithm:
         return NULL
@@ -526,7 +530,97 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     else:
         r.limit = spec_int(spec, "limit", 1, MAX_LIMIT)
         r.window_ms = spec_int(spec, "window_ms", 1, MAX_WINDOW_MS)
+    compile_split(r, spec)
     return 0
+
+
+cdef int compile_split(RuleSpec* r, dict spec) except -1:
+    """A split rule's k (1 to FL_SPLIT_MAX), epoch (0 to 255) and earlier
+    splits ("split_history": [[epoch, k], ...], newest first): each
+    sub-bucket must hold at least one token and refill slow enough to stay
+    in range."""
+    cdef int i
+    r.split = spec_int(spec, "split", 1, FL_SPLIT_MAX) if "split" in spec else 1
+    r.split_epoch = spec_int(spec, "split_epoch", 0, 255) if "split_epoch" in spec else 0
+    history = spec.get("split_history", ())
+    if not isinstance(history, (list, tuple)) or len(history) > SPLIT_HISTORY:
+        raise ValueError(f"split_history: at most {SPLIT_HISTORY} [epoch, k] pairs")
+    r.nprev = 0
+    for i, entry in enumerate(history):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise ValueError("split_history: each entry is [epoch, k]")
+        pair = {"epoch": entry[0], "k": entry[1]}
+        r.prev_epoch[i] = spec_int(pair, "epoch", 0, 255)
+        r.prev_split[i] = spec_int(pair, "k", 1, FL_SPLIT_MAX)
+        r.nprev = i + 1
+    if r.split == 1:
+        return 0
+    if r.algorithm == ALG_CONCURRENCY:
+        raise ValueError("split: a concurrency rule cannot be split")
+    if split_total(r) < r.split:
+        raise ValueError("split: more sub-buckets than the limit has tokens")
+    if r.algorithm in (ALG_TOKEN_BUCKET, ALG_GCRA) and \
+            (r.bucket.period_ms if r.algorithm == ALG_TOKEN_BUCKET else r.period_ms) \
+            * r.split > MAX_WINDOW_MS:
+        raise ValueError(f"split: period_ms * split must be at most {MAX_WINDOW_MS}")
+    return 0
+
+
+cdef inline int64_t split_total(const RuleSpec* r) noexcept nogil:
+    """What a rule's split divides: the bucket's capacity, the window's
+    limit, a GCRA's burst + 1."""
+    if r.algorithm == ALG_TOKEN_BUCKET:
+        return r.bucket.capacity
+    if r.algorithm == ALG_GCRA:
+        return r.burst + 1
+    return r.limit
+
+
+cdef void sub_spec(const RuleSpec* r, int k, int i, RuleSpec* out) noexcept nogil:
+    """Sub-bucket i of r split k ways: its share of the tokens and 1/k
+    of the rate (the period k times longer)."""
+    out[0] = r[0]
+    if k <= 1:
+        return
+    if r.algorithm == ALG_TOKEN_BUCKET:
+        out.bucket.capacity = fl_split_share(r.bucket.capacity, k, i)
+        out.bucket.period_ms = r.bucket.period_ms * k
+    elif r.algorithm == ALG_GCRA:
+        out.burst = fl_split_share(r.burst + 1, k, i) - 1
+        out.period_ms = r.period_ms * k
+    else:
+        out.limit = fl_split_share(r.limit, k, i)
+
+
+cdef int split_pick(uint64_t* rng, const unsigned char* local_slots, const char* base,
+                    size_t n, int k, int other, char* scratch) noexcept:
+    """A random sub-bucket of base split k ways, other than `other` (-1:
+    any), among those served here (local_slots: a slot's SLOT_SERVED is 1;
+    NULL, standalone, serves all); -1 when there is none.  scratch holds
+    n + FL_SPLIT_SUFFIX_MAX bytes."""
+    cdef int j, count = 0
+    cdef int here[FL_SPLIT_MAX]
+    if local_slots == NULL:
+        if k - (other >= 0) <= 0:
+            return -1
+        j = <int>(fl_split_random(rng) % <uint64_t>(k - (other >= 0)))
+        return j + (other >= 0 and j >= other)
+    for j in range(k):
+        if j != other and local_slots[key_slot(scratch,
+                                               fl_split_subkey(base, n, j, scratch))] == 1:
+            here[count] = j
+            count += 1
+    if count == 0:
+        return -1
+    return here[fl_split_random(rng) % <uint64_t>count]
+
+
+cpdef str split_refused(int k):
+    """Why a plain key of a split bucket is refused in cluster mode: its k
+    sub-buckets are on several shards, so the client picks one.  The
+    reply starts with SPLIT k so a client can read k from it."""
+    return (f"SPLIT {k} the key is split into {k} sub-keys on several shards: check one "
+            f"of them, the key with #0 to #{k - 1} at the end of its hashed part")
 
 
 # ---- cluster slots ---------------------------------------------------------------
@@ -542,7 +636,7 @@ cdef int rule_client_key(const char* key, size_t keylen, const void* ctx,
     cdef size_t clen
     if keylen < 4:
         return -1
-    num = fl_get_u32(key)
+    num = fl_get_u32(key) & RULE_NUMBER_MASK
     if num >= route.nrules or not route.rules[num].in_use:
         return -1
     if not route.rules[num].per_resource:
@@ -569,6 +663,10 @@ cdef class RuleEngine:
             raise ValueError("shards must be a power of two from 1 to 65536")
         seed = seed if seed is not None else os.urandom(16)
         memcpy(self.seed, <const char*>seed, 16)
+        self.rng = int.from_bytes(os.urandom(8), "little") | 1
+        self.local_slots = NULL
+        self.basebuf = NULL
+        self.basecap = 0
         self.clock = clock if clock is not None else Clock()
         for i in range(N_SHARED_TABLES):
             if table_init(&self.tables[i], shards, VALUE_SIZES[i],
@@ -600,6 +698,7 @@ cdef class RuleEngine:
             release_lease_table(&self.rules[i])
         free(self.rules)
         free(self.keybuf)
+        free(self.basebuf)
 
     # ---- rules ----------------------------------------------------------------
 
@@ -613,6 +712,8 @@ cdef class RuleEngine:
         cdef RuleSpec* grown
         cdef uint32_t cap
         memset(&compiled, 0, sizeof(RuleSpec))
+        if num > RULE_NUMBER_MASK:
+            raise ValueError(f"rule number {num} is past {RULE_NUMBER_MASK}")
         compile_spec(&compiled, spec)
         if num >= self.nrules:
             cap = max(num + 1, self.nrules * 2, 16)
@@ -811,33 +912,191 @@ cdef class RuleEngine:
             n = self.add_selected(num, n)
         return n
 
-    cdef int check_rule(self, uint32_t num, const char* client, size_t clen,
+    cdef int check_rule(self, uint32_t num, int sub, const char* client, size_t clen,
                         const char* resource, size_t rlen, int64_t cost,
                         int64_t now_ms, bint commit, CheckResult* out) except? -100:
-        """One rule's step on its bucket for this client (and resource)."""
+        """One rule's step on its bucket for this client (and resource):
+        sub-bucket `sub` of a split rule (client is then the base key),
+        whose limit and remaining are shown for the whole key (remaining
+        as k times the sub-bucket's: an estimate)."""
         cdef RuleSpec* r = &self.rules[num]
-        cdef size_t keylen = self.compose_key(num, client, clen, resource, rlen)
+        cdef RuleSpec part
+        cdef size_t keylen = self.compose_key(num, r.split_epoch, sub, client, clen,
+                                              resource, rlen)
         cdef int rc
-        cdef BucketParams bp
         if keylen > FL_MAX_KEY_LEN:
             return FL_EKEYLEN
+        if sub < 0:
+            return self.check_spec(r, keylen, cost, now_ms, commit, out)
+        sub_spec(r, r.split, sub, &part)
+        rc = self.check_spec(&part, keylen, cost, now_ms, commit, out)
+        out.limit = split_total(r)
+        out.remaining = min(out.remaining * r.split, out.limit)
+        return rc
+
+    cdef int check_spec(self, const RuleSpec* r, size_t keylen, int64_t cost,
+                        int64_t now_ms, bint commit, CheckResult* out) except? -100:
+        """The algorithm's step on the bucket under self.keybuf[:keylen]."""
+        cdef BucketParams bp
         if r.algorithm == ALG_TOKEN_BUCKET:
             bp = r.bucket
             bp.cost = cost
             if cost > MAX_LIMIT:
                 bp.cost = bp.capacity + 1   # can never pass; keeps the maths in range
-            rc = bucket_check(&self.tables[r.algorithm], self.keybuf, keylen, &bp,
-                              now_ms, commit, out)
-        elif r.algorithm == ALG_FIXED_WINDOW:
-            rc = fixed_window_check(&self.tables[r.algorithm], self.keybuf, keylen, r,
-                                    cost, now_ms, commit, out)
-        elif r.algorithm == ALG_SLIDING_WINDOW:
-            rc = sliding_window_check(&self.tables[r.algorithm], self.keybuf, keylen,
-                                      r, cost, now_ms, commit, out)
-        else:
-            rc = gcra_check(&self.tables[r.algorithm], self.keybuf, keylen, r, cost, now_ms,
-                            commit, out)
+            return bucket_check(&self.tables[r.algorithm], self.keybuf, keylen, &bp,
+                                now_ms, commit, out)
+        if r.algorithm == ALG_FIXED_WINDOW:
+            return fixed_window_check(&self.tables[r.algorithm], self.keybuf, keylen, r,
+                                      cost, now_ms, commit, out)
+        if r.algorithm == ALG_SLIDING_WINDOW:
+            return sliding_window_check(&self.tables[r.algorithm], self.keybuf, keylen,
+                                        r, cost, now_ms, commit, out)
+        return gcra_check(&self.tables[r.algorithm], self.keybuf, keylen, r, cost, now_ms,
+                          commit, out)
+
+    # ---- split keys (fl_split.h) --------------------------------------------------
+
+    cdef int choose_subs(self, const char** client, size_t* clen, int n) except? -100:
+        """The sub-bucket each of the n selected rules checks (self.subs).
+        A client key that is a sub-key ("user:42#3") names its sub-bucket
+        and is made its base key ("user:42", in self.basebuf); a plain one,
+        or one past the rule's k (a client still on a larger split), gets a
+        random sub-bucket, or, in cluster mode, is refused (its sub-buckets
+        live on several shards: the client names one).  Without a split
+        rule among them the key is as given."""
+        cdef int i, index = -1, any_split = 0
+        cdef size_t at, cut
+        cdef RuleSpec* r
+        for i in range(n):
+            self.subs[i] = -1
+            any_split |= self.rules[self.order[i]].split > 1
+        if not any_split:
+            return FL_OK
+        if fl_split_parse(client[0], clen[0], FL_SPLIT_MAX, &index, &at):
+            self.keep_base(client, clen, at, 2 if index < 10 else 3)
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            if r.split <= 1:
+                if self.local_slots != NULL:
+                    return FL_ESPLITMIX     # its bucket would be on every shard of a sub-key
+            elif 0 <= index < r.split:
+                self.subs[i] = index
+            elif self.local_slots != NULL:
+                self.refused_split = r.split
+                return FL_ESPLIT
+            else:
+                self.subs[i] = self.pick_sub(self.order[i], client[0], clen[0], -1)
+        return FL_OK
+
+    cdef int keep_base(self, const char** client, size_t* clen, size_t at,
+                       size_t cut) except -1:
+        """client[0][:clen] without the cut bytes of its sub-key suffix at
+        `at`, in self.basebuf, becomes the request's client key."""
+        cdef char* grown
+        if clen[0] > self.basecap:
+            grown = <char*>realloc(self.basebuf, clen[0])
+            if grown == NULL:
+                raise MemoryError()
+            self.basebuf, self.basecap = grown, clen[0]
+        memcpy(self.basebuf, client[0], at)
+        memcpy(self.basebuf + at, client[0] + at + cut, clen[0] - at - cut)
+        client[0] = self.basebuf
+        clen[0] = clen[0] - cut
+        return 0
+
+    cdef int pick_sub(self, uint32_t num, const char* client, size_t clen, int other):
+        """A random sub-bucket of rule num other than `other` that lives
+        here (split_pick); -1 when there is none."""
+        cdef char* grown
+        cdef size_t n = clen + FL_SPLIT_SUFFIX_MAX
+        if n > self.keycap:
+            grown = <char*>realloc(self.keybuf, n)
+            if grown == NULL:
+                return -1
+            self.keybuf, self.keycap = grown, n
+        return split_pick(&self.rng, self.local_slots, client, clen, self.rules[num].split,
+                          other, self.keybuf)
+
+    cdef int second_choice(self, int i, const char* client, size_t clen,
+                           const char* resource, size_t rlen, int64_t cost,
+                           int64_t now_ms) except? -100:
+        """Two choices: a split rule's sub-bucket denied, so one other one
+        (here) is tried; it replaces the first when it allows."""
+        cdef uint32_t num = self.order[i]
+        cdef CheckResult alt
+        cdef int rc, j = self.pick_sub(num, client, clen, self.subs[i])
+        if j < 0:
+            return FL_OK
+        rc = self.inherit(num, j, client, clen, resource, rlen, now_ms)
+        if rc == FL_OK:
+            rc = self.check_rule(num, j, client, clen, resource, rlen, cost, now_ms,
+                                 False, &alt)
+        if rc == FL_OK and alt.allowed:
+            self.subs[i] = j
+            self.results[i] = alt
         return rc
+
+    cdef int inherit(self, uint32_t num, int sub, const char* client, size_t clen,
+                     const char* resource, size_t rlen, int64_t now_ms) except? -100:
+        """After a change of a rule's split, a bucket of the new split that
+        does not exist yet starts as full as the key's buckets of the newest
+        earlier split that this node holds (what they have left over what
+        they hold), never fuller: changing k redistributes what is left
+        and resets nothing.  Only for a check that may write."""
+        cdef RuleSpec* r = &self.rules[num]
+        cdef RuleSpec part
+        cdef CheckResult old
+        cdef Probe p
+        cdef size_t keylen
+        cdef fl_i128 left = 0, held = 0
+        cdef int g, j, k, rc
+        cdef int64_t share, keep
+        if r.nprev == 0:
+            return FL_OK
+        keylen = self.compose_key(num, r.split_epoch, sub, client, clen, resource, rlen)
+        if keylen > FL_MAX_KEY_LEN or table_lookup(&self.tables[r.algorithm], self.keybuf,
+                                                   keylen, &p):
+            return FL_OK
+        for g in range(r.nprev):
+            k = r.prev_split[g]
+            for j in range(k):
+                keylen = self.compose_key(num, r.prev_epoch[g], j if k > 1 else -1, client,
+                                          clen, resource, rlen)
+                if keylen > FL_MAX_KEY_LEN or not table_lookup(&self.tables[r.algorithm],
+                                                               self.keybuf, keylen, &p):
+                    continue
+                sub_spec(r, k, j, &part)
+                rc = self.check_spec(&part, keylen, 0, now_ms, False, &old)
+                if rc != FL_OK:
+                    return rc
+                left += max(old.remaining, 0)
+                held += old.limit
+            if held > 0:
+                break
+        if held == 0:
+            return FL_OK        # a key this node never saw: it starts full
+        sub_spec(r, r.split, sub if sub >= 0 else 0, &part)
+        share = split_total(&part)
+        keep = <int64_t>(share * min(left, held) // held)
+        if keep >= share:
+            return FL_OK
+        keylen = self.compose_key(num, r.split_epoch, sub, client, clen, resource, rlen)
+        return self.check_spec(&part, keylen, share - keep, now_ms, True, &old)
+
+    cpdef str split_error(self, int rc):
+        """The error of an evaluation that returned FL_ESPLIT or
+        FL_ESPLITMIX, starting with its code word (no "ERR")."""
+        if rc == FL_ESPLIT:
+            return split_refused(self.refused_split)
+        return ("SPLIT 0 in cluster mode a split rule cannot be checked together with a "
+                "rule that is not split")
+
+    cdef size_t key_of(self, int i, const char* client, size_t clen, const char* resource,
+                       size_t rlen) except? 0:
+        """compose_key for the i-th selected rule of this evaluation."""
+        cdef uint32_t num = self.order[i]
+        return self.compose_key(num, self.rules[num].split_epoch, self.subs[i], client,
+                                clen, resource, rlen)
 
     cdef int make_room(self, const char* client, size_t clen, const char* resource,
                        size_t rlen, int n, int64_t now_ms) except? -100:
@@ -853,7 +1112,7 @@ cdef class RuleEngine:
         cdef int i
         for i in range(n):
             r = &self.rules[self.order[i]]
-            keylen = self.compose_key(self.order[i], client, clen, resource, rlen)
+            keylen = self.key_of(i, client, clen, resource, rlen)
             t = &self.tables[r.algorithm]
             if keylen <= FL_MAX_KEY_LEN and not table_lookup(t, self.keybuf, keylen, &p):
                 need += insert_cost(t, p.shard, keylen)
@@ -868,15 +1127,18 @@ cdef class RuleEngine:
                 return True
         return False
 
-    cdef size_t compose_key(self, uint32_t num, const char* client, size_t clen,
-                            const char* resource, size_t rlen) except? 0:
+    cdef size_t compose_key(self, uint32_t num, uint32_t epoch, int sub, const char* client,
+                            size_t clen, const char* resource, size_t rlen) except? 0:
         """Writes the rule's bucket key for the request into self.keybuf:
         <u32 rule number><client>, or <u32 rule number><u16 client
         length><client><resource> for a per-resource rule (the length keeps
         client "a" + resource "bc" apart from client "ab" + resource "c");
-        returns its length."""
+        for sub-bucket `sub` of a split the client is its sub-key and the
+        number's high byte the split's epoch.  Returns its length."""
         cdef bint per_resource = self.rules[num].per_resource
-        cdef size_t keylen = 4 + clen + (2 + rlen if per_resource else 0)
+        cdef size_t sublen = clen + (FL_SPLIT_SUFFIX_MAX if sub >= 0 else 0)
+        cdef size_t keylen = 4 + sublen + (2 + rlen if per_resource else 0)
+        cdef size_t at = 6 if per_resource else 4
         cdef char* grown
         if keylen > self.keycap and keylen <= FL_MAX_KEY_LEN:
             grown = <char*>realloc(self.keybuf, keylen)
@@ -886,14 +1148,16 @@ cdef class RuleEngine:
             self.keycap = keylen
         if keylen > FL_MAX_KEY_LEN:
             return keylen     # the caller refuses it; clen may not fit a u16
-        fl_put_u32(self.keybuf, num)
-        if per_resource:
-            fl_put_u16(self.keybuf + 4, <uint16_t>clen)
-            memcpy(self.keybuf + 6, client, clen)
-            memcpy(self.keybuf + 6 + clen, resource, rlen)
+        fl_put_u32(self.keybuf, num | (epoch << RULE_NUMBER_BITS))
+        if sub >= 0:
+            sublen = fl_split_subkey(client, clen, sub, self.keybuf + at)
         else:
-            memcpy(self.keybuf + 4, client, clen)
-        return keylen
+            sublen = clen
+            memcpy(self.keybuf + at, client, clen)
+        if per_resource:
+            fl_put_u16(self.keybuf + 4, <uint16_t>sublen)
+            memcpy(self.keybuf + 6 + sublen, resource, rlen)
+        return at + sublen + (rlen if per_resource else 0)
 
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
                       size_t rlen, int n, int64_t cost, int64_t now_ms,
@@ -907,9 +1171,20 @@ cdef class RuleEngine:
         cdef int i, rc, binding = -1
         cdef bint passed = True
         cdef RuleSpec* r
+        rc = self.choose_subs(&client, &clen, n)
+        if rc != FL_OK:
+            return rc
         for i in range(n):
-            rc = self.check_rule(self.order[i], client, clen, resource, rlen, cost,
-                                 now_ms, False, &self.results[i])
+            r = &self.rules[self.order[i]]
+            if r.nprev and cost > 0:    # a new split's bucket, as full as the old ones
+                rc = self.inherit(self.order[i], self.subs[i], client, clen, resource, rlen,
+                                  now_ms)
+                if rc != FL_OK:
+                    return rc
+            rc = self.check_rule(self.order[i], self.subs[i], client, clen, resource, rlen,
+                                 cost, now_ms, False, &self.results[i])
+            if rc == FL_OK and not self.results[i].allowed and self.subs[i] >= 0 and cost > 0:
+                rc = self.second_choice(i, client, clen, resource, rlen, cost, now_ms)
             if rc != FL_OK:
                 return rc
             if cost == 0:
@@ -929,8 +1204,8 @@ cdef class RuleEngine:
                 r = &self.rules[self.order[i]]
                 if r.shadow and not self.results[i].allowed:
                     continue    # a shadow rule that would deny spends nothing
-                rc = self.check_rule(self.order[i], client, clen, resource, rlen, cost,
-                                     now_ms, True, &self.results[i])
+                rc = self.check_rule(self.order[i], self.subs[i], client, clen, resource,
+                                     rlen, cost, now_ms, True, &self.results[i])
                 if rc != FL_OK:
                     return rc
         for i in range(n):
@@ -971,7 +1246,7 @@ cdef class RuleEngine:
         if not fl_hk_begin(self.hot, now_ms):
             return 0
         for i in range(n):
-            keylen = self.compose_key(self.order[i], client, clen, resource, rlen)
+            keylen = self.key_of(i, client, clen, resource, rlen)
             fl_hk_count(self.hot, FL_HK_RULE, self.keybuf, keylen)
         return 0
 
@@ -1013,6 +1288,8 @@ cdef class RuleEngine:
         rc = self.evaluate(client, len(client), resource, len(resource), n, cost, now, &out)
         if rc == FL_EKEYLEN:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
+        if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
+            raise ValueError(self.split_error(rc))
         if rc != FL_OK:
             raise_for(rc)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
@@ -1034,7 +1311,7 @@ cdef class RuleEngine:
         remaining, retry_after_ms, lease_id), lease_id -1 when denied."""
         cdef CheckResult out
         cdef RuleSpec* r = self.concurrency_rule(num)
-        cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
+        cdef size_t keylen = self.compose_key(num, 0, -1, client, len(client), resource, len(resource))
         cdef int64_t now = self.checked_now(now_ms)
         cdef int rc
         if keylen > FL_MAX_KEY_LEN:
@@ -1054,7 +1331,7 @@ cdef class RuleEngine:
         """Gives a lease back; True when it was held (not released before,
         not run out)."""
         cdef RuleSpec* r = self.concurrency_rule(num)
-        cdef size_t keylen = self.compose_key(num, client, len(client), resource, len(resource))
+        cdef size_t keylen = self.compose_key(num, 0, -1, client, len(client), resource, len(resource))
         if keylen > FL_MAX_KEY_LEN:
             return False
         return concurrency_release(r.leases, self.keybuf, keylen, r, lease_id,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastlimit._hotkeys import BUCKET, KEY_MAX, RULE, HotKeys
+from fastlimit._rules import MAX_RULE_NUMBER
 
 # How many characters of a key INFO, /metrics and the status page show:
 # the tracker keeps KEY_MAX bytes, and a label longer than that helps nobody.
@@ -52,7 +53,7 @@ def _rule_parts(key: bytes, full_len: int, scope_of: Callable[[int], str | None]
     <u32 rule number><client>, or <u32><u16 client length><client><resource>."""
     if len(key) < 4:
         return None, key, None
-    num = struct.unpack_from("<I", key)[0]
+    num = struct.unpack_from("<I", key)[0] & MAX_RULE_NUMBER   # the high byte: a split epoch
     scope = scope_of(num)
     rest = key[4:]
     if scope == "client+resource" and len(rest) >= 2:

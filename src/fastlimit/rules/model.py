@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from fastlimit._rules import MAX_RULES_PER_REQUEST  # noqa: F401  (rules refer to it here)
+from fastlimit._rules import MAX_SPLIT
 
 E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
 MAX_PERIOD_MS = 4294967295          # the engine keeps refill remainders in a u32
@@ -38,7 +39,10 @@ MODES = ("enforce", "shadow")
 ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
-COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key")
+COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
+                 "split_history")
+MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
+SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
 # Per algorithm, its numeric fields in canonical order with their bounds
 # and the bound as the error message says it.
@@ -102,6 +106,13 @@ class Rule:
     mode: str = "enforce"
     on_failure: str = "open"
     scope: str = "client"          # the document's "key" field
+    # A hot key's bucket split into this many sub-buckets (README, "Split
+    # keys"); the epoch tells the buckets of successive splits apart and
+    # the history, ((epoch, k), ...) newest first, is where a new split's
+    # buckets take what is left from.  The registry advances both.
+    split: int = 1
+    split_epoch: int = 0
+    split_history: tuple[tuple[int, int], ...] = ()
 
     @property
     def params(self) -> dict[str, int]:
@@ -116,9 +127,16 @@ class Rule:
     def to_dict(self) -> dict:
         """The canonical document: every field, defaults written out, in a
         fixed order, so equal rules have equal documents."""
-        return {"match": self.match.to_dict(), "algorithm": self.algorithm,
-                **self.params, "mode": self.mode, "on_failure": self.on_failure,
-                "key": self.scope}
+        doc = {"match": self.match.to_dict(), "algorithm": self.algorithm,
+               **self.params, "mode": self.mode, "on_failure": self.on_failure,
+               "key": self.scope}
+        if self.split > 1:
+            doc["split"] = self.split
+        if self.split_epoch:
+            doc["split_epoch"] = self.split_epoch
+        if self.split_history:
+            doc["split_history"] = [list(pair) for pair in self.split_history]
+        return doc
 
     def to_json(self) -> str:
         """The canonical document as compact JSON."""
@@ -147,7 +165,28 @@ class Rule:
             params["refill"] = params.pop("refill_per_second")
             params["period_ms"] = 1000
         spec.update(params)
+        if self.split > 1 or self.split_epoch:
+            spec.update(split=self.split, split_epoch=self.split_epoch,
+                        split_history=[list(pair) for pair in self.split_history])
         return spec
+
+    def resplit(self, old: Rule) -> Rule:
+        """This rule replacing `old` on the same buckets: a changed split
+        gets the next epoch, with old's split first in its history, unless
+        the document moved the epoch itself (a stored rule another node
+        already advanced); an unchanged split keeps old's epoch and
+        history unless the document gives its own.  Epochs run 1 to 255
+        once advanced, so 0 means "never changed"."""
+        if self.split == old.split:
+            if self.split_epoch or self.split_history:
+                return self
+            return replace(self, split_epoch=old.split_epoch,
+                           split_history=old.split_history)
+        if self.split_epoch not in (0, old.split_epoch):
+            return self
+        history = ((old.split_epoch, old.split),) + old.split_history[:SPLIT_HISTORY - 1]
+        return replace(self, split_epoch=old.split_epoch % MAX_SPLIT_EPOCH + 1,
+                       split_history=history)
 
 
 # ---- parsing -----------------------------------------------------------------------
@@ -257,11 +296,14 @@ class _RuleParser:
         algorithm = self.choice("algorithm", ALGORITHMS, default="token_bucket",
                                 message="must be one of " + ", ".join(ALGORITHMS))
         self.reject_unknown(algorithm)
-        return Rule(id=self.rule_id, match=self.match(), algorithm=algorithm,
-                    numbers=self.numbers(algorithm),
+        match, numbers = self.match(), self.numbers(algorithm)
+        return Rule(id=self.rule_id, match=match, algorithm=algorithm, numbers=numbers,
                     mode=self.choice("mode", MODES, default="enforce"),
                     on_failure=self.choice("on_failure", ON_FAILURE, default="open"),
-                    scope=self.choice("key", SCOPES, default="client"))
+                    scope=self.choice("key", SCOPES, default="client"),
+                    split=self.split(algorithm, dict(numbers)),
+                    split_epoch=self.integer("split_epoch", 0, MAX_SPLIT_EPOCH, 0),
+                    split_history=self.split_history())
 
     def choice(self, field: str, allowed: tuple, default: str, message: str = "") -> str:
         value = self.doc.get(field, default)
@@ -269,6 +311,55 @@ class _RuleParser:
             quoted = " or ".join(f"'{a}'" for a in allowed)
             raise self.fail(field, message or f"must be {quoted}")
         return value
+
+    def integer(self, field: str, low: int, high: int, default: int) -> int:
+        value = self.doc.get(field, default)
+        if type(value) is not int or not low <= value <= high:
+            raise self.fail(field, f"must be an integer from {low} to {high}")
+        return value
+
+    def split(self, algorithm: str, v: dict) -> int:
+        """k, with the engine's bounds on a sub-bucket: at least one token
+        each, its period (k times the rule's) in range."""
+        k = self.integer("split", 1, MAX_SPLIT, 1)
+        if k == 1:
+            return k
+        if algorithm == "concurrency":
+            raise self.fail("split", "a concurrency rule cannot be split (its leases "
+                                     "must be counted in one place)")
+        total = {"token_bucket": v.get("capacity"), "gcra": v.get("burst", 0) + 1}.get(
+            algorithm, v.get("limit"))
+        if total < k:
+            raise self.fail("split", f"more sub-buckets than the {algorithm} has tokens "
+                                     f"({total})")
+        period = v.get("window_ms", v.get("period_ms", 1000))
+        if period * k > MAX_PERIOD_MS:
+            raise self.fail("split", f"a sub-bucket's period ({period} ms x {k}) must be "
+                                     f"at most {MAX_PERIOD_MS} ms")
+        share = -(-total // k)                   # the largest sub-bucket
+        if algorithm == "token_bucket" and share * period * k > \
+                MAX_REFILL_TIME_MS * v.get("refill", v.get("refill_per_second")):
+            raise self.fail("split", "too slow a refill for a sub-bucket: refilling it "
+                                     "would take more than 10^15 ms")
+        if algorithm == "gcra" and period * k * share > MAX_GCRA_TOLERANCE:
+            raise self.fail("split", "a sub-bucket's period_ms * (burst + 1) must be at "
+                                     "most 10^18")
+        return k
+
+    def split_history(self) -> tuple[tuple[int, int], ...]:
+        history = self.doc.get("split_history", [])
+        reason = (f"must be a list of at most {SPLIT_HISTORY} [epoch, k] pairs, epoch "
+                  f"0 to {MAX_SPLIT_EPOCH}, k 1 to {MAX_SPLIT}")
+        if not isinstance(history, list) or len(history) > SPLIT_HISTORY:
+            raise self.fail("split_history", reason)
+        pairs = []
+        for pair in history:
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(type(x) is int for x in pair)
+                    and 0 <= pair[0] <= MAX_SPLIT_EPOCH and 1 <= pair[1] <= MAX_SPLIT):
+                raise self.fail("split_history", reason)
+            pairs.append((pair[0], pair[1]))
+        return tuple(pairs)
 
     def reject_unknown(self, algorithm: str) -> None:
         own = NUMBER_FIELDS[algorithm]

@@ -273,11 +273,11 @@ class RuleRegistry:
     def set(self, rule_id: str, doc, source: str = SOURCE_COMMAND) -> Rule:
         """Validates, persists and applies one rule; an invalid rule (or a
         failed write) raises RuleError and changes nothing."""
-        rule = parse_rule(rule_id, doc)
         old = self._entries.get(rule_id)
-        if old is None or old.rule != rule or old.source != source:
-            self._commit([self._change(rule, source, old)])
-        return rule
+        change = self._change(parse_rule(rule_id, doc), source, old)
+        if old is None or old.rule != change.new.rule or old.source != source:
+            self._commit([change])
+        return change.new.rule
 
     def get(self, rule_id: str) -> Rule | None:
         entry = self._entries.get(rule_id)
@@ -370,6 +370,8 @@ class RuleRegistry:
         keeps_buckets = (old is not None and old.rule.algorithm == rule.algorithm
                          and old.rule.scope == rule.scope)
         num = old.num if old is not None and keeps_buckets else self._take_number()
+        if keeps_buckets:
+            rule = rule.resplit(old.rule)
         stamp = self.now_ms() if updated_ms is None else updated_ms
         return Change(rule.id, old, Entry(rule, num, source, stamp, version))
 
