@@ -272,3 +272,23 @@ def test_counters_are_buckets_of_the_engine_and_a_check_only_call_writes_none(ri
     # past the day's window, with time enough for a traced debug build
     r.engine.sweep(now_ms=r.clock.now() + 86_400_000 + 1000, budget_ms=10_000)
     assert len(r.engine) == 0
+
+
+SPLIT = """
+domain: hot
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket, split: 4}
+"""
+
+
+def test_a_split_descriptor_limit_admits_its_limit_over_sub_buckets(rig):
+    """split: k makes each of the descriptor's buckets k sub-buckets
+    (README "Split keys"): never more than the limit, denied only when the
+    two sub-buckets tried are empty, so nearly all of it at a demand of
+    twice the limit."""
+    r = rig(SPLIT)
+    statuses = [r.call("hot", [("tenant", "acme")])[1][0] for _ in range(200)]
+    allowed = sum(s[0] == OK for s in statuses)
+    assert 90 <= allowed <= 100
+    assert statuses[0][1] == lim(100, MINUTE)

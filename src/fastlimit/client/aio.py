@@ -70,12 +70,12 @@ class AsyncClient(_ClientBase):
         return self.connect_timeout_ms
 
     async def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
-                    period_ms: int = 1000, on_failure: str = "open") -> Decision:
+                    period_ms: int = 1000, on_failure: str = "open", split: int = 1) -> Decision:
         """See ``Client.check``."""
         key = key_bytes(key)
         request = self._check_request(key, capacity, refill_per_sec, cost, period_ms,
-                                      on_failure)
-        if not self._prefetchable(cost):
+                                      on_failure, split)
+        if not self._prefetchable(cost, split):
             return await self._execute(request)
         bucket = (key, capacity, refill_per_sec, period_ms)
         decision = self._spend_prefetched(bucket, cost)
@@ -116,7 +116,10 @@ class AsyncClient(_ClientBase):
                 return self._degraded(node, request, e)
             target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
             if target is None:
-                return self._answered(node, request, reply)
+                resent = self._split_learned(request, reply, hops)
+                if resent is None:
+                    return self._answered(node, request, reply)
+                request, target = resent, self._node_for(resent.route_key)
             node, hops = target, hops + 1
 
     # ---- cluster mode ---------------------------------------------------

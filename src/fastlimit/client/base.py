@@ -21,6 +21,7 @@ from redis.exceptions import MovedError, ResponseError
 
 from fastlimit.breaker import CircuitBreaker
 from fastlimit.client.prefetch import _Prefetch
+from fastlimit.client.split_keys import SplitKeys, random_subkey, split_refusal
 from fastlimit.cluster.client import (
     DEFAULT_CLUSTER_TIMEOUT_MS,
     MAX_REDIRECTS,
@@ -74,6 +75,7 @@ class Stats:
     master_switches: int = 0  # failovers the sentinels announced (+switch-master)
     moved: int = 0           # MOVED replies followed to another node (cluster mode)
     map_refreshes: int = 0   # slot maps read from CLUSTER SLOTS (cluster mode)
+    split_learned: int = 0   # "-SPLIT k" replies resent on a sub-key (cluster mode)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def incr(self, name: str, n: int = 1) -> None:
@@ -117,20 +119,27 @@ class _Request:
     """One call: the command for the server, the key that picks the server,
     and what to answer if the server cannot."""
 
-    __slots__ = ("route_key", "command", "limit", "on_failure", "local")
+    __slots__ = ("route_key", "command", "limit", "on_failure", "local", "split_id")
 
     def __init__(self, route_key: bytes, command: tuple, limit: int, on_failure: str,
-                 local: Callable[[], Decision | None] | None):
+                 local: Callable[[], Decision | None] | None, split_id: tuple | None = None):
         self.route_key = route_key
         self.command = command
         self.limit = limit            # for failed_* decisions; UNKNOWN_LIMIT for limit()
         self.on_failure = on_failure
         self.local = local            # the LocalFallback's answer, if there is one
+        self.split_id = split_id      # CL.LIMIT's (client key, resource, tier): SplitKeys
 
     def with_command(self, command: tuple) -> _Request:
         """Another command for the same call (a pre-fetch batch): the
         fallback still charges the caller's own cost."""
-        return _Request(self.route_key, command, self.limit, self.on_failure, self.local)
+        return _Request(self.route_key, command, self.limit, self.on_failure, self.local,
+                        self.split_id)
+
+    def on_subkey(self, sub: bytes) -> _Request:
+        """The same call on a sub-key of its key (command[1]), routed by it."""
+        return _Request(sub, (self.command[0], sub, *self.command[2:]), self.limit,
+                        self.on_failure, self.local)
 
 
 class _Node:
@@ -146,13 +155,15 @@ class _Node:
 
 
 def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
-                  period_ms: int) -> tuple:
+                  period_ms: int, split: int = 1) -> tuple:
     """CL.CHECK's arguments; the defaults are left off the wire."""
     command: tuple[str | bytes | int, ...] = ("CL.CHECK", key, capacity, refill_per_sec)
     if cost != 1:
         command += ("COST", cost)
     if period_ms != 1000:
         command += ("PERIOD", period_ms)
+    if split != 1:
+        command += ("SPLIT", split)
     return command
 
 
@@ -228,6 +239,7 @@ class _ClientBase:
         self._prefetch = (_Prefetch(preaggregate, preaggregate_ttl_ms / 1000)
                           if preaggregate else None)
         self._failure_log = _FailureLog()
+        self._splits = SplitKeys()
 
     def _new_node(self, name: str, client) -> _Node:
         breaker = self._breaker
@@ -351,13 +363,17 @@ class _ClientBase:
     # ---- requests -----------------------------------------------------
 
     def _check_request(self, key: bytes, capacity: int, refill_per_sec: int, cost: int,
-                       period_ms: int, on_failure: str) -> _Request:
+                       period_ms: int, on_failure: str, split: int = 1) -> _Request:
         check_on_failure(on_failure)
         fallback = self.fallback
         local = None if fallback is None else (
             lambda: fallback.check(key, capacity, refill_per_sec, cost, period_ms))
-        return _Request(key, check_command(key, capacity, refill_per_sec, cost, period_ms),
-                        capacity, on_failure, local)
+        request = _Request(key, check_command(key, capacity, refill_per_sec, cost, period_ms,
+                                              split), capacity, on_failure, local)
+        if split > 1 and self._cluster is not None:
+            # its sub-buckets are on several shards: this client picks one
+            return request.on_subkey(random_subkey(key, split))
+        return request
 
     def _limit_request(self, client_key: Key, resource: str, tier: str | None,
                        cost: int, on_failure: str) -> _Request:
@@ -371,12 +387,34 @@ class _ClientBase:
         fallback = self.fallback
         local = None if fallback is None else (
             lambda: fallback.limit(client_key, resource, tier, cost))
-        return _Request(client_key, command, UNKNOWN_LIMIT, on_failure, local)
+        request = _Request(client_key, command, UNKNOWN_LIMIT, on_failure, local,
+                           (client_key, resource, tier))
+        return self._split_known(request)
+
+    # ---- split keys (cluster mode; split_keys.py) -----------------------
+
+    def _split_known(self, request: _Request) -> _Request:
+        """A CL.LIMIT on a key the cluster said is split: on a random sub-key."""
+        if self._cluster is None:
+            return request
+        k = self._splits.get(request.split_id)
+        return request if k is None else request.on_subkey(random_subkey(request.command[1], k))
+
+    def _split_learned(self, request: _Request, reply, hops: int) -> _Request | None:
+        """After a "-SPLIT k" reply, the call to resend on a random sub-key
+        (k remembered for the next calls); None for any other reply."""
+        k = split_refusal(reply)
+        if k is None or request.split_id is None or hops >= MAX_REDIRECTS:
+            return None
+        self.stats.incr("split_learned")
+        self._splits.learn(request.split_id, k)
+        return request.on_subkey(random_subkey(request.command[1], k))
 
     # ---- pre-aggregation (check only) ------------------------------------
 
-    def _prefetchable(self, cost: int) -> bool:
-        return self._prefetch is not None and 0 < cost <= self._prefetch.batch
+    def _prefetchable(self, cost: int, split: int = 1) -> bool:
+        # a split bucket's tokens are k buckets' (and shards'): not batched
+        return self._prefetch is not None and 0 < cost <= self._prefetch.batch and split == 1
 
     def _spend_prefetched(self, bucket: tuple, cost: int) -> Decision | None:
         prefetch = self._prefetch

@@ -74,13 +74,15 @@ class Client(_ClientBase):
         return Retry(NoBackoff(), 0)
 
     def check(self, key: Key, capacity: int, refill_per_sec: int, cost: int = 1,
-              period_ms: int = 1000, on_failure: str = "open") -> Decision:
+              period_ms: int = 1000, on_failure: str = "open", split: int = 1) -> Decision:
         """``CL.CHECK``: spend ``cost`` tokens of ``key``'s bucket, which holds
-        ``capacity`` and gains ``refill_per_sec`` every ``period_ms``."""
+        ``capacity`` and gains ``refill_per_sec`` every ``period_ms``;
+        ``split`` k makes it k sub-buckets (README "Split keys"), and in
+        cluster mode this client picks one, so the check goes to its shard."""
         key = key_bytes(key)
         request = self._check_request(key, capacity, refill_per_sec, cost, period_ms,
-                                      on_failure)
-        if not self._prefetchable(cost):
+                                      on_failure, split)
+        if not self._prefetchable(cost, split):
             return self._execute(request)
         bucket = (key, capacity, refill_per_sec, period_ms)
         decision = self._spend_prefetched(bucket, cost)
@@ -115,7 +117,10 @@ class Client(_ClientBase):
             self._round_trip_ok(node, 1)
             target = self._redirect(node, reply, hops) if type(reply) is MovedError else None
             if target is None:
-                return self._answered(node, request, reply)
+                resent = self._split_learned(request, reply, hops)
+                if resent is None:
+                    return self._answered(node, request, reply)
+                request, target = resent, self._node_for(resent.route_key)
             node, hops = target, hops + 1
 
     # ---- cluster mode ---------------------------------------------------

@@ -8,6 +8,8 @@ Beyond the reference, in the same YAML (keys the reference would refuse):
 
     algorithm: fixed_window|token_bucket|gcra|sliding_window   per limit
     unit_multiplier: N          the window is N units (default 1)
+    split: k                    a hot descriptor's bucket as k sub-buckets (README
+                                "Split keys"; not for fixed_window, counted whole)
     rate_limits: [{...}, ...]   several limits on one descriptor (beside or
                                 instead of rate_limit)
     counting: reference|atomic  per domain, at the top of the file
@@ -22,6 +24,8 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
+
+from fastlimit._rules import MAX_SPLIT
 
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).
@@ -38,7 +42,7 @@ REFERENCE_KEYS = frozenset((
     "domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
     "unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata"))
-EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting"))
+EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting", "split"))
 VALID_KEYS = REFERENCE_KEYS | EXTRA_KEYS
 
 MAX_UINT32 = 2**32 - 1
@@ -71,6 +75,7 @@ class Limit:
     full_key: str               # "domain.key_value.key" as the reference's stats name it
     index: int                  # which limit of the node, so each has its own counter
     counter: tuple              # counter_key(): the engine rule it counts in
+    split: int = 1              # sub-buckets of each of its buckets
 
     @property
     def current_limit(self) -> tuple[int, int, bytes]:
@@ -120,12 +125,15 @@ class RlsConfig:
 EMPTY = RlsConfig({}, ())
 
 
-def counter_key(algorithm: str, rpu: int, window_s: int) -> tuple:
+def counter_key(algorithm: str, rpu: int, window_s: int, split: int = 1) -> tuple:
     """The engine rule a limit counts in: one per algorithm and numbers,
     except that the reference's fixed windows of one length share one
     (their keys keep them apart, and a changed requests_per_unit keeps
-    its counts)."""
-    return (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+    its counts).  A split limit's rule is another one (its buckets are
+    sub-buckets); an unsplit one keeps the key it always had, so its
+    reserved rule number, and its counts, survive an upgrade."""
+    key = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+    return key + (split,) if split > 1 else key
 
 
 class _Budget:
@@ -398,6 +406,8 @@ class _Loader:
         algorithm = self.unmarshal("algorithm", p.get("algorithm"), str) or "fixed_window"
         multiplier = self.unmarshal("unit_multiplier", p.get("unit_multiplier"), int) \
             if p.get("unit_multiplier") is not None else 1
+        split = self.unmarshal("split", p.get("split"), int) if p.get("split") is not None \
+            else 1
         unit_enum, unit_s = UNITS.get(unit_text.upper(), (0, 0))
         if unlimited:
             if unit_enum:
@@ -420,6 +430,23 @@ class _Loader:
                              f"of the {algorithm} algorithm")
         if algorithm != "fixed_window" and not unlimited and rpu == 0:
             raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
+        self.check_split(split, algorithm, rpu, window_s)
         return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],
                      flags["quota_mode"], frozenset(r.encode("utf-8") for r in replaces),
-                     algorithm, window_s, full_key, index, counter_key(algorithm, rpu, window_s))
+                     algorithm, window_s, full_key, index,
+                     counter_key(algorithm, rpu, window_s, split), split)
+
+    def check_split(self, split: int, algorithm: str, rpu: int, window_s: int) -> None:
+        if split == 1:
+            return
+        if not 1 <= split <= MAX_SPLIT:
+            raise self.error(f"split must be from 1 to {MAX_SPLIT}")
+        if algorithm == "fixed_window":
+            raise self.error("split needs algorithm token_bucket, gcra or sliding_window "
+                             "(a fixed_window counter is counted whole)")
+        if rpu < split:
+            raise self.error(f"split {split} is more than requests_per_unit {rpu}: every "
+                             "sub-bucket needs a token")
+        if window_s * split > MAX_WINDOW_S:
+            raise self.error(f"split {split} makes a sub-bucket's window of {window_s} s x "
+                             f"{split} longer than the {MAX_WINDOW_S} s of the engine")

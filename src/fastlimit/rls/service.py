@@ -59,17 +59,19 @@ class RlsError(Exception):
     this message, as the reference does."""
 
 
-def engine_spec(algorithm: str, rpu: int, window_s: int) -> dict:
+def engine_spec(algorithm: str, rpu: int, window_s: int, split: int = 1) -> dict:
     window_ms = window_s * 1000
     if algorithm == "fixed_window":
         return {"algorithm": "fixed_window", "limit": COUNTER_LIMIT,
                 "window_ms": min(window_ms, MAX_ENGINE_WINDOW_MS)}
     if algorithm == "token_bucket":
-        return {"algorithm": "token_bucket", "capacity": rpu, "refill": rpu,
+        spec = {"algorithm": "token_bucket", "capacity": rpu, "refill": rpu,
                 "period_ms": window_ms}
-    if algorithm == "gcra":
-        return {"algorithm": "gcra", "burst": rpu - 1, "count": rpu, "period_ms": window_ms}
-    return {"algorithm": "sliding_window", "limit": rpu, "window_ms": window_ms}
+    elif algorithm == "gcra":
+        spec = {"algorithm": "gcra", "burst": rpu - 1, "count": rpu, "period_ms": window_ms}
+    else:
+        spec = {"algorithm": "sliding_window", "limit": rpu, "window_ms": window_ms}
+    return dict(spec, split=split) if split > 1 else spec
 
 
 def bucket_key(domain: bytes, entries, shares) -> bytes:
@@ -225,7 +227,7 @@ class RateLimitService:
             num = self.registry.reserve(name, limit.algorithm, RESERVED_SCOPE)
             try:
                 self.engine.define(num, engine_spec(limit.algorithm, limit.requests_per_unit,
-                                                   limit.window_s))
+                                                   limit.window_s, limit.split))
             except ValueError as e:
                 self.registry.release(name)
                 raise ValueError(f"{source}: {limit.full_key}: {e}") from None
