@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from fastlimit._rules import MAX_RULES_PER_REQUEST  # noqa: F401  (rules refer to it here)
-from fastlimit._rules import MAX_SPLIT
+from fastlimit._rules import (
+    MAX_RULES_PER_REQUEST,  # noqa: F401  (rules refer to it here)
+    MAX_SPLIT,
+)
 
 E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
 MAX_PERIOD_MS = 4294967295          # the engine keeps refill remainders in a u32
