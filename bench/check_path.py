@@ -20,7 +20,10 @@ to 1,000 keys (the buckets exist after the first thousand): the path of a
 check of a stored bucket rather than of a new one.  The hot-key tracker
 is on as in a server (32 counters, one check in 16 counted); with
 ``hotkeys-off`` it is off (each check still pays its countdown), with
-``hotkeys-seed N`` its random intervals are the same on every run.
+``hotkeys-seed N`` its random intervals are the same on every run.  With
+``limit`` the commands are CL.LIMIT <key> api against one token-bucket
+rule (as CL.CHECK's numbers), the named-rules path; ``limit-split K``
+splits that rule K ways.
 """
 
 from __future__ import annotations
@@ -66,6 +69,19 @@ def check(i: int) -> bytes:
     return b"*4\r\n$8\r\nCL.CHECK\r\n$%d\r\n%s\r\n$3\r\n100\r\n$2\r\n10\r\n" % (len(key), key)
 
 
+def limit(i: int) -> bytes:
+    key = b"key:%012d" % (i * 7919 % KEYS)
+    return b"*3\r\n$8\r\nCL.LIMIT\r\n$%d\r\n%s\r\n$3\r\napi\r\n" % (len(key), key)
+
+
+def define_rule(engine, split: int) -> None:
+    from fastlimit.rules.registry import RuleRegistry
+    rule = {"match": {"resource": "api"}, "capacity": 100, "refill_per_second": 10}
+    if split > 1:
+        rule["split"] = split
+    RuleRegistry(engine).set("api", rule)
+
+
 async def feed(conn: Connection, reads: list[bytes]) -> None:
     for i, data in enumerate(reads):
         conn.data_received(data)
@@ -94,11 +110,17 @@ def main() -> None:
     if "hotkeys-seed" in sys.argv[2:]:
         # the same sampled checks on every run (the default seed is the time)
         core.hotkeys.configure(32, 16, 10_000, 0, int(sys.argv[sys.argv.index("hotkeys-seed") + 1]))
+    command, name = check, b"cl.check"
+    if "limit" in sys.argv[2:] or "limit-split" in sys.argv[2:]:
+        split = int(sys.argv[sys.argv.index("limit-split") + 1]) \
+            if "limit-split" in sys.argv[2:] else 1
+        define_rule(engine, split)
+        command, name = limit, b"cl.limit"
     conn = Connection(core)
     conn.connection_made(Transport())
-    reads = [b"".join(check(j) for j in range(i, i + 16)) for i in range(0, n, 16)]
+    reads = [b"".join(command(j) for j in range(i, i + 16)) for i in range(0, n, 16)]
     asyncio.run(feed(conn, reads))
-    print(f"{core.commands[b'cl.check'].calls} CL.CHECK run", file=sys.stderr)
+    print(f"{core.commands[name].calls} {name.decode().upper()} run", file=sys.stderr)
 
 
 if __name__ == "__main__":

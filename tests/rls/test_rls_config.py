@@ -86,6 +86,11 @@ def test_the_keys_beyond_the_reference_are_accepted():
                                                                  ("gcra", 300)]
 
 
+def a_minute(limit: str) -> str:
+    """A file of one descriptor with a per-minute limit of these fields."""
+    return f"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, {limit}}}\n"
+
+
 @pytest.mark.parametrize("text, problem", [
     ("domain: d\ncounting: sometimes\n", "invalid counting 'sometimes' (reference or atomic)"),
     ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1,"
@@ -96,6 +101,16 @@ def test_the_keys_beyond_the_reference_are_accepted():
     ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1,"
      " algorithm: gcra, unit_multiplier: 60}\n",
      "a window of 5184000 s is longer than the 4294967 s of the gcra algorithm"),
+    (a_minute("requests_per_unit: 10, split: 2"), "split needs algorithm token_bucket, gcra "
+     "or sliding_window (a fixed_window counter is counted whole)"),
+    (a_minute("requests_per_unit: 10, algorithm: gcra, split: 65"),
+     "split must be from 1 to 64"),
+    (a_minute("requests_per_unit: 3, algorithm: gcra, split: 4"),
+     "split 4 is more than requests_per_unit 3: every sub-bucket needs a token"),
+    (a_minute("requests_per_unit: 100, algorithm: token_bucket, split: 64, "
+              "unit_multiplier: 2000"),
+     "split 64 makes a sub-bucket's window of 120000 s x 64 longer than the 4294967 s of "
+     "the engine"),
 ])
 def test_the_extra_keys_have_their_own_errors(text, problem):
     with pytest.raises(ConfigError) as e:
@@ -204,18 +219,3 @@ def test_a_configuration_larger_than_rls_max_config_bytes_is_refused(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'b.yaml'}: the configuration (its files together) "
                             f"is more than the {size - 1} bytes of rls-max-config-bytes")
 
-
-@pytest.mark.parametrize("limit, problem", [
-    ("requests_per_unit: 10, split: 2", "split needs algorithm token_bucket, gcra or "
-     "sliding_window (a fixed_window counter is counted whole)"),
-    ("requests_per_unit: 10, algorithm: gcra, split: 65", "split must be from 1 to 64"),
-    ("requests_per_unit: 3, algorithm: gcra, split: 4",
-     "split 4 is more than requests_per_unit 3: every sub-bucket needs a token"),
-    ("requests_per_unit: 100, algorithm: token_bucket, split: 64, unit_multiplier: 2000",
-     "split 64 makes a sub-bucket's window of 120000 s x 64 longer than the 4294967 s of "
-     "the engine"),
-])
-def test_a_split_limit_has_its_own_errors(limit, problem):
-    with pytest.raises(ConfigError) as e:
-        one(f"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, {limit}}}\n")
-    assert str(e.value) == f"c.yaml: {problem}"
