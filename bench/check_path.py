@@ -79,7 +79,9 @@ def define_rule(engine, split: int) -> None:
     rule = {"match": {"resource": "api"}, "capacity": 100, "refill_per_second": 10}
     if split > 1:
         rule["split"] = split
-    RuleRegistry(engine).set("api", rule)
+    registry = RuleRegistry(engine)
+    registry.start(load_file=False)
+    registry.set("api", rule)
 
 
 async def feed(conn: Connection, reads: list[bytes]) -> None:
