@@ -1,8 +1,9 @@
 """One shard's primary killed under load in a Sentinel-watched cluster
 (scripts/cluster.py's rig): Sentinel promotes its standby, every node
 names the new primary soon after the sentinels announce it, clients
-recover, an exhausted key stays limited, the old primary redirects when
-it returns, and the other shard's answers never stop.  Real time: release build, run alone."""
+recover, an exhausted key (and an exhausted split key) stays limited,
+the old primary redirects when it returns, and the other shard's answers
+never stop.  Real time: release build, run alone."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def key_in(shards: int, shard: int, prefix: str) -> str:
     for i in range(100_000):
         key = f"{prefix}:{i}"
         if keyslot(key.encode()) * shards // 16384 == shard:
+            return key
+    raise AssertionError("no key found")
+
+
+def split_key_in(shards: int, shard: int, prefix: str) -> str:
+    """A key split 2 ways whose both sub-keys the given shard owns."""
+    for i in range(100_000):
+        key = f"{prefix}:{i}"
+        if all(keyslot(f"{key}#{j}".encode()) * shards // 16384 == shard for j in range(2)):
             return key
     raise AssertionError("no key found")
 
@@ -83,6 +93,11 @@ def test_a_killed_shard_primary_is_replaced_everywhere_and_the_other_shard_never
         for _ in range(5):
             assert rc.execute_command("CL.CHECK", exhausted, *HOURLY)[0] == 1
         assert rc.execute_command("CL.CHECK", exhausted, *HOURLY)[0] == 0
+        # a split key: both sub-buckets spent through one sub-key (two choices)
+        split = f"{split_key_in(2, 0, 'split')}#0"
+        split_check = (split, 10, 1, "PERIOD", 3_600_000, "SPLIT", 2)
+        assert all(rc.execute_command("CL.CHECK", *split_check)[0] for _ in range(10))
+        assert rc.execute_command("CL.CHECK", *split_check)[0] == 0
         time.sleep(0.2)          # a few replication batches (repl-flush-ms 2)
         load = Load(other.port, key_in(2, 1, "steady"))
         load.start()
@@ -112,6 +127,7 @@ def test_a_killed_shard_primary_is_replaced_everywhere_and_the_other_shard_never
             wait_until(lambda: _answers(rc, exhausted), 10, "the client to reach fl-0 again",
                        interval=0.05)
             assert rc.execute_command("CL.CHECK", exhausted, *HOURLY)[0] == 0
+            assert rc.execute_command("CL.CHECK", *split_check)[0] == 0
             # The old primary comes back believing it is one: it redirects to
             # the primary Sentinel names instead of taking the shard's writes.
             old.start()
