@@ -149,6 +149,7 @@ cdef class RuleEngine:
     # in cluster mode the slots served here (ServerCore.slot_served, where
     # 1 means served; NULL standalone: every sub-bucket is here).
     cdef int subs[MAX_RULES_PER_CHECK]
+    cdef int split_rules          # rules in use with split > 1 (count_split)
     cdef char* basebuf
     cdef size_t basecap
     cdef uint64_t rng
@@ -161,8 +162,7 @@ cdef class RuleEngine:
     cdef int check_rule(self, uint32_t num, int sub, const char* client, size_t clen,
                         const char* resource, size_t rlen, int64_t cost,
                         int64_t now_ms, bint commit, CheckResult* out) except? -100
-    cdef int check_spec(self, const RuleSpec* r, size_t keylen, int64_t cost,
-                        int64_t now_ms, bint commit, CheckResult* out) except? -100
+    cdef void count_split(self, uint32_t num, int sign) noexcept
     cdef int choose_subs(self, const char** client, size_t* clen, int n) except? -100
     cdef int keep_base(self, const char** client, size_t* clen, size_t at,
                        size_t cut) except -1

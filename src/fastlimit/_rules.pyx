@@ -592,6 +592,27 @@ cdef void sub_spec(const RuleSpec* r, int k, int i, RuleSpec* out) noexcept nogi
         out.limit = fl_split_share(r.limit, k, i)
 
 
+cdef inline int algorithm_step(Table* tables, const RuleSpec* r, const char* key,
+                               size_t keylen, int64_t cost, int64_t now_ms, bint commit,
+                               CheckResult* out) noexcept nogil:
+    """The rule's algorithm's step on the bucket under key (inline: it is
+    the check path)."""
+    cdef BucketParams bp
+    if r.algorithm == ALG_TOKEN_BUCKET:
+        bp = r.bucket
+        bp.cost = cost
+        if cost > MAX_LIMIT:
+            bp.cost = bp.capacity + 1   # can never pass; keeps the maths in range
+        return bucket_check(&tables[r.algorithm], key, keylen, &bp, now_ms, commit, out)
+    if r.algorithm == ALG_FIXED_WINDOW:
+        return fixed_window_check(&tables[r.algorithm], key, keylen, r, cost, now_ms, commit,
+                                  out)
+    if r.algorithm == ALG_SLIDING_WINDOW:
+        return sliding_window_check(&tables[r.algorithm], key, keylen, r, cost, now_ms,
+                                    commit, out)
+    return gcra_check(&tables[r.algorithm], key, keylen, r, cost, now_ms, commit, out)
+
+
 cdef int split_pick(uint64_t* rng, const unsigned char* local_slots, const char* base,
                     size_t n, int k, int other, char* scratch) noexcept:
     """A random sub-bucket of base split k ways, other than `other` (-1:
@@ -665,6 +686,8 @@ cdef class RuleEngine:
         memcpy(self.seed, <const char*>seed, 16)
         self.rng = int.from_bytes(os.urandom(8), "little") | 1
         self.local_slots = NULL
+        self.split_rules = 0
+        memset(self.subs, 0xFF, sizeof(self.subs))     # every int -1: nothing split
         self.basebuf = NULL
         self.basecap = 0
         self.clock = clock if clock is not None else Clock()
@@ -734,7 +757,9 @@ cdef class RuleEngine:
         else:
             release_lease_table(&self.rules[num])
         compiled.in_use = True
+        self.count_split(num, -1)
         self.rules[num] = compiled
+        self.count_split(num, 1)
 
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1:
         """A concurrency rule's records hold `limit` slots, so the rule has
@@ -772,8 +797,17 @@ cdef class RuleEngine:
         are not reused) and the sweep reclaims them as they expire; a
         concurrency rule's own table goes at once."""
         if num < self.nrules:
+            self.count_split(num, -1)
             self.rules[num].in_use = False
             release_lease_table(&self.rules[num])
+
+    cdef void count_split(self, uint32_t num, int sign) noexcept:
+        """Keeps split_rules, the rules in use that are split; without one
+        evaluate skips choose_subs, so subs must then all be -1."""
+        if self.rules[num].in_use and self.rules[num].split > 1:
+            self.split_rules += sign
+            if self.split_rules == 0:
+                memset(self.subs, 0xFF, sizeof(self.subs))     # every int -1
 
     def set_matcher(self, matcher):
         """matcher(resource: bytes, tier: bytes | None) -> [(num, client
@@ -927,32 +961,13 @@ cdef class RuleEngine:
         if keylen > FL_MAX_KEY_LEN:
             return FL_EKEYLEN
         if sub < 0:
-            return self.check_spec(r, keylen, cost, now_ms, commit, out)
+            return algorithm_step(self.tables, r, self.keybuf, keylen, cost, now_ms, commit,
+                                  out)
         sub_spec(r, r.split, sub, &part)
-        rc = self.check_spec(&part, keylen, cost, now_ms, commit, out)
+        rc = algorithm_step(self.tables, &part, self.keybuf, keylen, cost, now_ms, commit, out)
         out.limit = split_total(r)
         out.remaining = min(out.remaining * r.split, out.limit)
         return rc
-
-    cdef int check_spec(self, const RuleSpec* r, size_t keylen, int64_t cost,
-                        int64_t now_ms, bint commit, CheckResult* out) except? -100:
-        """The algorithm's step on the bucket under self.keybuf[:keylen]."""
-        cdef BucketParams bp
-        if r.algorithm == ALG_TOKEN_BUCKET:
-            bp = r.bucket
-            bp.cost = cost
-            if cost > MAX_LIMIT:
-                bp.cost = bp.capacity + 1   # can never pass; keeps the maths in range
-            return bucket_check(&self.tables[r.algorithm], self.keybuf, keylen, &bp,
-                                now_ms, commit, out)
-        if r.algorithm == ALG_FIXED_WINDOW:
-            return fixed_window_check(&self.tables[r.algorithm], self.keybuf, keylen, r,
-                                      cost, now_ms, commit, out)
-        if r.algorithm == ALG_SLIDING_WINDOW:
-            return sliding_window_check(&self.tables[r.algorithm], self.keybuf, keylen,
-                                        r, cost, now_ms, commit, out)
-        return gcra_check(&self.tables[r.algorithm], self.keybuf, keylen, r, cost, now_ms,
-                          commit, out)
 
     # ---- split keys (fl_split.h) --------------------------------------------------
 
@@ -1066,7 +1081,8 @@ cdef class RuleEngine:
                                                                self.keybuf, keylen, &p):
                     continue
                 sub_spec(r, k, j, &part)
-                rc = self.check_spec(&part, keylen, 0, now_ms, False, &old)
+                rc = algorithm_step(self.tables, &part, self.keybuf, keylen, 0, now_ms, False,
+                                    &old)
                 if rc != FL_OK:
                     return rc
                 left += max(old.remaining, 0)
@@ -1081,7 +1097,8 @@ cdef class RuleEngine:
         if keep >= share:
             return FL_OK
         keylen = self.compose_key(num, r.split_epoch, sub, client, clen, resource, rlen)
-        return self.check_spec(&part, keylen, share - keep, now_ms, True, &old)
+        return algorithm_step(self.tables, &part, self.keybuf, keylen, share - keep, now_ms,
+                              True, &old)
 
     cpdef str split_error(self, int rc):
         """The error of an evaluation that returned FL_ESPLIT or
@@ -1171,9 +1188,10 @@ cdef class RuleEngine:
         cdef int i, rc, binding = -1
         cdef bint passed = True
         cdef RuleSpec* r
-        rc = self.choose_subs(&client, &clen, n)
-        if rc != FL_OK:
-            return rc
+        if self.split_rules:
+            rc = self.choose_subs(&client, &clen, n)
+            if rc != FL_OK:
+                return rc
         for i in range(n):
             r = &self.rules[self.order[i]]
             if r.nprev and cost > 0:    # a new split's bucket, as full as the old ones
