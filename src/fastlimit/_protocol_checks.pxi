@@ -266,9 +266,7 @@ cdef str check_split_bucket(ServerCore core, const char* key, size_t keylen,
             return "OOM out of memory: the bucket could not be stored"
         SPLIT_SCRATCH, SPLIT_SCRATCH_CAP = grown, need
     if fl_split_parse(key, keylen, FL_SPLIT_MAX, &index, &at):
-        baselen = keylen - (2 if index < 10 else 3)
-        memcpy(SPLIT_SCRATCH, key, at)
-        memcpy(SPLIT_SCRATCH + at, key + at + keylen - baselen, baselen - at)
+        baselen = fl_split_base(key, keylen, index, at, SPLIT_SCRATCH)
         base = SPLIT_SCRATCH
     if index >= k or index < 0:     # a plain key, or one of a larger split's
         if core.cluster_routing:

@@ -96,6 +96,8 @@ cdef extern from "fl_split.h":
     bint fl_split_parse(const char* key, size_t n, int k, int* index,
                         size_t* suffix_at) noexcept nogil
     size_t fl_split_subkey(const char* base, size_t n, int i, char* out) noexcept nogil
+    size_t fl_split_base(const char* key, size_t n, int index, size_t suffix_at,
+                         char* out) noexcept nogil
     int64_t fl_split_share(int64_t total, int k, int i) noexcept nogil
     uint64_t fl_split_random(uint64_t* state) noexcept nogil
 
@@ -164,8 +166,8 @@ cdef class RuleEngine:
                         int64_t now_ms, bint commit, CheckResult* out) except? -100
     cdef void count_split(self, uint32_t num, int sign) noexcept
     cdef int choose_subs(self, const char** client, size_t* clen, int n) except? -100
-    cdef int keep_base(self, const char** client, size_t* clen, size_t at,
-                       size_t cut) except -1
+    cdef int keep_base(self, const char** client, size_t* clen, int index,
+                       size_t at) except -1
     cdef int pick_sub(self, uint32_t num, const char* client, size_t clen, int other)
     cdef int inherit(self, uint32_t num, int sub, const char* client, size_t clen,
                      const char* resource, size_t rlen, int64_t now_ms) except? -100

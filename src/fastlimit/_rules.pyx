@@ -988,7 +988,7 @@ cdef class RuleEngine:
         if not any_split:
             return FL_OK
         if fl_split_parse(client[0], clen[0], FL_SPLIT_MAX, &index, &at):
-            self.keep_base(client, clen, at, 2 if index < 10 else 3)
+            self.keep_base(client, clen, index, at)
         for i in range(n):
             r = &self.rules[self.order[i]]
             if r.split <= 1:
@@ -1003,20 +1003,18 @@ cdef class RuleEngine:
                 self.subs[i] = self.pick_sub(self.order[i], client[0], clen[0], -1)
         return FL_OK
 
-    cdef int keep_base(self, const char** client, size_t* clen, size_t at,
-                       size_t cut) except -1:
-        """client[0][:clen] without the cut bytes of its sub-key suffix at
-        `at`, in self.basebuf, becomes the request's client key."""
+    cdef int keep_base(self, const char** client, size_t* clen, int index,
+                       size_t at) except -1:
+        """The base key of the sub-key client[0][:clen] (fl_split_parse's
+        index and at), in self.basebuf, becomes the request's client key."""
         cdef char* grown
         if clen[0] > self.basecap:
             grown = <char*>realloc(self.basebuf, clen[0])
             if grown == NULL:
                 raise MemoryError()
             self.basebuf, self.basecap = grown, clen[0]
-        memcpy(self.basebuf, client[0], at)
-        memcpy(self.basebuf + at, client[0] + at + cut, clen[0] - at - cut)
+        clen[0] = fl_split_base(client[0], clen[0], index, at, self.basebuf)
         client[0] = self.basebuf
-        clen[0] = clen[0] - cut
         return 0
 
     cdef int pick_sub(self, uint32_t num, const char* client, size_t clen, int other):

@@ -63,6 +63,17 @@ static inline int fl_split_parse(const char *key, size_t n, int k, int *index,
     return 1;
 }
 
+/* Writes into out (room for n bytes) the base key of a sub-key that
+ * fl_split_parse read (index, suffix_at); returns its length. */
+static inline size_t fl_split_base(const char *key, size_t n, int index, size_t suffix_at,
+                                   char *out)
+{
+    size_t cut = index < 10 ? 2 : 3;
+    memcpy(out, key, suffix_at);
+    memcpy(out + suffix_at, key + suffix_at + cut, n - suffix_at - cut);
+    return n - cut;
+}
+
 /* Writes sub-key i of base[0:n] into out (room for n + FL_SPLIT_SUFFIX_MAX
  * bytes); returns its length. */
 static inline size_t fl_split_subkey(const char *base, size_t n, int i, char *out)
