@@ -395,7 +395,7 @@ class _ClientBase:
 
     def _split_known(self, request: _Request) -> _Request:
         """A CL.LIMIT on a key the cluster said is split: on a random sub-key."""
-        if self._cluster is None:
+        if self._cluster is None or request.split_id is None:
             return request
         k = self._splits.get(request.split_id)
         return request if k is None else request.on_subkey(random_subkey(request.command[1], k))

@@ -320,7 +320,7 @@ class _RuleParser:
             raise self.fail(field, f"must be an integer from {low} to {high}")
         return value
 
-    def split(self, algorithm: str, v: dict) -> int:
+    def split(self, algorithm: str, v: dict[str, int]) -> int:
         """k, with the engine's bounds on a sub-bucket: at least one token
         each, its period (k times the rule's) in range."""
         k = self.integer("split", 1, MAX_SPLIT, 1)
@@ -329,8 +329,12 @@ class _RuleParser:
         if algorithm == "concurrency":
             raise self.fail("split", "a concurrency rule cannot be split (its leases "
                                      "must be counted in one place)")
-        total = {"token_bucket": v.get("capacity"), "gcra": v.get("burst", 0) + 1}.get(
-            algorithm, v.get("limit"))
+        if algorithm == "token_bucket":
+            total = v["capacity"]
+        elif algorithm == "gcra":
+            total = v.get("burst", 0) + 1
+        else:
+            total = v["limit"]
         if total < k:
             raise self.fail("split", f"more sub-buckets than the {algorithm} has tokens "
                                      f"({total})")
@@ -340,7 +344,7 @@ class _RuleParser:
                                      f"at most {MAX_PERIOD_MS} ms")
         share = -(-total // k)                   # the largest sub-bucket
         if algorithm == "token_bucket" and share * period * k > \
-                MAX_REFILL_TIME_MS * v.get("refill", v.get("refill_per_second")):
+                MAX_REFILL_TIME_MS * (v["refill"] if "refill" in v else v["refill_per_second"]):
             raise self.fail("split", "too slow a refill for a sub-bucket: refilling it "
                                      "would take more than 10^15 ms")
         if algorithm == "gcra" and period * k * share > MAX_GCRA_TOLERANCE:

@@ -274,10 +274,10 @@ class RuleRegistry:
         """Validates, persists and applies one rule; an invalid rule (or a
         failed write) raises RuleError and changes nothing."""
         old = self._entries.get(rule_id)
-        change = self._change(parse_rule(rule_id, doc), source, old)
-        if old is None or old.rule != change.new.rule or old.source != source:
-            self._commit([change])
-        return change.new.rule
+        new = self._new_entry(parse_rule(rule_id, doc), source, old)
+        if old is None or old.rule != new.rule or old.source != source:
+            self._commit([Change(rule_id, old, new)])
+        return new.rule
 
     def get(self, rule_id: str) -> Rule | None:
         entry = self._entries.get(rule_id)
@@ -367,13 +367,20 @@ class RuleRegistry:
 
     def _change(self, rule: Rule, source: str, old: Entry | None,
                 updated_ms: int | None = None, version: int = 0) -> Change:
-        keeps_buckets = (old is not None and old.rule.algorithm == rule.algorithm
-                         and old.rule.scope == rule.scope)
-        num = old.num if old is not None and keeps_buckets else self._take_number()
-        if keeps_buckets:
+        return Change(rule.id, old, self._new_entry(rule, source, old, updated_ms, version))
+
+    def _new_entry(self, rule: Rule, source: str, old: Entry | None,
+                   updated_ms: int | None = None, version: int = 0) -> Entry:
+        """The entry a rule replacing old makes: old's number and buckets
+        (re-split to the new k) while the algorithm and scope stay."""
+        if old is not None and old.rule.algorithm == rule.algorithm \
+                and old.rule.scope == rule.scope:
+            num = old.num
             rule = rule.resplit(old.rule)
+        else:
+            num = self._take_number()
         stamp = self.now_ms() if updated_ms is None else updated_ms
-        return Change(rule.id, old, Entry(rule, num, source, stamp, version))
+        return Entry(rule, num, source, stamp, version)
 
     def _take_number(self) -> int:
         num = self._next_num
