@@ -16,6 +16,7 @@ import os
 import subprocess
 import time
 import urllib.parse
+from types import SimpleNamespace
 
 import pytest
 from metrics_text import named, samples, value
@@ -24,7 +25,7 @@ from wire import Wire, free_port, wait_until
 
 import fastlimit
 from fastlimit._protocol import LATENCY_BOUNDS
-from fastlimit.server.http.metrics import escape
+from fastlimit.server.http.metrics import Exposition, _overload, escape
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -259,6 +260,103 @@ def test_replica_and_primary_show_their_replication_state(make_http_server):
     replica_series = samples(scrape(replica_http))
     assert value(replica_series, "fastlimit_replication_is_primary") == 0
     assert value(replica_series, "fastlimit_replication_sync_in_progress") == 0
+
+
+# ---- overload shedding ----------------------------------------------------------------------
+
+PRIORITY_NAMES = ("low", "normal", "critical")
+SHED_SERIES = [(p, d) for p in PRIORITY_NAMES for d in ("allowed", "denied")]
+
+
+def shed_counts(series: dict) -> dict[tuple[str, str], float]:
+    """fastlimit_shed_checks_total by (priority, decision)."""
+    return {(dict(labels)["priority"], dict(labels)["decision"]): v
+            for labels, v in named(series, "fastlimit_shed_checks_total").items()}
+
+
+def ints(reply: bytes) -> list[int]:
+    """A RESP array of integers, as CL.CHECK and CL.LIMIT answer."""
+    head, *items = reply.split(b"\r\n")[:-1]
+    assert head == b"*%d" % len(items) and all(i.startswith(b":") for i in items), reply
+    return [int(i[1:]) for i in items]
+
+
+def test_shed_low_checks_move_the_low_allowed_series_by_exactly_the_number_sent(
+        make_http_server):
+    """DEBUG SHED-LEVEL 1 sheds PRIORITY low checks (allowed, remaining
+    -2) and nothing else: the low/allowed series moves by the number sent,
+    the five others not at all, and fastlimit_shed_level follows the level."""
+    # shed-threshold 0: only DEBUG SHED-LEVEL sets the level, never the load
+    srv, port = start(make_http_server, "--shed-threshold", "0")
+    before = samples(scrape(port))
+    assert shed_counts(before) == dict.fromkeys(SHED_SERIES, 0)     # every series, from 0
+    assert value(before, "fastlimit_shed_level") == 0
+    sent = 7
+    with Wire.to(srv.port) as w:
+        assert call(w, "DEBUG", "SHED-LEVEL", "1") == b"+OK\r\n"
+        for i in range(sent):
+            assert ints(call(w, "CL.CHECK", f"low{i}", "5", "1", "PRIORITY", "low"))[:3] == \
+                [1, 5, -2]
+        for priority in ("normal", "critical"):      # not shed at level 1: a real bucket
+            assert ints(call(w, "CL.CHECK", priority, "5", "1", "PRIORITY", priority))[:3] == \
+                [1, 5, 4]
+        held = samples(scrape(port))
+        assert call(w, "DEBUG", "SHED-LEVEL", "0") == b"+OK\r\n"
+        assert ints(call(w, "CL.CHECK", "low-again", "5", "1", "PRIORITY", "low"))[:3] == \
+            [1, 5, 4]
+    after = samples(scrape(port))
+    assert value(held, "fastlimit_shed_level") == 1
+    assert value(after, "fastlimit_shed_level") == 0
+    assert shed_counts(held) == shed_counts(after) == {
+        **dict.fromkeys(SHED_SERIES, 0), ("low", "allowed"): sent}
+    assert value(after, "fastlimit_buckets") == 3        # the shed checks made none
+
+
+def test_a_fail_closed_rule_s_shed_checks_are_counted_denied(make_http_server):
+    """Level 2 sheds normal checks too; a rule with on_failure closed
+    answers its shed checks denied, and they are counted so."""
+    srv, port = start(make_http_server, "--shed-threshold", "0")
+    strict = json.dumps({**json.loads(rule("strict", 5)), "on_failure": "closed"})
+    with Wire.to(srv.port) as w:
+        set_rules(w, {"strict": strict, "open": rule("open", 5)})
+        assert call(w, "DEBUG", "SHED-LEVEL", "2") == b"+OK\r\n"
+        for _ in range(3):
+            assert ints(call(w, "CL.LIMIT", "u", "strict", "PRIORITY", "normal"))[:3] == \
+                [0, -1, -2]
+        assert ints(call(w, "CL.LIMIT", "u", "open", "PRIORITY", "normal"))[:3] == [1, -1, -2]
+        assert ints(call(w, "CL.CHECK", "k", "5", "1", "PRIORITY", "critical"))[:3] == [1, 5, 4]
+    series = samples(scrape(port))
+    assert value(series, "fastlimit_shed_level") == 2
+    assert shed_counts(series) == {**dict.fromkeys(SHED_SERIES, 0), ("normal", "denied"): 3,
+                                   ("normal", "allowed"): 1}
+
+
+class StubMeter:
+    """LoadMeter's two readings, fixed."""
+
+    def figures(self):
+        return {"level": 2, "forced": 0, "busy_percent": 37, "lag_us": 1500, "wait_us": 250000,
+                "pending_bytes": 4096, "pending_connections": 3, "deferrals": 9,
+                "level_changes": 4}
+
+    def shed_counts(self):
+        return {"low": (11, 1), "normal": (5, 2), "critical": (0, 0)}
+
+
+def test_the_meter_s_figures_in_base_units():
+    """Percent to a 0..1 ratio, microseconds to seconds, bytes as bytes."""
+    out = Exposition(openmetrics=False)
+    _overload(out, SimpleNamespace(overload=SimpleNamespace(meter=StubMeter())))
+    series = samples("\n".join(out.lines))
+    assert value(series, "fastlimit_shed_level") == 2
+    assert value(series, "fastlimit_loop_busy_ratio") == 0.37
+    assert value(series, "fastlimit_loop_lag_seconds") == 0.0015
+    assert value(series, "fastlimit_held_input_wait_seconds") == 0.25
+    assert value(series, "fastlimit_held_input_bytes") == 4096
+    assert shed_counts(series) == {("low", "allowed"): 11, ("low", "denied"): 1,
+                                   ("normal", "allowed"): 5, ("normal", "denied"): 2,
+                                   ("critical", "allowed"): 0, ("critical", "denied"): 0}
+    assert "# TYPE fastlimit_shed_checks_total counter" in out.lines
 
 
 def test_label_values_are_escaped():

@@ -82,6 +82,20 @@ def follower(key: str):
     return expected
 
 
+def shed_checks(i, labels):
+    """INFO shedding's shed_checks_<priority> (allowed=..,denied=..; INFO
+    stats has a sum of the same name for low and normal, but shedding
+    comes after it, so its field is the one read)."""
+    return i[f"shed_checks_{labels['priority']}"][labels["decision"]]
+
+
+def window_figure(name: str, scale: float, slack: float):
+    """One of the saturation meter's figures of its last closed window:
+    a window closes every 20 ms, so the scrape may read another one than
+    INFO did; a range, slack either side of the reading (times scale)."""
+    return lambda i, labels: (i[name] * scale - slack, i[name] * scale + slack)
+
+
 def proc_fds(i, labels):
     return len(os.listdir(f"/proc/{i['process_id']}/fd"))
 
@@ -177,6 +191,12 @@ TABLE = {
     "fastlimit_hotkeys_sampled_checks_total": (field("hotkeys_sampled_checks"), None),
     # an estimate over a moving window: tests/hotkeys/ checks it against HOTKEYS GET
     "fastlimit_hotkey_ops_per_second": (None, None),
+    "fastlimit_shed_checks_total": (shed_checks, None),
+    "fastlimit_shed_level": (field("shed_level"), None),
+    "fastlimit_loop_busy_ratio": (window_figure("shed_busy_percent", 0.01, 0.5), None),
+    "fastlimit_loop_lag_seconds": (window_figure("shed_loop_lag_us", 1e-6, 0.5), None),
+    "fastlimit_held_input_wait_seconds": (window_figure("shed_wait_us", 1e-6, 0.5), None),
+    "fastlimit_held_input_bytes": (field("shed_pending_bytes"), None),
     "fastlimit_replication_is_primary": (lambda i, labels: int(i["role"] == "master"), None),
     "fastlimit_replication_offset_bytes": (field("master_repl_offset"), None),
     "fastlimit_replication_connected_replicas": (field("connected_slaves"), None),
@@ -217,7 +237,7 @@ MOVED = {
     "fastlimit_rules_cache_hits_total", "fastlimit_rules_cache_misses_total",
     "fastlimit_replication_offset_bytes", "fastlimit_replication_connected_replicas",
     "fastlimit_replica_acked_offset_bytes", "fastlimit_replication_full_syncs_total",
-    "fastlimit_snapshot_saves_total",
+    "fastlimit_snapshot_saves_total", "fastlimit_shed_checks_total",
 }
 
 # HTTP route -> what the test's requests to it add (INFO has no HTTP commandstats).
@@ -316,6 +336,17 @@ def traffic(srv, r, port: int, grpc_port: int) -> None:
     for _ in range(2):
         r.execute_command("CL.LIMIT", "u", "trial")        # 1 allowed, 1 shadow-denied
     r.execute_command("CL.CHECK", "short", 1, 1)
+    # shedding, the level held by DEBUG SHED-LEVEL: low checks shed at 1
+    # (allowed), a fail-closed rule's normal check at 2 (denied)
+    r.execute_command("CL.RULE", "SET", "strict", json.dumps(
+        {**rule, "match": {"resource": "strict"}, "on_failure": "closed"}))
+    r.execute_command("DEBUG", "SHED-LEVEL", 1)
+    for _ in range(2):
+        assert r.execute_command("CL.CHECK", "shed", 5, 1, "PRIORITY", "low")[2] == -2
+    r.execute_command("DEBUG", "SHED-LEVEL", 2)
+    assert r.execute_command("CL.LIMIT", "u", "strict", "PRIORITY", "normal")[:3] == [0, -1, -2]
+    r.execute_command("DEBUG", "SHED-LEVEL", 0)
+    r.execute_command("DEBUG", "SHED-LEVEL", "AUTO")
     with Wire.to(srv.port) as w:
         w.call("AUTH", "pw")
         assert w.call("CL.CHECK", "k").startswith(b"-ERR")                 # rejected
@@ -377,13 +408,15 @@ def test_every_series_is_the_counter_it_claims_to_show(make_http_server, tmp_pat
     rls = tmp_path / "rls.yaml"
     rls.write_text(RLS_YAML)
     grpc_port = free_port()
+    # shed-threshold 0: the shed level is DEBUG SHED-LEVEL's only, never
+    # the load's (a gauge that could move between INFO and the scrape)
     srv = make_http_server("--manual-clock", "--requirepass", "pw", "--rls-config", str(rls),
-                           "--grpc-port", str(grpc_port),
+                           "--grpc-port", str(grpc_port), "--shed-threshold", "0",
                            "--snapshot-file", str(tmp_path / "dump.fls"))
     r = srv.client(password="pw")
     HTTP_CALLS.clear()
     baseline = check(r, srv.http_port)
-    replica = make_http_server("--manual-clock", "--masterauth", "pw",
+    replica = make_http_server("--manual-clock", "--masterauth", "pw", "--shed-threshold", "0",
                                "--replicaof", "127.0.0.1", str(srv.port))
     rr = replica.client()
     wait_until(lambda: rr.info("replication")["master_link_status"] == "up",

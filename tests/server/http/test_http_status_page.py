@@ -160,6 +160,49 @@ def test_stats_show_the_replication_link_from_both_ends(start):
     assert all(isinstance(listed[k], int) for k in ("port", "offset", "lag"))
 
 
+def shed_checks(c, priority: str, n: int) -> list[int]:
+    """n CL.CHECKs of this priority in one pipeline; each one's remaining
+    (-2: shed)."""
+    pipe = c.pipeline(transaction=False)
+    for i in range(n):
+        pipe.execute_command("CL.CHECK", f"{priority}{i}", 5, 1, "PRIORITY", priority)
+    return [int(reply[2]) for reply in pipe.execute()]
+
+
+NO_SHEDS = {p: {"allowed": 0, "denied": 0} for p in ("low", "normal", "critical")}
+
+
+def test_stats_show_the_overload_level_by_name_and_the_shed_checks_by_priority(start):
+    server = start("--shed-threshold", "0")      # the level is DEBUG SHED-LEVEL's only
+    c = server.client()
+    o = stats(server)["overload"]
+    assert set(o) == {"level", "level_name", "forced", "busy_percent", "loop_lag_us",
+                      "held_input_wait_us", "held_input_bytes", "held_connections", "shed"}
+    assert (o["level"], o["level_name"], o["forced"], o["shed"]) == (0, "none", False, NO_SHEDS)
+    assert 0 <= o["busy_percent"] <= 100 and o["loop_lag_us"] >= 0
+    assert (o["held_input_bytes"], o["held_connections"]) == (0, 0)
+
+    c.execute_command("DEBUG", "SHED-LEVEL", "1")
+    assert shed_checks(c, "low", 4) == [-2] * 4
+    assert shed_checks(c, "normal", 2) == [4] * 2              # not shed at level 1
+    o = stats(server)["overload"]
+    assert (o["level"], o["level_name"], o["forced"]) == (1, "low", True)
+    assert o["shed"] == {**NO_SHEDS, "low": {"allowed": 4, "denied": 0}}
+
+    c.execute_command("DEBUG", "SHED-LEVEL", "2")
+    assert shed_checks(c, "normal", 3) == [-2] * 3
+    assert shed_checks(c, "critical", 1) == [4]                # never shed
+    o = stats(server)["overload"]
+    assert (o["level"], o["level_name"]) == (2, "low+normal")
+    assert o["shed"] == {**NO_SHEDS, "low": {"allowed": 4, "denied": 0},
+                         "normal": {"allowed": 3, "denied": 0}}
+    # measured again: with no threshold the level falls back to none after its hold
+    c.execute_command("DEBUG", "SHED-LEVEL", "AUTO")
+    wait_until(lambda: stats(server)["overload"]["level_name"] == "none", WAIT,
+               "the level to fall")
+    assert stats(server)["overload"]["forced"] is False
+
+
 # ---- GET / -------------------------------------------------------------------------------------
 
 def test_status_page_is_one_self_contained_html_document(start):
@@ -294,3 +337,47 @@ def test_rules_named_like_object_properties_appear_in_the_chart_and_legend(start
     assert problems == []
     assert sorted(seen["rule_series"]) == sorted([rule_id, 5] for rule_id in ids)
     assert sorted(legend) == sorted(ids)
+
+
+READ_OVERLOAD = """(() => {
+  const dl = document.querySelector('#overload');
+  return {
+    level: dl.dataset.level, forced: dl.dataset.forced,
+    name: document.querySelector('#shed-level').textContent,
+    hint: document.querySelector('#overload-hint').textContent,
+    busy: document.querySelector('#loop-busy').textContent,
+    lag: document.querySelector('#loop-lag').textContent,
+    fields: [...dl.querySelectorAll('dt')].map((dt) => dt.textContent),
+    elements: dl.querySelectorAll('*').length,
+    rows: [...document.querySelectorAll('#shed-counts tbody tr[data-priority]')]
+      .map((tr) => [...tr.cells].map((td) => td.textContent)),
+  };
+})()"""
+
+
+def test_status_page_in_chromium_shows_the_overload_level_and_shed_counts(start):
+    """The Overload block: the level by name (what it sheds), busy, loop
+    lag, and the shed checks by priority, as text; it follows the level."""
+    server = start("--shed-threshold", "0")
+    c = server.client()
+    c.execute_command("DEBUG", "SHED-LEVEL", "2")
+    assert shed_checks(c, "low", 5) == [-2] * 5
+    assert shed_checks(c, "normal", 2) == [-2] * 2
+    with Chromium() as chromium:
+        page = open_page(chromium, f"http://127.0.0.1:{server.http_port}/")
+        page.wait_for(f"({READ_OVERLOAD}).name === 'low+normal'", WAIT)
+        shedding = page.evaluate(READ_OVERLOAD)
+        c.execute_command("DEBUG", "SHED-LEVEL", "0")
+        page.wait_for(f"({READ_OVERLOAD}).name === 'none'", WAIT)
+        calm = page.evaluate(READ_OVERLOAD)
+        problems = console_problems(page.events)
+        page.close()
+    assert problems == []
+    assert (shedding["level"], shedding["forced"]) == ("2", "true")
+    assert shedding["hint"] == "level held by DEBUG SHED-LEVEL"
+    assert shedding["fields"] == ["shedding", "loop busy", "loop lag", "held-back input"]
+    assert shedding["elements"] == 8              # the dt and dd: the texts are no markup
+    assert re.fullmatch(r"\d{1,3}%", shedding["busy"]), shedding["busy"]
+    assert re.fullmatch(r"[\d,]+ \u00b5s|\d+\.\d ms", shedding["lag"]), shedding["lag"]
+    assert shedding["rows"] == [["low", "5", "0"], ["normal", "2", "0"], ["critical", "0", "0"]]
+    assert (calm["level"], calm["rows"]) == ("0", shedding["rows"])

@@ -16,7 +16,9 @@ order, are summed under ``rule="__other__"``, limits under each domain's
 ``limit="__other__"``; 0 sums all of them there).  Keys are labels in one
 family only, ``fastlimit_hotkey_ops_per_second``: the hot-key tracker's
 ``hotkeys-metrics-keys`` hottest (0 by default: none), each key cut to its
-first 64 bytes, so a scrape holds at most that many of them.
+first 64 bytes, so a scrape holds at most that many of them.  The overload
+families (overload/) are labelled only by the three check priorities and
+the two answers a shed check gets: six series, always all of them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from collections.abc import Iterable
 
 from fastlimit import __version__
+from fastlimit._load import PRIORITIES
 from fastlimit._protocol import LATENCY_BOUNDS, Command
 from fastlimit.hotkeys import report
 from fastlimit.rls.service import LIMIT_STAT_FIELDS, NEAR_LIMIT_RATIO
@@ -251,6 +254,36 @@ def _hotkeys(out: Exposition, server) -> None:
               [(labels, round(v, 3)) for labels, v in rates.items()])
 
 
+SHED_DECISIONS = ("allowed", "denied")     # the order of LoadMeter.shed_counts()'s pairs
+
+
+def _overload(out: Exposition, server) -> None:
+    """The saturation meter's figures, as INFO shedding shows them
+    (overload/subsystem.py): the last closed window's, and the shed
+    checks by priority and answer."""
+    meter = server.overload.meter
+    f = meter.figures()
+    counts = meter.shed_counts()
+    out.counter("fastlimit_shed_checks_total",
+                "Checks shed under overload (answered without their buckets), by priority and "
+                "answer: allowed, or denied by a fail-closed rule (critical checks are never "
+                "shed).",
+                [(f'priority="{p}",decision="{d}"', n) for p in PRIORITIES
+                 for d, n in zip(SHED_DECISIONS, counts[p], strict=True)])
+    out.gauge("fastlimit_shed_level", "The overload level: 0 sheds nothing, 1 sheds PRIORITY "
+              "low checks, 2 low and normal ones (DEBUG SHED-LEVEL may hold it).",
+              [("", f["level"])])
+    out.gauge("fastlimit_loop_busy_ratio", "The share of the last measuring window the event "
+              "loop's thread spent on the CPU (0 to 1).", [("", f["busy_percent"] / 100)])
+    out.gauge("fastlimit_loop_lag_seconds", "How late the event loop ran the overload probe, "
+              "the longest in the last measuring window.", [("", f["lag_us"] / 1e6)])
+    out.gauge("fastlimit_held_input_wait_seconds", "The longest a connection's held-back input "
+              "waited to be read in the last measuring window (while saturated, critical "
+              "connections are read first).", [("", f["wait_us"] / 1e6)])
+    out.gauge("fastlimit_held_input_bytes", "Input bytes held back now, not yet read.",
+              [("", f["pending_bytes"])])
+
+
 def _rule_decisions(server) -> list[Sample]:
     """Per rule and outcome, the first metrics-rule-labels rules (by id)
     under their own label and the rest summed under __other__."""
@@ -444,6 +477,7 @@ def render(server, openmetrics: bool) -> bytes:
     _buckets(out, server, stats)
     _rules(out, server, stats, memory)
     _hotkeys(out, server)
+    _overload(out, server)
     _replication(out, server, sections.get("replication", {}))
     _snapshot(out, sections.get("persistence", {}))
     return out.body()

@@ -6,7 +6,9 @@ history are the reader's business (the page keeps the last minutes
 itself), so the server holds no state for it.  Every list in it is
 bounded: the rules by RULES_CAP (the most denied first), the commands by
 the command table, the replicas by the connections, the hot keys by
-HOT_KEYS_SHOWN (the tracker's estimate, hotkeys/).
+HOT_KEYS_SHOWN (the tracker's estimate, hotkeys/); the overload block
+(overload/) is fixed in size: the level and the last window's figures,
+the shed checks of each of the three priorities.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import heapq
 import time
 
 from fastlimit import __version__
+from fastlimit._load import PRIORITIES
 from fastlimit._resp import ReplyError, parse_integer
+from fastlimit.overload.subsystem import LEVEL_NAMES
 from fastlimit.rules.registry import STAT_FIELDS
 from fastlimit.server.arguments import integer
 from fastlimit.server.http.routes import Request, Response, json_response, problem
@@ -69,6 +73,23 @@ def snapshot(server, rules_cap: int = RULES_CAP) -> dict:
                     "http": command_latency(server.http.endpoint_stats.items())},
         "replication": replication_state(server.replication.info()),
         "hotkeys": server.hotkeys.snapshot(HOT_KEYS_SHOWN),
+        "overload": overload_state(server.overload.meter),
+    }
+
+
+def overload_state(meter) -> dict:
+    """The saturation meter as INFO shedding shows it: the level (and its
+    name: what it sheds), the last closed window's figures, and the shed
+    checks by priority, each as allowed and denied."""
+    f = meter.figures()
+    counts = meter.shed_counts()
+    return {
+        "level": f["level"], "level_name": LEVEL_NAMES[f["level"]], "forced": bool(f["forced"]),
+        "busy_percent": f["busy_percent"], "loop_lag_us": f["lag_us"],
+        "held_input_wait_us": f["wait_us"], "held_input_bytes": f["pending_bytes"],
+        "held_connections": f["pending_connections"],
+        "shed": {name: {"allowed": counts[name][0], "denied": counts[name][1]}
+                 for name in PRIORITIES},
     }
 
 

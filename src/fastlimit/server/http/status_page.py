@@ -8,7 +8,10 @@ and data attributes: ``#chart[data-points][data-denied][data-allowed]``,
 ``#rule-chart[data-series][data-selected]`` (a rule picked by a click
 on its row, else the most denied), ``#top-denied tbody tr[data-rule]``
 (``data-denied``), ``#denied-total``, ``#allowed-total``, ``#ops``,
-``#buckets``, ``#clients``, ``#repl-role``, ``#conn-status[data-state]``.
+``#buckets``, ``#clients``, ``#repl-role``, ``#conn-status[data-state]``,
+``#overload[data-level][data-forced]`` (``#shed-level``: the level's name,
+``#loop-busy``, ``#loop-lag``) and ``#shed-counts tbody tr[data-priority]``
+(``data-allowed``, ``data-denied``).
 A string constant rather than a data file: the wheel needs no
 package-data entry and the server reads no file at run time.
 """
@@ -73,6 +76,7 @@ td.empty { text-align:center; color:var(--dim); padding:1rem; }
 dl { display:grid; grid-template-columns:max-content 1fr; gap:.2rem 1rem; margin:0; }
 dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-break:break-all; }
 .note { color:var(--dim); font-size:.78rem; margin-top:.4rem; }
+#shed-counts { margin-top:.5rem; }
 </style>
 </head>
 <body>
@@ -157,6 +161,22 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   </section>
 
   <section>
+    <h2>Overload <span class="hint" id="overload-hint"></span></h2>
+    <dl id="overload" data-level="" data-forced="">
+      <dt>shedding</dt><dd id="shed-level">&ndash;</dd>
+      <dt>loop busy</dt><dd id="loop-busy">&ndash;</dd>
+      <dt>loop lag</dt><dd id="loop-lag">&ndash;</dd>
+      <dt>held-back input</dt><dd id="held-input">&ndash;</dd>
+    </dl>
+    <table id="shed-counts">
+      <thead><tr><th>priority</th>
+        <th title="shed checks answered allowed, their buckets untouched">shed, allowed</th>
+        <th title="shed checks of fail-closed rules, answered denied">shed, denied</th></tr></thead>
+      <tbody><tr><td class="empty" colspan="3">waiting for the first snapshot</td></tr></tbody>
+    </table>
+  </section>
+
+  <section>
     <h2>Replication</h2>
     <dl id="replication"><dt>role</dt><dd>&ndash;</dd></dl>
     <table id="replicas" hidden>
@@ -194,6 +214,9 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     const units = [["GiB", 1 << 30], ["MiB", 1 << 20], ["KiB", 1 << 10]];
     for (const [u, size] of units) if (n >= size) return (n / size).toFixed(1) + " " + u;
     return n + " B";
+  }
+  function micros(us) {
+    return us >= 1000 ? (us / 1000).toFixed(1) + " ms" : fmt.format(us) + " \u00b5s";
   }
   function duration(s) {
     const d = Math.floor(s / 86400), h = Math.floor(s / 3600) % 24, m = Math.floor(s / 60) % 60;
@@ -451,6 +474,24 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
       : [el("tr", {}, el("td", { class: "empty", colspan: 5 }, "no commands yet"))]));
   }
 
+  // The level's name is what it sheds: none, low, low+normal.
+  function renderOverload(o) {
+    const dl = $("overload");
+    dl.dataset.level = o.level;
+    dl.dataset.forced = String(o.forced);
+    setText("shed-level", o.level_name);
+    $("shed-level").className = o.level ? "denied" : "";
+    setText("overload-hint", o.forced ? "level held by DEBUG SHED-LEVEL"
+            : "measured over the last window");
+    setText("loop-busy", o.busy_percent + "%");
+    setText("loop-lag", micros(o.loop_lag_us));
+    setText("held-input", bytes(o.held_input_bytes) + ", waited up to " +
+            micros(o.held_input_wait_us));
+    $("shed-counts").tBodies[0].replaceChildren(...Object.entries(o.shed).map(([name, n]) =>
+      el("tr", { "data-priority": name, "data-allowed": n.allowed, "data-denied": n.denied },
+        el("td", {}, name), el("td", {}, num(n.allowed)), el("td", {}, num(n.denied)))));
+  }
+
   const REPL_FIELDS = [["role", "role"], ["master_host", "primary"],
     ["master_port", "primary port"],
     ["master_link_status", "link"], ["master_last_io_seconds_ago", "last I/O (s ago)"],
@@ -498,6 +539,7 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
     renderRules(s);
     renderLatency(s);
     renderHotKeys(s.hotkeys);
+    if (s.overload) renderOverload(s.overload);
     renderReplication(s.replication);
     drawCharts();
   }
