@@ -104,6 +104,8 @@ cdef class HttpConnection:
     cdef uint32_t apply(self, dict doc, CheckResult* r)
     cdef void bucket(self, dict doc, CheckResult* r)
     cdef void route(self, bytes key)
+    cdef int asked_priority(self, dict doc) except -2
+    cdef int user_priority(self) except -2
     cdef void batch(self, bint keep)
     cdef void write_decision_response(self, const CheckResult* r, uint32_t binding,
                                       bint enforce, bint keep)

@@ -8,6 +8,8 @@ from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit
                                   acl_verdict)
 from fastlimit._resp cimport Arg
 from fastlimit._rules cimport FL_SPLIT_MAX
+from fastlimit._load cimport FL_PRIO_UNSET, FL_PRIO_NORMAL, FL_SHED_REMAINING
+from fastlimit._load import priority_value
 from fastlimit._protocol import SLICE_BUDGET_S, credentials, peer_text
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
@@ -686,13 +688,14 @@ cdef class HttpConnection:
         tier_text = text_field(doc, "tier", False)
         cdef bytes tier = utf8(tier_text) if tier_text is not None else None
         cdef int64_t cost = integer_field(doc, "cost", 1, 0, MAX_COST)
+        cdef int asked = self.asked_priority(doc)
         self.permit(b"cl.limit", 1, client)
         self.route(client)
         error = check_limit(self.core, PyBytes_AS_STRING(client), PyBytes_GET_SIZE(client),
                             PyBytes_AS_STRING(resource), PyBytes_GET_SIZE(resource),
                             PyBytes_AS_STRING(tier) if tier is not None else NULL,
                             PyBytes_GET_SIZE(tier) if tier is not None else 0,
-                            cost, self.core.clock.now_ms(), r, &n)
+                            cost, asked, self.user_priority(), self.core.clock.now_ms(), r, &n)
         if error is not None:
             raise Refused(error)
         return self.core.rules.binding_rule
@@ -736,6 +739,7 @@ cdef class HttpConnection:
         bp.period_ms = integer_field(doc, "period_ms", 1000, 1, MAX_COST)
         bp.cost = integer_field(doc, "cost", 1, 0, MAX_COST)
         cdef int split = integer_field(doc, "split", 1, 1, FL_SPLIT_MAX)
+        cdef int priority = self.asked_priority(doc)
         if "capacity" not in doc:
             raise BadField("capacity", "capacity is required")
         if "refill_per_sec" not in doc:
@@ -743,9 +747,27 @@ cdef class HttpConnection:
         self.permit(b"cl.check", 1, key)
         self.route(key)
         error = check_bucket(self.core, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &bp,
-                             split, self.core.clock.now_ms(), r)
+                             split, self.user_priority() if priority == FL_PRIO_UNSET
+                             else priority, self.core.clock.now_ms(), r)
         if error is not None:
             raise Refused(error)
+
+    cdef int asked_priority(self, dict doc) except -2:
+        """The body's "priority" (low, normal or critical), at most its
+        user's; FL_PRIO_UNSET when it names none."""
+        value = doc.get("priority")
+        if value is None:
+            return FL_PRIO_UNSET
+        asked = priority_value(value) if type(value) is str else None
+        if asked is None:
+            raise BadField("priority", "priority must be low, normal or critical")
+        cap = self.user.priority if self.user is not None else None
+        return asked if cap is None or asked <= cap else cap
+
+    cdef int user_priority(self) except -2:
+        """Its user's priority (acl/rules.py's User.priority), else normal."""
+        cap = self.user.priority if self.user is not None else None
+        return FL_PRIO_NORMAL if cap is None else cap
 
     cdef void route(self, bytes key):
         error = self.core.route_key(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
@@ -797,6 +819,10 @@ cdef class HttpConnection:
         self.begin_response(429 if denied and enforce else 200, b"application/json", keep)
         if info is not None:
             self.write_ratelimit_headers(r, info, denied and enforce)
+        if r.remaining == FL_SHED_REMAINING:     # not counted: the node sheds load
+            write_raw(&self.out, b"X-FastLimit-Shed: 1\r\n", 21)
+            if denied and enforce:
+                write_raw(&self.out, b"Retry-After: 1\r\n", 16)
         self.finish_response()
 
     cdef void write_ratelimit_headers(self, const CheckResult* r, tuple info, bint retry_after):
@@ -843,6 +869,8 @@ cdef class HttpConnection:
         write_decimal(w, r.retry_after_ms)
         write_raw(w, b',"reset_after_ms":', 18)
         write_decimal(w, r.reset_after_ms)
+        if r.remaining == FL_SHED_REMAINING:
+            write_raw(w, b',"shed":true', 12)
         if info is None:
             write_raw(w, b',"rule":null}', 13)
             return

@@ -12,6 +12,7 @@ from fastlimit._resp cimport Parser, ParseLimits, Arg
 from fastlimit._core cimport CheckResult, BucketParams
 from fastlimit._cluster cimport CLUSTER_SLOTS
 from fastlimit._hotkeys cimport HotKeys, fl_hk
+from fastlimit._load cimport LoadMeter, fl_load
 
 
 cdef enum FastPath:
@@ -155,6 +156,14 @@ cdef class ServerCore:
     # countdown and offer the key to it one check in its sample.
     cdef readonly HotKeys hotkeys
     cdef fl_hk* hot
+    # Overload (overload/, issue 26): the saturation meter, whose level the
+    # check path reads (fl_load_sheds: one compare a check), and the RESP
+    # connections held back while saturated, which drain_held() serves a
+    # turn's budget at a time after every critical connection's read.
+    cdef readonly LoadMeter load_meter
+    cdef fl_load* load
+    cdef object held                  # collections.deque of Connection
+    cdef bint drain_scheduled
 
     cdef str route_key(self, const char* key, size_t n)
 
@@ -177,6 +186,15 @@ cdef class Connection:
     cdef size_t read_this_turn # bytes taken since the loop last gave others a turn
     cdef bint input_held       # reading paused: for others' turn, or a sliced reply
     cdef bint more_input       # whole commands wait in inbuf for this connection's next turn
+    # Overload: the priority its checks ask for (or its user's), which
+    # orders its reads while the node is saturated; its user's priority
+    # (FL_PRIO_UNSET: none), which is also the highest its checks may ask;
+    # and, while held back, since when and how many bytes.
+    cdef readonly int priority
+    cdef int user_priority
+    cdef bint held_back
+    cdef int64_t held_since
+    cdef int64_t held_bytes
     cdef object sliced         # a Sliced reply being made (its later commands wait)
     cdef bint waits_for_slot   # sliced is SLOT_WAIT: waiting_command waits for its slot
     cdef bytes waiting_command
@@ -221,6 +239,10 @@ cdef class Connection:
     cdef object acl_channels          # channel patterns, None for all channels
 
     cdef void receive(self, bytes data)
+    cdef bint append_input(self, bytes data)
+    cdef void hold_back(self)
+    cdef void queue_turn(self)
+    cdef int ask_priority(self, int asked) noexcept
     cdef void hold_input(self)
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
@@ -258,11 +280,17 @@ cdef void cl_limit(Connection c)
 cdef void write_check(Connection c, const CheckResult* r, int extra=*)
 cdef void ping(Connection c)
 cdef bint queued_write(Connection c, Command cmd)
+# The priority arguments: what the request asked (FL_PRIO_UNSET: nothing),
+# already capped at its user's; the fallback when neither it nor a rule
+# says (its user's, or normal).  A shed check's r has remaining
+# FL_SHED_REMAINING, allowed by the failure policy.
 cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int split, int64_t now_ms, CheckResult* r)
+                      int split, int priority, int64_t now_ms, CheckResult* r)
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
-                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
-                     CheckResult* r, int* nrules)
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int asked,
+                     int fallback, int64_t now_ms, CheckResult* r, int* nrules)
+cdef void shed_result(fl_load* load, int priority, int64_t limit, bint fail_closed,
+                      CheckResult* r) noexcept
 
 # _protocol_multi.pxi: MULTI, EXEC, DISCARD and WATCH.
 cdef void begin_multi(Connection c)

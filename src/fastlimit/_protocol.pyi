@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence, Sized
 from typing import Any
 
 from fastlimit._core import BucketStore, Clock
+from fastlimit._load import LoadMeter
 from fastlimit._rules import RuleEngine
 
 READONLY_ERROR: str
@@ -129,6 +130,10 @@ class ServerCore:
     max_multibulk_len: int
     cluster_routing: bool
     @property
+    def load_meter(self) -> LoadMeter: ...
+    def drain_held(self) -> None:
+        """Serves held-back connections for at most a turn's budget."""
+    @property
     def observers(self) -> int: ...
     @property
     def monitors(self) -> dict[int, Connection]: ...
@@ -161,6 +166,9 @@ class Connection:
     def core(self) -> ServerCore: ...
     @property
     def id(self) -> int: ...
+    @property
+    def priority(self) -> int:
+        """The priority its checks ask for (or its user's): its reading class."""
     proto: int
     authenticated: bool
     close_after_reply: bool

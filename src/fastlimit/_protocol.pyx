@@ -13,6 +13,10 @@ from fastlimit._rules cimport (RuleEngine, FL_ESPLIT, FL_ESPLITMIX, FL_SPLIT_MAX
                                fl_split_share, fl_split_random, split_pick, split_refused)
 from fastlimit._hotkeys cimport (HotKeys, fl_hk, fl_hk_due, fl_hk_begin, fl_hk_count,
                                  FL_HK_BUCKET)
+from fastlimit._load cimport (LoadMeter, fl_load, fl_load_sheds, fl_load_hold, fl_load_release,
+                              fl_load_count_shed, fl_priority_parse, FL_PRIO_UNSET,
+                              FL_PRIO_LOW, FL_PRIO_NORMAL, FL_PRIO_CRITICAL, FL_SHED_REMAINING,
+                              FL_SHED_RETRY_MS, FL_LOAD_DRAIN_NS)
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
                               FL_EOOM)
@@ -27,6 +31,7 @@ from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
 
 import asyncio
 import base64
+import collections
 import binascii
 import logging
 import time
@@ -206,6 +211,10 @@ cdef class ServerCore:
         self.hotkeys = HotKeys(now_ms=self.clock.now())
         self.hot = &self.hotkeys.t
         rules.track_hot_keys(self.hotkeys)    # named rules' checks, from every front
+        # Off until the overload subsystem configures it (shed-threshold).
+        self.load_meter = LoadMeter()
+        self.load = &self.load_meter.l
+        self.held = collections.deque()
 
     cpdef bint full(self) except -1:
         """Whether maxclients connections are open, every front's and the
@@ -229,6 +238,26 @@ cdef class ServerCore:
         a TLS one was let in at accept, before its handshake (and is
         counted in handshaking until it ends)."""
         return transport.get_extra_info("sslcontext") is None and self.full()
+
+    # ---- overload: the connections held back while saturated ------------------
+
+    def drain_held(self):
+        """Serves held-back connections, oldest first, for at most
+        FL_LOAD_DRAIN_NS of this loop turn; the rest wait for the next
+        turn, after the critical connections' reads of that turn."""
+        cdef int64_t start = fl_mono_ns()
+        cdef Connection c
+        self.drain_scheduled = False
+        while self.held:
+            c = self.held.popleft()
+            c.held_back = False
+            fl_load_release(self.load, c.held_bytes, start - c.held_since)
+            c.next_turn()
+            if fl_mono_ns() - start >= FL_LOAD_DRAIN_NS:
+                break
+        if self.held and not self.drain_scheduled:
+            self.drain_scheduled = True
+            asyncio.get_running_loop().call_soon(self.drain_held)
 
     # ---- Python's way into WATCH (_protocol_multi.pxi) and routing (_protocol_slots.pxi)
 
@@ -279,6 +308,7 @@ cdef class Connection:
     def __init__(self, ServerCore core):
         self.core = core
         self.proto = 2
+        self.priority = FL_PRIO_NORMAL
         acl_set_user(self, core.default_user, not core.auth_required)
         self.created = self.last_interaction = time.monotonic()
         self.addr = self.laddr = ""
@@ -340,11 +370,20 @@ cdef class Connection:
 
     def data_received(self, bytes data):
         self.read_this_turn += PyBytes_GET_SIZE(data)
+        if self.core.load.level and self.priority < FL_PRIO_CRITICAL \
+                and self.replica is None and not self.closed:
+            # Saturated: critical connections are read first, this one
+            # after them, within drain_held's budget of the turn.
+            if self.append_input(data):
+                self.more_input = True
+                self.hold_input()
+                self.hold_back()
+            return
         self.receive(data)
         if (self.more_input or self.read_this_turn >= TURN_BYTES) and not self.input_held \
                 and not self.closed:
             self.hold_input()
-            asyncio.get_running_loop().call_soon(self.next_turn)
+            self.queue_turn()
 
     def next_turn(self):
         """This connection's next share of the loop: the commands left
@@ -356,9 +395,42 @@ cdef class Connection:
             self.more_input = False
             self.process(self.inbuf, self.inlen)
             if self.more_input:
-                asyncio.get_running_loop().call_soon(self.next_turn)
+                self.queue_turn()
                 return
         self.release_input()
+
+    cdef void queue_turn(self):
+        """Its next turn: after the other connections' reads, or while
+        saturated (and not critical) behind the connections held back."""
+        if self.core.load.level and self.priority < FL_PRIO_CRITICAL:
+            self.hold_back()
+        else:
+            asyncio.get_running_loop().call_soon(self.next_turn)
+
+    cdef void hold_back(self):
+        cdef ServerCore core = self.core
+        if self.held_back:
+            return
+        self.held_back = True
+        self.held_since = fl_mono_ns()
+        self.held_bytes = self.inlen
+        fl_load_hold(core.load, self.held_bytes)
+        core.held.append(self)
+        if not core.drain_scheduled:
+            core.drain_scheduled = True
+            asyncio.get_running_loop().call_soon(core.drain_held)
+
+    cdef int ask_priority(self, int asked) noexcept:
+        """What a check that asked for `asked` (FL_PRIO_UNSET: nothing)
+        runs at, before rules: at most its user's priority; and the
+        connection reads in that class from now on."""
+        if asked == FL_PRIO_UNSET:
+            asked = self.user_priority if self.user_priority != FL_PRIO_UNSET \
+                else FL_PRIO_NORMAL
+        elif self.user_priority != FL_PRIO_UNSET and asked > self.user_priority:
+            asked = self.user_priority
+        self.priority = asked
+        return asked
 
     cdef void hold_input(self):
         self.input_held = True
@@ -373,31 +445,39 @@ cdef class Connection:
             self.transport.resume_reading()
 
     cdef void receive(self, bytes data):
+        if self.closed:
+            return
+        if self.inlen == 0:
+            self.core.net_input_bytes += PyBytes_GET_SIZE(data)
+            self.process(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+            return
+        if not self.append_input(data):
+            return
+        if self.inlen < self.parser.need:
+            self.check_query_buffer(self.inlen)
+            return
+        # Parse from a private copy of the pointer: process() rewrites inbuf.
+        self.process(self.inbuf, self.inlen)
+
+    cdef bint append_input(self, bytes data):
+        """data after what waits in inbuf; False when the connection was
+        closed (no memory, or past the query buffer limit)."""
         cdef size_t n = PyBytes_GET_SIZE(data)
         cdef char* grown
         cdef size_t cap
-        if self.closed:
-            return
         self.core.net_input_bytes += n
-        if self.inlen == 0:
-            self.process(PyBytes_AS_STRING(data), n)
-            return
         if self.inlen + n > self.incap:
             cap = max(self.incap * 2, self.inlen + n)
             grown = <char*>realloc(self.inbuf, cap)
             if grown == NULL:
                 self.core.log.error("client id=%d: out of memory for its query buffer", self.id)
                 self.abort()
-                return
+                return False
             self.inbuf = grown
             self.incap = cap
         memcpy(self.inbuf + self.inlen, PyBytes_AS_STRING(data), n)
         self.inlen += n
-        if self.inlen < self.parser.need:
-            self.check_query_buffer(self.inlen)
-            return
-        # Parse from a private copy of the pointer: process() rewrites inbuf.
-        self.process(self.inbuf, self.inlen)
+        return True
 
     # ---- parsing and dispatch -----------------------------------------------
 

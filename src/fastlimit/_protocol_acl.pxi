@@ -111,13 +111,17 @@ cdef int acl_set_user(Connection c, user, bint authenticated) except -1:
     """Runs as user (acl/users.py's User, or None: unrestricted) from
     now on; its grant is None when it may run everything on every key
     and channel, else (permission map, key patterns or None, channel
-    patterns or None)."""
+    patterns or None); its priority (acl/rules.py's User.priority) is
+    its checks' default and the highest they may ask for."""
     grant = user.grant if user is not None else None
     c.user = user
     c.authenticated = authenticated
     c.restricted = grant is not None
     c.acl_perm, c.acl_keys, c.acl_channels = \
         grant if grant is not None else (None, None, None)
+    priority = user.priority if user is not None else None
+    c.user_priority = FL_PRIO_UNSET if priority is None else priority
+    c.priority = FL_PRIO_NORMAL if priority is None else priority
     return 0
 
 

@@ -29,6 +29,7 @@ cdef enum OptionStatus:
     OPT_BAD_PERIOD = 6
     OPT_BAD_LIMIT_COST = 7
     OPT_BAD_SPLIT = 8
+    OPT_BAD_PRIORITY = 9
 
 
 cdef struct LimitArgs:
@@ -36,16 +37,23 @@ cdef struct LimitArgs:
     size_t tlen
     int64_t cost
     bint detail
+    int priority              # FL_PRIO_UNSET: not asked
+
+
+cdef inline int read_priority(const Arg* value, int* priority) noexcept:
+    priority[0] = fl_priority_parse(value.ptr, value.len)
+    return OPT_BAD_PRIORITY if priority[0] == FL_PRIO_UNSET else OPT_OK
 
 
 cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* split,
-                         int* bad) noexcept:
-    """CL.CHECK's numbers and options into bp and split: OPT_OK, or what
-    is wrong (with the option at a[*bad])."""
+                         int* priority, int* bad) noexcept:
+    """CL.CHECK's numbers and options into bp, split and priority: OPT_OK,
+    or what is wrong (with the option at a[*bad])."""
     cdef int i = 4
     cdef int64_t k
     bp.cost = 1
     split[0] = 1
+    priority[0] = FL_PRIO_UNSET
     bp.period_ms = 1000
     if not parse_int64(a[2].ptr, a[2].len, &bp.capacity):
         return OPT_BAD_CAPACITY
@@ -65,6 +73,9 @@ cdef int read_check_args(const Arg* a, int argc, BucketParams* bp, int* split,
             if not parse_int64(a[i + 1].ptr, a[i + 1].len, &k) or not 1 <= k <= FL_SPLIT_MAX:
                 return OPT_BAD_SPLIT
             split[0] = <int>k
+        elif eq_nocase(&a[i], b"priority", 8):
+            if read_priority(&a[i + 1], priority) != OPT_OK:
+                return OPT_BAD_PRIORITY
         else:
             return OPT_UNKNOWN
         i += 2
@@ -78,6 +89,7 @@ cdef int read_limit_args(const Arg* a, int argc, LimitArgs* la, int* bad) noexce
     la.tlen = 0
     la.cost = 1
     la.detail = False
+    la.priority = FL_PRIO_UNSET
     while i < argc:
         bad[0] = i
         if eq_nocase(&a[i], b"detail", 6):
@@ -92,6 +104,9 @@ cdef int read_limit_args(const Arg* a, int argc, LimitArgs* la, int* bad) noexce
             if not parse_int64(a[i + 1].ptr, a[i + 1].len, &la.cost) or la.cost < 0 \
                     or la.cost > MAX_CAPACITY:
                 return OPT_BAD_LIMIT_COST
+        elif eq_nocase(&a[i], b"priority", 8):
+            if read_priority(&a[i + 1], &la.priority) != OPT_OK:
+                return OPT_BAD_PRIORITY
         else:
             return OPT_UNKNOWN
         i += 2
@@ -111,22 +126,26 @@ cdef str options_error(int status, const Arg* option, str expected):
         return "ERR COST must be an integer from 0 to 10^15"
     if status == OPT_BAD_SPLIT:
         return f"ERR SPLIT must be an integer from 1 to {FL_SPLIT_MAX}"
+    if status == OPT_BAD_PRIORITY:
+        return "ERR PRIORITY must be low, normal or critical"
     if status == OPT_NEEDS_VALUE:
         return f"ERR syntax error: option '{arg_text(option)}' needs a value"
     return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
 
 
 cdef void cl_check(Connection c):
-    """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms] [SPLIT k]"""
+    """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms] [SPLIT k]
+    [PRIORITY p]"""
     cdef Arg* a = c.parser.argv
     cdef BucketParams bp
     cdef CheckResult r
-    cdef int rc, bad = 0, split
-    rc = read_check_args(a, c.parser.argc, &bp, &split, &bad)
+    cdef int rc, bad = 0, split, priority
+    rc = read_check_args(a, c.parser.argc, &bp, &split, &priority, &bad)
     if rc != OPT_OK:
-        c.reply_error(options_error(rc, &a[bad], "COST, PERIOD or SPLIT"))
+        c.reply_error(options_error(rc, &a[bad], "COST, PERIOD, SPLIT or PRIORITY"))
         return
-    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, split, c.now_ms, &r)
+    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, split, c.ask_priority(priority),
+                         c.now_ms, &r)
     if error is not None:
         c.reply_error(error)
         return
@@ -145,18 +164,20 @@ cdef void write_check(Connection c, const CheckResult* r, int extra=0):
 
 
 cdef void cl_limit(Connection c):
-    """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL]"""
+    """CL.LIMIT <client_key> <resource> [TIER t] [COST n] [DETAIL] [PRIORITY p]"""
     cdef Arg* a = c.parser.argv
-    cdef int n = 0, rc, bad = 0
+    cdef int n = 0, rc, bad = 0, asked, fallback
     cdef LimitArgs la
     cdef CheckResult r
     cdef RuleEngine rules = c.core.rules
     rc = read_limit_args(a, c.parser.argc, &la, &bad)
     if rc != OPT_OK:
-        c.reply_error(options_error(rc, &a[bad], "TIER, COST or DETAIL"))
+        c.reply_error(options_error(rc, &a[bad], "TIER, COST, DETAIL or PRIORITY"))
         return
+    fallback = c.ask_priority(la.priority)     # a rule's priority comes between the two
+    asked = FL_PRIO_UNSET if la.priority == FL_PRIO_UNSET else fallback
     error = check_limit(c.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
-                        la.cost, c.now_ms, &r, &n)
+                        la.cost, asked, fallback, c.now_ms, &r, &n)
     if error is not None:
         c.reply_error(error)
         return
@@ -164,6 +185,9 @@ cdef void cl_limit(Connection c):
         write_check(c, &r)
         return
     write_check(c, &r, 1)
+    if r.remaining == FL_SHED_REMAINING:
+        write_raw(&OUT, b"*0\r\n", 4)     # shed: no rule was checked
+        return
     encode_reply(&OUT, c.core.app.rules_detail(rules.last_detail(n)), c.proto)
 
 
@@ -191,9 +215,10 @@ cdef bint queued_write(Connection c, Command cmd):
     writes when it runs."""
     cdef BucketParams bp
     cdef LimitArgs la
-    cdef int bad, split
+    cdef int bad, split, priority
     if cmd.fast == FAST_CL_CHECK:
-        return read_check_args(c.parser.argv, c.parser.argc, &bp, &split, &bad) == OPT_OK \
+        return read_check_args(c.parser.argv, c.parser.argc, &bp, &split, &priority,
+                               &bad) == OPT_OK \
             and bp.cost != 0
     if cmd.fast == FAST_CL_LIMIT:
         return read_limit_args(c.parser.argv, c.parser.argc, &la, &bad) == OPT_OK \
@@ -204,14 +229,18 @@ cdef bint queued_write(Connection c, Command cmd):
 # ---- decisions every front makes the same way (RESP here, HTTP in _http.pyx) ----
 
 cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const BucketParams* bp,
-                      int split, int64_t now_ms, CheckResult* r):
-    """CL.CHECK's decision into r (split k ways when split > 1): None, or
-    the error reply's text."""
+                      int split, int priority, int64_t now_ms, CheckResult* r):
+    """CL.CHECK's decision into r (split k ways when split > 1; shed, and
+    allowed, when the node sheds this priority): None, or the error
+    reply's text."""
     cdef const char* err = bucket_params_error(bp)
     if err != NULL:
         return "ERR " + err.decode()
     if core.readonly and bp.cost != 0:
         return READONLY_ERROR    # a replica answers peeks only
+    if fl_load_sheds(core.load, priority):
+        shed_result(core.load, priority, bp.capacity, False, r)
+        return None
     if split > 1:
         return check_split_bucket(core, key, keylen, bp, split, now_ms, r)
     return check_one_bucket(core, key, keylen, bp, now_ms, r)
@@ -304,16 +333,20 @@ cdef void sample_bucket(fl_hk* hot, const char* key, size_t keylen, int64_t now_
 
 
 cdef str check_limit(ServerCore core, const char* client, size_t clen, const char* resource,
-                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int64_t now_ms,
-                     CheckResult* r, int* nrules):
+                     size_t rlen, const char* tier, size_t tlen, int64_t cost, int asked,
+                     int fallback, int64_t now_ms, CheckResult* r, int* nrules):
     """CL.LIMIT's decision over the matching rules (*nrules of them, for
-    DETAIL) into r: None, or the error reply's text."""
+    DETAIL) into r: None, or the error reply's text.  Shed (before any
+    bucket is read) at the priority asked, else the rules', else
+    fallback; allowed unless a rule fails closed."""
     cdef RuleEngine rules = core.rules
     cdef int rc
     if core.readonly and cost != 0:
         return READONLY_ERROR
     try:
         nrules[0] = rules.select_rules(client, clen, resource, rlen, tier, tlen)
+        if core.load.level and shed_limit(core, rules, nrules[0], asked, fallback, r):
+            return None
         rc = rules.evaluate(client, clen, resource, rlen, nrules[0], cost, now_ms, r)
     except ValueError as e:
         return f"ERR {e}"
@@ -326,3 +359,31 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
             return rules.split_error(rc)
         return "OOM out of memory: the bucket could not be stored"
     return None    # the engine fed the hot-key tracker (RuleEngine.evaluate)
+
+
+# ---- shedding (fl_load.h): what a shed check answers -----------------------------
+
+cdef bint shed_limit(ServerCore core, RuleEngine rules, int n, int asked, int fallback,
+                     CheckResult* r) noexcept:
+    """Whether the rules' check is shed now, and if so its result."""
+    cdef bint closed = False
+    cdef int priority = asked
+    cdef int ruled = rules.shed_policy(n, &closed)
+    if priority == FL_PRIO_UNSET:
+        priority = ruled if ruled != FL_PRIO_UNSET else fallback
+    if not fl_load_sheds(core.load, priority):
+        return False
+    shed_result(core.load, priority, -1, closed, r)     # the limit: not looked up
+    return True
+
+
+cdef void shed_result(fl_load* load, int priority, int64_t limit, bint fail_closed,
+                      CheckResult* r) noexcept:
+    """A shed check's answer: not counted (remaining FL_SHED_REMAINING),
+    allowed unless it fails closed."""
+    r.allowed = not fail_closed
+    r.limit = limit
+    r.remaining = FL_SHED_REMAINING
+    r.retry_after_ms = FL_SHED_RETRY_MS if fail_closed else 0
+    r.reset_after_ms = 0
+    fl_load_count_shed(load, priority, r.allowed)

@@ -61,6 +61,10 @@ cdef struct RuleSpec:
     int nprev
     int prev_split[SPLIT_HISTORY]
     uint32_t prev_epoch[SPLIT_HISTORY]
+    # Overload (fl_load.h): the priority of the rule's checks (-1: not
+    # set) and whether a shed check is denied ("on_failure": "closed").
+    int priority
+    bint fail_closed
 
 
 # The rules as C code outside the engine reads them (by a record's rule
@@ -175,6 +179,7 @@ cdef class RuleEngine:
                            const char* resource, size_t rlen, int64_t cost,
                            int64_t now_ms) except? -100
     cpdef str split_error(self, int rc)
+    cdef int shed_policy(self, int n, bint* fail_closed) noexcept
     cdef size_t key_of(self, int i, const char* client, size_t clen, const char* resource,
                        size_t rlen) except? 0
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,

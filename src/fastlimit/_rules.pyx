@@ -531,6 +531,8 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
         r.limit = spec_int(spec, "limit", 1, MAX_LIMIT)
         r.window_ms = spec_int(spec, "window_ms", 1, MAX_WINDOW_MS)
     compile_split(r, spec)
+    r.priority = spec_int(spec, "priority", 0, 2) if spec.get("priority") is not None else -1
+    r.fail_closed = spec.get("on_failure", "open") == "closed"
     return 0
 
 
@@ -1173,6 +1175,22 @@ cdef class RuleEngine:
             fl_put_u16(self.keybuf + 4, <uint16_t>sublen)
             memcpy(self.keybuf + 6 + sublen, resource, rlen)
         return at + sublen + (rlen if per_resource else 0)
+
+    cdef int shed_policy(self, int n, bint* fail_closed) noexcept:
+        """For shedding the n rules in self.order: the highest priority
+        they set (-1: none does), and whether one fails closed (an
+        enforcing one: a shadow rule never denies)."""
+        cdef int i, priority = -1
+        cdef RuleSpec* r
+        fail_closed[0] = False
+        self.binding_rule = 0      # a shed check is bound by no rule
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            if r.priority > priority:
+                priority = r.priority
+            if r.fail_closed and not r.shadow:
+                fail_closed[0] = True
+        return priority
 
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
                       size_t rlen, int n, int64_t cost, int64_t now_ms,

@@ -421,3 +421,33 @@ def test_json_global_shadow_mode_answers_200_with_the_status_still_over(rls_http
     assert s.client().info("rls")["rls_global_shadow_mode"] == 1
     s.client().config_set("rls-shadow-mode", "no")
     assert s.json(blocked)[0] == 429
+
+
+# ---- shedding (README "Overload") ------------------------------------------------------
+
+PRIO = "x-fastlimit-priority"
+
+
+def test_json_a_priority_entry_sheds_by_the_level_and_is_not_matched(rls_http):
+    s = rls_http(EDGE_PER_IP)
+    c = s.client()
+    one = [("remote_address", "50.0.0.1")]
+    low = request("edge_proxy_per_ip", one + [(PRIO, "low")])
+    # not saturated: the entry is taken out before matching, so it counts as `one`
+    assert s.json(low) == (200, answer("OK", status("OK", 10, SECOND, remaining=9, reset=1)))
+    c.execute_command("DEBUG", "SHED-LEVEL", 1)
+    shed = answer("OK", {"code": "OK"})
+    shed["responseHeadersToAdd"] = [{"key": "x-fastlimit-shed", "value": "1"}]
+    assert s.json(low) == (200, shed)
+    # normal (no entry) and critical are counted at level 1; normal is shed at 2
+    assert s.json(request("edge_proxy_per_ip", one))[1]["statuses"][0]["limitRemaining"] == 8
+    critical = request("edge_proxy_per_ip", one, [(PRIO, "critical")])
+    assert s.json(critical)[1]["statuses"][0]["limitRemaining"] == 7
+    c.execute_command("DEBUG", "SHED-LEVEL", 2)
+    assert s.json(request("edge_proxy_per_ip", one)) == (200, {**shed, "statuses": [
+        {"code": "OK"}]})
+    assert s.json(critical)[1]["statuses"][0]["limitRemaining"] == 6
+    assert (c.info("stats")["shed_checks_low"], c.info("stats")["shed_checks_normal"]) == (1, 1)
+    # a value that is not a priority is the request's error
+    status_code, error = s.json(request("edge_proxy_per_ip", [(PRIO, "urgent")]))
+    assert status_code == 400 and "x-fastlimit-priority must be low, normal or critical" in error

@@ -338,9 +338,9 @@ def test_options_in_any_order_and_any_case(c, rules):
 # (arguments after CL.LIMIT, the exact error line)
 ARGUMENT_ERRORS = [
     (["u", "ERR /x", "FOO", "1"],
-     b"-ERR syntax error: unknown option 'FOO', expected TIER, COST or DETAIL\r\n"),
+     b"-ERR syntax error: unknown option 'FOO', expected TIER, COST, DETAIL or PRIORITY\r\n"),
     (["u", "ERR /x", "DETAIL", "NOPE", "2"],
-     b"-ERR syntax error: unknown option 'NOPE', expected TIER, COST or DETAIL\r\n"),
+     b"-ERR syntax error: unknown option 'NOPE', expected TIER, COST, DETAIL or PRIORITY\r\n"),
     (["u", "ERR /x", "COST"], b"-ERR syntax error: option 'COST' needs a value\r\n"),
     (["u", "ERR /x", "TIER"], b"-ERR syntax error: option 'TIER' needs a value\r\n"),
     (["u", "ERR /x", "COST", "1", "TIER"],
@@ -376,7 +376,7 @@ def test_redis_py_raises_the_errors_and_goes_on(c, rules):
     assert error_of(c, "CL.LIMIT", "u", "ERRPY /x", "COST", "abc") == (
         "COST must be an integer from 0 to 10^15")
     assert error_of(c, "CL.LIMIT", "u", "ERRPY /x", "BOGUS", "1") == (
-        "syntax error: unknown option 'BOGUS', expected TIER, COST or DETAIL")
+        "syntax error: unknown option 'BOGUS', expected TIER, COST, DETAIL or PRIORITY")
     assert error_of(c, "CL.LIMIT", "u", "ERRPY /x", "TIER") == (
         "syntax error: option 'TIER' needs a value")
     assert limit(c, "u", "ERRPY /x") == [1, 3, 2, 0, 1000]

@@ -53,7 +53,7 @@ def test_cl_check_split(r):
     (("SPLIT", 11), "ERR SPLIT is more than the capacity: every sub-bucket needs a token"),
     (("PERIOD", 2**31, "SPLIT", 4),
      "ERR SPLIT makes a sub-bucket's period (PERIOD x SPLIT) out of range"),
-    (("SPLAT", 2), "ERR syntax error: unknown option 'SPLAT', expected COST, PERIOD or SPLIT"),
+    (("SPLAT", 2), "ERR syntax error: unknown option 'SPLAT', expected COST, PERIOD, SPLIT or PRIORITY"),
 ])
 def test_cl_check_split_errors(r, args, error):
     with pytest.raises(redis.ResponseError) as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from fastlimit._load import PRIORITIES, priority_value
 from fastlimit._protocol import Command
 
 # Redis 7.0's ACL CAT, in its order, and fastlimit's own (as a Redis 8
@@ -126,6 +127,10 @@ class User:
         self.channels: list[bytes] = []
         self.allowed = bytearray(size)
         self.command_rules: list[str] = ["-@all"]
+        # fastlimit's own rule "priority:<name>": its checks' priority when
+        # they name none, and the highest they may name (None: normal, and
+        # any); an index of fastlimit._load.PRIORITIES.
+        self.priority: int | None = None
         self.grant: tuple[bytes, tuple | None, tuple | None] | None = (
             bytes(size), ((), ()), ())
 
@@ -184,6 +189,8 @@ class User:
             parts.append("resetchannels")
             parts += ["&" + c.decode("utf-8", "surrogateescape") for c in self.channels]
         parts.append(self.commands_text())
+        if self.priority is not None:
+            parts.append("priority:" + PRIORITIES[self.priority])
         return " ".join(parts)
 
     # ---- the rules -------------------------------------------------------------------
@@ -207,9 +214,15 @@ class User:
             self._add_password(op)
         elif op[:1] in (b"<", b"!"):
             self._remove_password(op)
+        elif word.startswith(b"priority:"):
+            self.priority = priority_value(word[9:])
+            if self.priority is None:
+                raise RuleError(SYNTAX)
+        elif word == b"resetpriority":
+            self.priority = None
         elif word == b"reset":
             for rule in (b"resetpass", b"resetkeys", b"resetchannels", b"off",
-                         b"sanitize-payload", b"-@all"):
+                         b"sanitize-payload", b"-@all", b"resetpriority"):
                 self.apply(rule, commands)
         elif op[:1] == b"(" or word == b"clearselectors":
             raise RuleError(SYNTAX)     # selectors (7.0) are not supported

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import MovedError, ResponseError
 
+from fastlimit._load import SHED_REMAINING
 from fastlimit.breaker import CircuitBreaker
 from fastlimit.client.prefetch import _Prefetch
 from fastlimit.client.split_keys import SplitKeys, random_subkey, split_refusal
@@ -76,6 +77,7 @@ class Stats:
     moved: int = 0           # MOVED replies followed to another node (cluster mode)
     map_refreshes: int = 0   # slot maps read from CLUSTER SLOTS (cluster mode)
     split_learned: int = 0   # "-SPLIT k" replies resent on a sub-key (cluster mode)
+    shed: int = 0            # checks an overloaded server shed (then the failure policy's)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def incr(self, name: str, n: int = 1) -> None:
@@ -476,6 +478,11 @@ class _ClientBase:
             except (TypeError, ValueError) as e:
                 reply = ResponseError(f"unexpected reply {reply!r} ({e})")
             else:
+                if decision.remaining == SHED_REMAINING:
+                    # not counted: an overloaded server's answer by its own
+                    # policy; this check's is the caller's to choose
+                    self.stats.incr("shed")
+                    return self._degraded(node, request, "the server shed the check (overload)")
                 self.stats.incr("server")
                 return decision
         # The server is up (the breaker is fine) but could not decide:

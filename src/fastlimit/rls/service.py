@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastlimit._load import PRIORITIES, priority_value
 from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig, counter_key
 from fastlimit.rls.matcher import find_limit
 from fastlimit.structured_fields import sf_string
@@ -52,6 +53,13 @@ RESERVED_SCOPE = "rls"
 # Redis's words, as the reference passes on its Redis's refusal.
 READONLY = "READONLY You can't write against a read only replica."
 UNLIMITED = (OK, None, MAX_UINT32, 0)
+# A descriptor entry that sets the request's priority for shedding (README,
+# "Overload"); it is taken out before matching. Envoy sets it with a
+# generic_key action's descriptor_key.  A shed request is allowed, as the
+# reference's users fail open, and says so in a response header.
+PRIORITY_ENTRY = b"x-fastlimit-priority"
+NORMAL = PRIORITIES.index("normal")
+SHED_HEADER = (b"x-fastlimit-shed", b"1")
 
 
 class RlsError(Exception):
@@ -147,11 +155,13 @@ class Prepared:
 
 class RateLimitService:
     def __init__(self, engine, registry, response_headers: bool = False,
-                 read_only=lambda: False, shadow_mode: bool = False):
+                 read_only=lambda: False, shadow_mode: bool = False, load=None):
         """registry: where the counters' rule numbers are reserved
         (rules.registry.RuleRegistry); read_only: whether this server is a
         standby now, which counts nothing (its primary's counts replace
-        its own)."""
+        its own); load: the server's saturation meter (_load.LoadMeter),
+        which sheds requests by their priority, or None."""
+        self.load = load
         self.engine = engine
         self.clock = engine.clock
         self.registry = registry
@@ -250,6 +260,9 @@ class RateLimitService:
         if dom is None:
             self.unknown_domain += 1
             return OK, [NO_MATCH] * len(descriptors), []
+        descriptors, priority = take_priority(descriptors)
+        if self.load is not None and self.load.shed(priority):
+            return OK, [NO_MATCH] * len(descriptors), [SHED_HEADER]
         request_hits = max(1, hits_addend)
         spent = [min(max(0, d_hits if d_hits is not None else request_hits), COUNTER_LIMIT + 1)
                  for _, _, d_hits in descriptors]
@@ -436,3 +449,22 @@ def walk_limits(root: Node):
         for child in stack.pop().children.values():
             yield from child.limits
             stack.append(child)
+
+
+def take_priority(descriptors) -> tuple[list, int]:
+    """The descriptors without their PRIORITY_ENTRY entries, and the
+    highest priority those name (normal when none does); RlsError for a
+    value that is not a priority."""
+    if not any(key == PRIORITY_ENTRY for entries, _, _ in descriptors for key, _ in entries):
+        return descriptors, NORMAL
+    named = []
+    kept = []
+    for entries, override, hits in descriptors:
+        for key, value in entries:
+            if key == PRIORITY_ENTRY:
+                priority = priority_value(value)
+                if priority is None:
+                    raise RlsError(f"{PRIORITY_ENTRY.decode()} must be low, normal or critical")
+                named.append(priority)
+        kept.append(([e for e in entries if e[0] != PRIORITY_ENTRY], override, hits))
+    return kept, max(named)

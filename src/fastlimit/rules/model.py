@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from fastlimit._load import PRIORITIES
 from fastlimit._rules import (
     MAX_RULES_PER_REQUEST,  # noqa: F401  (rules refer to it here)
     MAX_SPLIT,
@@ -42,7 +43,7 @@ ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
-                 "split_history")
+                 "split_history", "priority")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -115,6 +116,9 @@ class Rule:
     split: int = 1
     split_epoch: int = 0
     split_history: tuple[tuple[int, int], ...] = ()
+    # Its checks' priority when a request names none (README, "Overload");
+    # None: the caller's.  A shed check is answered by on_failure.
+    priority: str | None = None
 
     @property
     def params(self) -> dict[str, int]:
@@ -138,6 +142,8 @@ class Rule:
             doc["split_epoch"] = self.split_epoch
         if self.split_history:
             doc["split_history"] = [list(pair) for pair in self.split_history]
+        if self.priority is not None:
+            doc["priority"] = self.priority
         return doc
 
     def to_json(self) -> str:
@@ -161,7 +167,9 @@ class Rule:
 
     def engine_spec(self) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define()."""
-        spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
+        spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope,
+                "on_failure": self.on_failure,
+                "priority": None if self.priority is None else PRIORITIES.index(self.priority)}
         params = self.params
         if "refill_per_second" in params:
             params["refill"] = params.pop("refill_per_second")
@@ -305,7 +313,11 @@ class _RuleParser:
                     scope=self.choice("key", SCOPES, default="client"),
                     split=self.split(algorithm, dict(numbers)),
                     split_epoch=self.integer("split_epoch", 0, MAX_SPLIT_EPOCH, 0),
-                    split_history=self.split_history())
+                    split_history=self.split_history(),
+                    priority=self.optional_choice("priority", PRIORITIES))
+
+    def optional_choice(self, field: str, allowed: tuple) -> str | None:
+        return self.choice(field, allowed, "") if field in self.doc else None
 
     def choice(self, field: str, allowed: tuple, default: str, message: str = "") -> str:
         value = self.doc.get(field, default)

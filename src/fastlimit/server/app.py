@@ -21,6 +21,7 @@ from fastlimit.acl.users import Acl
 from fastlimit.cluster.reshard import Reshard
 from fastlimit.cluster.subsystem import Cluster
 from fastlimit.hotkeys.subsystem import HotKeysSubsystem
+from fastlimit.overload.subsystem import Overload
 from fastlimit.pubsub.subsystem import PubSub
 from fastlimit.replication.primary import Replication
 from fastlimit.rls.subsystem import RlsSubsystem
@@ -72,6 +73,7 @@ class Server:
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
         self.core = ServerCore(self.store, self.rule_engine, build_table(), app=self, log=log)
+        self.rls.service.load = self.core.load_meter     # sheds by priority as every front
         # The users (and the aclfile: raises ConfigError, the server refuses
         # to start, if it cannot be used), before any connection.
         self.acl = Acl(self, log)
@@ -79,6 +81,7 @@ class Server:
         self.maxmemory = MaxMemory(self)
         self.pubsub = PubSub(self.core)
         self.hotkeys = HotKeysSubsystem(self)
+        self.overload = Overload(self, log)
         self.port = settings.port
         # Reads the slot map; raises MapError (the server refuses to start)
         # if it cannot be used.
@@ -99,7 +102,8 @@ class Server:
         self.subsystems: list[Subsystem] = [
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             *([self.rules_store] if self.rules_store is not None else []),
-            self.replication, self.snapshots, self.pubsub, self.hotkeys, self.cluster,
+            self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
+            self.cluster,
             self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)

@@ -91,9 +91,9 @@ def test_command_docs_cl_check(raw, proto):
         assert isinstance(doc[field], bytes) and doc[field], field
     args = [as_map(a, proto) for a in doc[b"arguments"]]
     assert [a[b"name"] for a in args] == [b"key", b"capacity", b"refill_per_sec", b"cost",
-                                          b"period", b"split"]
+                                          b"period", b"split", b"priority"]
     assert args[0][b"type"] == b"key" and args[0][b"key_spec_index"] == 0
-    assert [a.get(b"token") for a in args[3:]] == [b"COST", b"PERIOD", b"SPLIT"]
+    assert [a.get(b"token") for a in args[3:]] == [b"COST", b"PERIOD", b"SPLIT", b"PRIORITY"]
     assert all("optional" in a[b"flags"] for a in args[3:])
     assert hiredis_view   # hiredis reads it too
     # the whole table, as redis-cli asks for it at start

@@ -94,13 +94,30 @@ def cmd_debug(conn, args):
             "DEBUG CLOCK GET -- the server clock in ms",
             "DEBUG CLOCK SET <ms> -- set the manual clock",
             "DEBUG CLOCK ADVANCE <ms> -- move the manual clock forward",
-            "DEBUG SWEEP [budget-ms] -- run the idle-bucket sweep now")]
+            "DEBUG SWEEP [budget-ms] -- run the idle-bucket sweep now",
+            "DEBUG SHED-LEVEL <0|1|2|AUTO> -- hold the overload level (1: shed low checks, "
+            "2: low and normal), or measure it again")]
+    if sub == "shed-level":
+        return _debug_shed_level(conn, args)
     if sub == "sweep":
         budget = float(integer(args[2], "budget-ms")) if len(args) > 2 else 100.0
         removed, scanned = conn.core.store.sweep(budget_ms=budget)
         return [removed, scanned]
     raise ReplyError(f"ERR unknown subcommand '{args[1].decode(errors='replace')}'. "
                      "Try DEBUG HELP.")
+
+
+def _debug_shed_level(conn, args):
+    """As Envoy's tests inject pressure with a fake resource monitor: the
+    level -> action mapping tested without load."""
+    if len(args) != 3:
+        raise ReplyError("ERR syntax error: DEBUG SHED-LEVEL <0|1|2|AUTO>")
+    word = lowercase(args[2])
+    level = -1 if word == "auto" else {"0": 0, "1": 1, "2": 2}.get(word)
+    if level is None:
+        raise ReplyError("ERR the level must be 0, 1, 2 or AUTO")
+    conn.core.load_meter.force(level)
+    return OK
 
 
 def _debug_clock(conn, args):

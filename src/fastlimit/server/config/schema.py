@@ -304,6 +304,17 @@ class Settings:
         0, integer(0, 1024), runtime=True,
         help="hot keys /metrics names in fastlimit_hotkey_ops_per_second (0: none, only "
              "the counts)")
+    shed_threshold: int = setting(
+        90, integer(0, 100), runtime=True,
+        help="the loop thread's busy percent at which the node is saturated: it sheds "
+             "PRIORITY low checks and reads critical connections first (0: never sheds)")
+    shed_lag_ms: int = setting(
+        5, integer(1, 60000), runtime=True,
+        help="a loop turn, or held-back input, this late also means saturated")
+    shed_normal_lag_ms: int = setting(
+        20, integer(1, 60000), runtime=True,
+        help="a loop turn, or held-back input, this late sheds normal checks too (critical "
+             "ones never are)")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
         help="serve the hash slots the slot map gives this node's shard, and redirect the "
