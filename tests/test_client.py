@@ -125,6 +125,25 @@ def test_sync_decision_is_the_servers_reply(server, r):
         assert client.stats.server == 4 and client.stats.round_trips == 4
 
 
+def test_a_shed_check_is_a_failure_of_that_check(server, r):
+    """An overloaded server's shed reply (remaining -2) is not a decision:
+    the check's failure policy answers, and it is counted apart."""
+    r.execute_command("DEBUG", "SHED-LEVEL", 1)
+    try:
+        with Client(address(server), timeout_ms=SLOW_OK_MS, priority="low") as client:
+            d = client.check("feed", 5, 1)
+            assert (d.allowed, d.source) == (True, "failed_open")
+            d = client.check("feed", 5, 1, on_failure="closed")
+            assert (d.allowed, d.source) == (False, "failed_closed")
+            assert client.stats.shed == 2 and client.stats.server == 0
+        with Client(address(server), timeout_ms=SLOW_OK_MS) as normal:
+            assert normal.check("feed", 5, 1).remaining == 4     # the bucket was untouched
+        with pytest.raises(ValueError, match="priority"):
+            Client(address(server), priority="urgent")
+    finally:
+        r.execute_command("DEBUG", "SHED-LEVEL", "AUTO")
+
+
 def test_binary_keys_and_password(make_server):
     s = make_server("--manual-clock", "--requirepass", "s3cret")
     with Client(address(s), password="s3cret", timeout_ms=SLOW_OK_MS) as client:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import MovedError, ResponseError
 
-from fastlimit._load import SHED_REMAINING
+from fastlimit._load import PRIORITIES, SHED_REMAINING
 from fastlimit.breaker import CircuitBreaker
 from fastlimit.client.prefetch import _Prefetch
 from fastlimit.client.split_keys import SplitKeys, random_subkey, split_refusal
@@ -157,7 +157,7 @@ class _Node:
 
 
 def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
-                  period_ms: int, split: int = 1) -> tuple:
+                  period_ms: int, split: int = 1, priority: str | None = None) -> tuple:
     """CL.CHECK's arguments; the defaults are left off the wire."""
     command: tuple[str | bytes | int, ...] = ("CL.CHECK", key, capacity, refill_per_sec)
     if cost != 1:
@@ -166,6 +166,8 @@ def check_command(key: bytes, capacity: int, refill_per_sec: int, cost: int,
         command += ("PERIOD", period_ms)
     if split != 1:
         command += ("SPLIT", split)
+    if priority is not None:
+        command += ("PRIORITY", priority)
     return command
 
 
@@ -197,7 +199,12 @@ class _ClientBase:
                  sentinel_timeout_ms: float = DEFAULT_SENTINEL_TIMEOUT_MS,
                  cluster: Servers | None = None,
                  cluster_timeout_ms: float = DEFAULT_CLUSTER_TIMEOUT_MS,
+                 priority: str | None = None,
                  **redis_kwargs):
+        if priority is not None and priority not in PRIORITIES:
+            raise ValueError("priority must be one of " + ", ".join(PRIORITIES))
+        # every check's PRIORITY (README "Overload"); None: the server's default
+        self.priority = priority
         if cluster is not None and sentinels is not None:
             raise ValueError("cluster= and sentinels= exclude each other: a cluster's "
                              "nodes say who serves which slot")
@@ -371,7 +378,7 @@ class _ClientBase:
         local = None if fallback is None else (
             lambda: fallback.check(key, capacity, refill_per_sec, cost, period_ms))
         request = _Request(key, check_command(key, capacity, refill_per_sec, cost, period_ms,
-                                              split), capacity, on_failure, local)
+                                              split, self.priority), capacity, on_failure, local)
         if split > 1 and self._cluster is not None:
             # its sub-buckets are on several shards: this client picks one
             return request.on_subkey(random_subkey(key, split))
@@ -386,6 +393,8 @@ class _ClientBase:
             command += ("TIER", tier)
         if cost != 1:
             command += ("COST", cost)
+        if self.priority is not None:
+            command += ("PRIORITY", self.priority)
         fallback = self.fallback
         local = None if fallback is None else (
             lambda: fallback.limit(client_key, resource, tier, cost))
@@ -436,7 +445,8 @@ class _ClientBase:
             return None
         key, capacity, refill_per_sec, period_ms = bucket
         return request.with_command(check_command(key, capacity, refill_per_sec,
-                                                  prefetch.batch, period_ms))
+                                                  prefetch.batch, period_ms,
+                                                  priority=self.priority))
 
     def _batch_answered(self, bucket: tuple, cost: int, granted: Decision) -> Decision | None:
         """The call's decision from a batch's answer, or None: the batch did
