@@ -242,7 +242,6 @@ cdef class Connection:
     cdef bint append_input(self, bytes data)
     cdef void hold_back(self)
     cdef void queue_turn(self)
-    cdef int ask_priority(self, int asked) noexcept
     cdef void hold_input(self)
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)

@@ -420,17 +420,6 @@ cdef class Connection:
             core.drain_scheduled = True
             asyncio.get_running_loop().call_soon(core.drain_held)
 
-    cdef int ask_priority(self, int asked) noexcept:
-        """What a check that asked for `asked` (FL_PRIO_UNSET: nothing)
-        runs at, before rules: at most its user's priority; and the
-        connection reads in that class from now on."""
-        if asked == FL_PRIO_UNSET:
-            asked = self.user_priority if self.user_priority != FL_PRIO_UNSET \
-                else FL_PRIO_NORMAL
-        elif self.user_priority != FL_PRIO_UNSET and asked > self.user_priority:
-            asked = self.user_priority
-        self.priority = asked
-        return asked
 
     cdef void hold_input(self):
         self.input_held = True

@@ -133,6 +133,18 @@ cdef str options_error(int status, const Arg* option, str expected):
     return f"ERR syntax error: unknown option '{arg_text(option)}', expected {expected}"
 
 
+cdef inline int ask_priority(Connection c, int asked) noexcept:
+    """What a check of c's that asked for `asked` (FL_PRIO_UNSET: nothing)
+    runs at, before rules: at most its user's priority; and c reads in
+    that class from now on."""
+    if asked == FL_PRIO_UNSET:
+        asked = c.user_priority if c.user_priority != FL_PRIO_UNSET else FL_PRIO_NORMAL
+    elif c.user_priority != FL_PRIO_UNSET and asked > c.user_priority:
+        asked = c.user_priority
+    c.priority = asked
+    return asked
+
+
 cdef void cl_check(Connection c):
     """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms] [SPLIT k]
     [PRIORITY p]"""
@@ -144,7 +156,7 @@ cdef void cl_check(Connection c):
     if rc != OPT_OK:
         c.reply_error(options_error(rc, &a[bad], "COST, PERIOD, SPLIT or PRIORITY"))
         return
-    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, split, c.ask_priority(priority),
+    error = check_bucket(c.core, a[1].ptr, a[1].len, &bp, split, ask_priority(c, priority),
                          c.now_ms, &r)
     if error is not None:
         c.reply_error(error)
@@ -174,7 +186,7 @@ cdef void cl_limit(Connection c):
     if rc != OPT_OK:
         c.reply_error(options_error(rc, &a[bad], "TIER, COST, DETAIL or PRIORITY"))
         return
-    fallback = c.ask_priority(la.priority)     # a rule's priority comes between the two
+    fallback = ask_priority(c, la.priority)     # a rule's priority comes between the two
     asked = FL_PRIO_UNSET if la.priority == FL_PRIO_UNSET else fallback
     error = check_limit(c.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
                         la.cost, asked, fallback, c.now_ms, &r, &n)
