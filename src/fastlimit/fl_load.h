@@ -18,10 +18,12 @@
  *   1  saturated (busy >= threshold_pct, or lag or wait >= lag_ns): `low`
  *      checks are answered without touching their buckets, and the RESP
  *      front reads critical connections first;
- *   2  worse (lag or wait >= normal_lag_ns: answers would arrive after a
- *      caller's deadline): `normal` checks are shed too.
- * `critical` checks are never shed.  A level rises at once and falls only
- * after the lower one has held for hold_ns (no oscillation).
+ *   2  worse (busy, and lag or wait >= normal_lag_ns: answers would arrive
+ *      after a caller's deadline, for FL_LOAD_HOLD_NS in a row): `normal`
+ *      checks are shed too.
+ * `critical` checks are never shed.  Level 1 begins at once and ends only
+ * after the node was calm for FL_LOAD_HOLD_NS (no oscillation); level 2,
+ * the costly one, needs its signals for that long and ends with them.
  */
 #ifndef FL_LOAD_H
 #define FL_LOAD_H
@@ -72,6 +74,7 @@ typedef struct {
     uint64_t deferrals;
     /* the level's history */
     int64_t calm_since_ns;     /* 0: the level is not about to fall */
+    int64_t worse_since_ns;    /* 0: level 2's signals do not hold now */
     int64_t level_since_ns;
     uint64_t level_changes;
     uint64_t shed[FL_PRIO_COUNT][2];   /* [priority][allowed] */
@@ -127,14 +130,24 @@ static inline int fl_load_sheds(const fl_load* l, int priority) {
     return priority < l->level;
 }
 
-/* The level the last window's signals ask for. */
-static inline int fl_load_target(const fl_load* l) {
+/* The level the last window's signals ask for.  Level 2 needs the node
+ * busy as well as late (a process the machine did not run for a while is
+ * late but not saturated) and for a whole hold of windows in a row (a
+ * turn that one large read made long is not a queue). */
+static inline int fl_load_target(fl_load* l, int64_t now) {
     int64_t late = l->last_lag_ns > l->last_wait_ns ? l->last_lag_ns : l->last_wait_ns;
+    int busy = l->busy_pct >= l->threshold_pct;
     if (l->threshold_pct <= 0)
         return 0;
-    if (late >= l->normal_lag_ns)
-        return 2;
-    if (l->busy_pct >= l->threshold_pct || late >= l->lag_ns)
+    if (busy && late >= l->normal_lag_ns) {
+        if (l->worse_since_ns == 0)
+            l->worse_since_ns = now;
+        if (now - l->worse_since_ns >= FL_LOAD_HOLD_NS)
+            return 2;
+    } else {
+        l->worse_since_ns = 0;
+    }
+    if (busy || late >= l->lag_ns)
         return 1;
     return 0;
 }
@@ -148,14 +161,18 @@ static inline void fl_load_set_level(fl_load* l, int level, int64_t now) {
     l->calm_since_ns = 0;
 }
 
-/* Moves the level toward target: up at once, down once calm for the hold. */
+/* Moves the level toward target: up at once (level 2 once its signals
+ * held, fl_load_target), from 2 down to 1 at once, to 0 once calm for the
+ * hold. */
 static inline void fl_load_settle(fl_load* l, int target, int64_t now) {
-    if (l->forced >= 0)
-        target = l->forced;
-    if (target >= l->level || l->forced >= 0) {
-        fl_load_set_level(l, target, now);
+    if (l->forced >= 0 || target >= l->level) {
+        fl_load_set_level(l, l->forced >= 0 ? l->forced : target, now);
         return;
     }
+    if (l->level == 2)
+        fl_load_set_level(l, 1, now);
+    if (target == l->level)
+        return;
     if (l->calm_since_ns == 0)
         l->calm_since_ns = now;
     if (now - l->calm_since_ns >= FL_LOAD_HOLD_NS)
@@ -181,7 +198,7 @@ static inline void fl_load_probe(fl_load* l) {
     l->window_start_ns = now;
     l->window_cpu_ns = cpu;
     l->window_lag_ns = l->window_wait_ns = 0;
-    fl_load_settle(l, fl_load_target(l), now);
+    fl_load_settle(l, fl_load_target(l, now), now);
 }
 
 /* The RESP front held n bytes of a connection back / took them up again
