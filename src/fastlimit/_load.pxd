@@ -38,6 +38,8 @@ cdef extern from "fl_load.h":
     int fl_priority_parse(const char* p, size_t n) noexcept nogil
     bint fl_load_sheds(const fl_load* l, int priority) noexcept nogil
     void fl_load_probe(fl_load* l) noexcept nogil
+    void fl_load_window(fl_load* l, int64_t now, int busy_pct, int64_t lag_ns,
+                        int64_t wait_ns) noexcept nogil
     void fl_load_hold(fl_load* l, int64_t n) noexcept nogil
     void fl_load_release(fl_load* l, int64_t n, int64_t wait_ns) noexcept nogil
     void fl_load_count_shed(fl_load* l, int priority, int allowed) noexcept nogil

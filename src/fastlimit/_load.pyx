@@ -40,6 +40,12 @@ cdef class LoadMeter:
         """The probe timer's call: measures, and closes a window when due."""
         fl_load_probe(&self.l)
 
+    def window(self, int64_t now_ms, int busy_percent, int64_t lag_ms, int64_t wait_ms):
+        """One closed window's signals at now_ms (the probe measures them):
+        the level's step on a clock of the caller's."""
+        fl_load_window(&self.l, now_ms * 1000000, busy_percent, lag_ms * 1000000,
+                       wait_ms * 1000000)
+
     def force(self, int level):
         """DEBUG SHED-LEVEL: 0..2 holds that level; -1 measures again."""
         if not -1 <= level <= 2:

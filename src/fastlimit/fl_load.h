@@ -179,9 +179,19 @@ static inline void fl_load_settle(fl_load* l, int target, int64_t now) {
         fl_load_set_level(l, target, now);
 }
 
+/* A closed window's signals, at time now: the level's step, apart from
+ * the clocks (the probe measures them; tests give them). */
+static inline void fl_load_window(fl_load* l, int64_t now, int busy_pct, int64_t lag_ns,
+                                  int64_t wait_ns) {
+    l->busy_pct = busy_pct;
+    l->last_lag_ns = lag_ns;
+    l->last_wait_ns = wait_ns;
+    fl_load_settle(l, fl_load_target(l, now), now);
+}
+
 /* One probe: its lateness is the lag; a full window sets the level. */
 static inline void fl_load_probe(fl_load* l) {
-    int64_t now = fl_load_clock(CLOCK_MONOTONIC), cpu, span;
+    int64_t now = fl_load_clock(CLOCK_MONOTONIC), cpu, span, busy;
     int64_t lag = now - l->due_ns;
     if (lag > l->window_lag_ns)
         l->window_lag_ns = lag;
@@ -190,15 +200,11 @@ static inline void fl_load_probe(fl_load* l) {
     if (span < FL_LOAD_WINDOW_NS)
         return;
     cpu = fl_load_clock(CLOCK_THREAD_CPUTIME_ID);
-    l->busy_pct = (int)((cpu - l->window_cpu_ns) * 100 / span);
-    if (l->busy_pct > 100)
-        l->busy_pct = 100;
-    l->last_lag_ns = l->window_lag_ns;
-    l->last_wait_ns = l->window_wait_ns;
+    busy = (cpu - l->window_cpu_ns) * 100 / span;
+    fl_load_window(l, now, busy > 100 ? 100 : (int)busy, l->window_lag_ns, l->window_wait_ns);
     l->window_start_ns = now;
     l->window_cpu_ns = cpu;
     l->window_lag_ns = l->window_wait_ns = 0;
-    fl_load_settle(l, fl_load_target(l, now), now);
 }
 
 /* The RESP front held n bytes of a connection back / took them up again
