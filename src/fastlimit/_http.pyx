@@ -717,10 +717,15 @@ cdef class HttpConnection:
             if num is None:
                 raise BadField("rule_id", f"no such rule '{rule_id}'", 404)
             nums.append(num)
+        cdef int asked = self.asked_priority(doc)
         self.permit(b"cl.apply", 2, key)
         self.route(key)
         if self.core.readonly and cost != 0:
             raise Refused("READONLY You can't write against a read only replica.")
+        shed = self.core.shed_rules(nums, asked, self.user_priority())
+        if shed is not None:
+            r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = shed
+            return 0
         try:
             five = self.core.rules.apply(nums, key, cost, utf8(resource) if resource else b"")
         except ValueError as e:

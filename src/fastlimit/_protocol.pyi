@@ -133,6 +133,9 @@ class ServerCore:
     def load_meter(self) -> LoadMeter: ...
     def drain_held(self) -> None:
         """Serves held-back connections for at most a turn's budget."""
+    def shed_rules(self, nums: list[int], asked: int, fallback: int
+                   ) -> tuple[int, int, int, int, int] | None:
+        """The shed reply of a check of these rules, when the node sheds it now."""
     @property
     def observers(self) -> int: ...
     @property
@@ -169,6 +172,8 @@ class Connection:
     @property
     def priority(self) -> int:
         """The priority its checks ask for (or its user's): its reading class."""
+    def priorities(self, asked: int | None) -> tuple[int, int]:
+        """(asked, at most its user's, or -1; the fallback) of a check."""
     proto: int
     authenticated: bool
     close_after_reply: bool

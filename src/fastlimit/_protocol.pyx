@@ -241,6 +241,17 @@ cdef class ServerCore:
 
     # ---- overload: the connections held back while saturated ------------------
 
+    def shed_rules(self, list nums, int asked, int fallback):
+        """CL.APPLY's (and /v1/limits/check's) shedding, as check_limit's
+        for CL.LIMIT: the shed reply's five numbers when the node sheds
+        the check of these rules now, else None."""
+        cdef CheckResult r
+        if not self.load.level:
+            return None
+        if not shed_limit(self, self.rules, self.rules.select_ids(nums), asked, fallback, &r):
+            return None
+        return (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms)
+
     def drain_held(self):
         """Serves held-back connections, oldest first, for at most
         FL_LOAD_DRAIN_NS of this loop turn; the rest wait for the next
@@ -384,6 +395,14 @@ cdef class Connection:
                 and not self.closed:
             self.hold_input()
             self.queue_turn()
+
+    def priorities(self, asked):
+        """For a check handled in Python (CL.APPLY): (what it asked, at
+        most its user's, or FL_PRIO_UNSET; the fallback: its user's, or
+        normal), as cl_limit reads them; the connection reads in that
+        class from now on."""
+        cdef int fallback = ask_priority(self, FL_PRIO_UNSET if asked is None else asked)
+        return (FL_PRIO_UNSET if asked is None else fallback), fallback
 
     def next_turn(self):
         """This connection's next share of the loop: the commands left

@@ -136,6 +136,23 @@ def test_cl_limit_sheds_by_the_rules(rs, rule_priority, on_failure, asked, reply
     assert rs.execute_command("CL.LIMIT", "u1", "GET /a", *options) == reply
 
 
+@pytest.mark.parametrize("options, reply", [
+    ((), [1, -1, SHED, 0, 0]),                                 # the rule's: low
+    (("PRIORITY", "critical"), [1, 5, 4, 0, 1000]),
+    (("PRIORITY", "LOW", "DETAIL"), [1, -1, SHED, 0, 0, []]),
+])
+def test_cl_apply_sheds_as_cl_limit(rs, options, reply):
+    set_rule(rs, "a", rule("low"))
+    force(rs, 1)
+    assert rs.execute_command("CL.APPLY", "a", "u1", *options) == reply
+
+
+def test_cl_apply_priority_errors(rs):
+    set_rule(rs, "a", rule())
+    with pytest.raises(redis.ResponseError, match="PRIORITY must be low, normal or critical"):
+        rs.execute_command("CL.APPLY", "a", "u1", "PRIORITY", "urgent")
+
+
 def test_a_shed_cl_limit_with_detail_names_no_rule(rs):
     set_rule(rs, "a", rule())
     force(rs, 1)
@@ -193,7 +210,11 @@ def test_http_checks_carry_a_priority_and_say_they_were_shed(hs):
         "client_key": "u", "resource": "GET /a", "priority": "low"})
     assert (status, doc["allowed"], doc["shed"]) == (429, False, True), doc
     assert headers["retry-after"] == "1" and headers["x-fastlimit-shed"] == "1"
-    assert shed_counts(c) == (2, 0)
+    # /v1/limits/check: the rules by id, as CL.APPLY
+    status, headers, doc = hs.post("/v1/limits/check", {"rule_id": "a", "key": "u",
+                                                        "priority": "low"})
+    assert (status, doc["allowed"], doc["shed"]) == (200, False, True), doc
+    assert shed_counts(c) == (3, 0)
     c.close()
 
 

@@ -13,7 +13,7 @@
 Checks by rule id (the {rule_id, key, cost} form of other limiters) and
 the concurrency limiter's leases:
 
-    CL.APPLY <id>[,<id>...] <client_key> [RESOURCE r] [COST n] [DETAIL]
+    CL.APPLY <id>[,<id>...] <client_key> [RESOURCE r] [COST n] [DETAIL] [PRIORITY p]
                                  like CL.LIMIT, for the named rules
     CL.ACQUIRE <id> <client_key> [RESOURCE r]
                                  [allowed, limit, remaining, retry_after_ms,
@@ -29,6 +29,7 @@ change and it is in force here (rules/follower.py).
 
 from __future__ import annotations
 
+from fastlimit._load import priority_value
 from fastlimit._protocol import READONLY_ERROR, Awaited
 from fastlimit._resp import ReplyError, parse_integer
 from fastlimit.rls.config import ConfigError as RlsConfigError
@@ -179,12 +180,15 @@ def _cost(options: dict) -> int:
 
 
 def cmd_apply(conn, args):
-    options = _options(args, 3, {"resource", "cost", "detail"})
+    options = _options(args, 3, {"resource", "cost", "detail", "priority"})
     ids = [_rule_id(part) for part in args[1].split(b",")]
     nums = [_number(conn, rule_id) for rule_id in ids]
     cost = _cost(options)
     if conn.core.readonly and cost != 0:
         raise ReplyError(READONLY_ERROR)    # a replica answers peeks only
+    shed = conn.core.shed_rules(nums, *conn.priorities(_priority(options)))
+    if shed is not None:
+        return [*shed, []] if options.get("detail") else list(shed)
     try:
         result = conn.core.rules.apply(nums, args[2], cost,
                                        options.get("resource", b""),
@@ -195,6 +199,17 @@ def cmd_apply(conn, args):
         return list(result)
     five, steps = result
     return [*five, conn.core.app.rules_detail(steps)]
+
+
+def _priority(options: dict) -> int | None:
+    """PRIORITY's value (fastlimit._load.PRIORITIES), or None; the same
+    text as CL.LIMIT's."""
+    if "priority" not in options:
+        return None
+    value = priority_value(options["priority"])
+    if value is None:
+        raise ReplyError("ERR PRIORITY must be low, normal or critical")
+    return value
 
 
 def _lease_rule(conn, arg: bytes) -> int:
