@@ -439,7 +439,6 @@ cdef class Connection:
             core.drain_scheduled = True
             asyncio.get_running_loop().call_soon(core.drain_held)
 
-
     cdef void hold_input(self):
         self.input_held = True
         if self.transport is not None:
@@ -468,8 +467,8 @@ cdef class Connection:
         self.process(self.inbuf, self.inlen)
 
     cdef bint append_input(self, bytes data):
-        """data after what waits in inbuf; False when the connection was
-        closed (no memory, or past the query buffer limit)."""
+        """data after what waits in inbuf; False when there was no memory
+        for it (the connection is closed)."""
         cdef size_t n = PyBytes_GET_SIZE(data)
         cdef char* grown
         cdef size_t cap
