@@ -15,7 +15,8 @@
  * The probe (every FL_LOAD_PROBE_NS) closes a window every FL_LOAD_WINDOW_NS
  * and sets the level:
  *   0  nothing is shed;
- *   1  saturated (busy >= threshold_pct, or lag or wait >= lag_ns): `low`
+ *   1  saturated (busy >= threshold_pct, or lag or wait >= lag_ns; once
+ *      saturated, until busy is FL_LOAD_EXIT_MARGIN_PCT below): `low`
  *      checks are answered without touching their buckets, and the RESP
  *      front reads critical connections first;
  *   2  worse (busy, and lag or wait >= normal_lag_ns: answers would arrive
@@ -41,6 +42,7 @@
 #define FL_LOAD_PROBE_NS 5000000LL       /* the probe timer's period */
 #define FL_LOAD_WINDOW_NS 20000000LL     /* busy is measured over this */
 #define FL_LOAD_HOLD_NS 100000000LL      /* a level holds at least this long */
+#define FL_LOAD_EXIT_MARGIN_PCT 10        /* saturated until this far below the threshold */
 /* While saturated, the RESP front spends at most this much of a loop turn
  * on connections it held back, so a critical connection is read again
  * after at most about this long. */
@@ -136,7 +138,11 @@ static inline int fl_load_sheds(const fl_load* l, int priority) {
  * turn that one large read made long is not a queue). */
 static inline int fl_load_target(fl_load* l, int64_t now) {
     int64_t late = l->last_lag_ns > l->last_wait_ns ? l->last_lag_ns : l->last_wait_ns;
-    int busy = l->busy_pct >= l->threshold_pct;
+    /* Shedding lowers the load that saturated the node: a node past the
+     * threshold stays saturated until it is clearly below it, or it would
+     * leave and come back at every hold. */
+    int margin = l->level >= 1 ? FL_LOAD_EXIT_MARGIN_PCT : 0;
+    int busy = l->busy_pct >= l->threshold_pct - margin;
     if (l->threshold_pct <= 0)
         return 0;
     if (busy && late >= l->normal_lag_ns) {

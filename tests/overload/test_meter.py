@@ -33,6 +33,10 @@ IDLE, BUSY, LATE, QUEUED = (10, 0, 0), (95, 1, 0), (40, 8, 0), (100, 1, 30)
     ([IDLE, LATE], [0, 1]),
     # ... ending only after 100 ms of calm (the fifth calm window, at 100 ms)
     ([BUSY] + [IDLE] * 7, [1, 1, 1, 1, 1, 1, 0, 0]),
+    # shedding lowers the load: saturated until 10 points below the threshold
+    ([BUSY] + [(85, 1, 0)] * 7, [1] * 8),
+    ([BUSY] + [(79, 1, 0)] * 7, [1] * 6 + [0, 0]),
+    ([(85, 1, 0)] * 3, [0, 0, 0]),
     # calm broken before the hold is over starts the hold again
     ([BUSY, IDLE, IDLE, BUSY, IDLE, IDLE, IDLE, IDLE, IDLE, IDLE],
      [1, 1, 1, 1, 1, 1, 1, 1, 1, 0]),

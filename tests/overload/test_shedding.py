@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -249,32 +248,24 @@ def test_a_critical_connection_is_not_held_back(rs, server):
 
 @pytest.mark.untraced
 def test_the_meter_raises_the_level_under_load_and_lowers_it_after(make_server):
-    """Real time: at a threshold of 20% busy one pipelining client
+    """Real time: at a threshold of 20% busy a pipelining redis-benchmark
     saturates the node, and an idle one (polled by INFO) does not; the
     level goes back to 0 within the hold (100 ms) plus a window once the
     load stops."""
     s = make_server("--shed-threshold", "20")
     c = s.client(protocol=2)
-    stop = threading.Event()
-
-    def load():
-        with s.client(protocol=2) as lc:
-            while not stop.is_set():
-                p = lc.pipeline(transaction=False)
-                for i in range(200):
-                    p.execute_command("CL.CHECK", f"k{i}", 100, 100, "PRIORITY", "low")
-                p.execute()
-
-    t = threading.Thread(target=load)
-    t.start()
+    load = subprocess.Popen(
+        ["redis-benchmark", "-p", str(s.port), "-c", "10", "-P", "16", "-n", "20000000", "-q",
+         "CL.CHECK", "k", "100", "100", "PRIORITY", "low"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while c.info("shedding")["shed_level"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert c.info("shedding")["shed_level"] >= 1
     finally:
-        stop.set()
-        t.join(10)
+        load.kill()
+        load.wait(10)
     deadline = time.monotonic() + 10
     while c.info("shedding")["shed_level"] and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -312,4 +303,5 @@ def test_the_readmes_example_runs_as_written(rs, server):
             assert out.splitlines() == [re.sub(r"^\d+\) \(integer\) ", "", line)
                                         for line in shown], words
         if words[3:5] == ["INFO", "shedding"]:
-            assert "shed_level:1" in out and "shed_checks_low:allowed=1,denied=0" not in out
+            assert "shed_level:1" in out
+            assert int(re.search(r"shed_checks_low:allowed=(\d+)", out).group(1)) >= 1

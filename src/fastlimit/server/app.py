@@ -77,7 +77,7 @@ class Server:
         # The users (and the aclfile: raises ConfigError, the server refuses
         # to start, if it cannot be used), before any connection.
         self.acl = Acl(self, log)
-        self.expiry = Expiry([self.store, self.rule_engine])
+        self.expiry = Expiry([self.store, self.rule_engine], self.core.load_meter)
         self.maxmemory = MaxMemory(self)
         self.pubsub = PubSub(self.core)
         self.hotkeys = HotKeysSubsystem(self)
