@@ -32,7 +32,13 @@ VALID = [
      '{"match":{},"algorithm":"token_bucket","capacity":1000,"refill":1000,'
      '"period_ms":3600000,"mode":"shadow","on_failure":"closed","key":"client+resource"}',
      {"algorithm": "token_bucket", "shadow": True, "scope": "client+resource",
-      "capacity": 1000, "refill": 1000, "period_ms": 3600000}),
+      "on_failure": "closed", "capacity": 1000, "refill": 1000, "period_ms": 3600000}),
+    # a priority for shedding (README "Overload"), an index of PRIORITIES in the spec
+    ({**TB, "priority": "critical"},
+     '{"match":{},"algorithm":"token_bucket","capacity":20,"refill_per_second":10,'
+     '"mode":"enforce","on_failure":"open","key":"client","priority":"critical"}',
+     {"algorithm": "token_bucket", "shadow": False, "scope": "client", "priority": 2,
+      "capacity": 20, "refill": 10, "period_ms": 1000}),
     ({"algorithm": "fixed_window", "limit": 100, "window_ms": 60000},
      '{"match":{},"algorithm":"fixed_window","limit":100,"window_ms":60000,'
      '"mode":"enforce","on_failure":"open","key":"client"}',
@@ -97,6 +103,8 @@ def err(field, reason):
 
 
 INVALID = [
+    ({**TB, "priority": "urgent"}, err("priority", "must be 'low' or 'normal' or 'critical'")),
+    ({**TB, "priority": 2}, err("priority", "must be 'low' or 'normal' or 'critical'")),
     # numbers
     ({"capacity": 0, "refill_per_second": 1}, err("capacity", "must be an integer from 1 to 10^15")),
     ({"capacity": 10**15 + 1, "refill_per_second": 1},

@@ -167,9 +167,11 @@ class Rule:
 
     def engine_spec(self) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define()."""
-        spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope,
-                "on_failure": self.on_failure,
-                "priority": None if self.priority is None else PRIORITIES.index(self.priority)}
+        spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
+        if self.on_failure != "open":       # what a shed check answers
+            spec["on_failure"] = self.on_failure
+        if self.priority is not None:
+            spec["priority"] = PRIORITIES.index(self.priority)
         params = self.params
         if "refill_per_second" in params:
             params["refill"] = params.pop("refill_per_second")
