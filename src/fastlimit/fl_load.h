@@ -21,7 +21,9 @@
  *      front reads critical connections first;
  *   2  worse (busy, and lag or wait >= normal_lag_ns: answers would arrive
  *      after a caller's deadline, for FL_LOAD_HOLD_NS in a row): `normal`
- *      checks are shed too.
+ *      checks are shed too.  Only when normal_lag_ns is set: a shed check
+ *      that fails open is not counted, so shedding normal checks lets a
+ *      loaded node admit past the limits, which its operator must choose.
  * `critical` checks are never shed.  Level 1 begins at once and ends only
  * after the node was calm for FL_LOAD_HOLD_NS (no oscillation); level 2,
  * the costly one, needs its signals for that long and ends with them.
@@ -145,7 +147,7 @@ static inline int fl_load_target(fl_load* l, int64_t now) {
     int busy = l->busy_pct >= l->threshold_pct - margin;
     if (l->threshold_pct <= 0)
         return 0;
-    if (busy && late >= l->normal_lag_ns) {
+    if (l->normal_lag_ns > 0 && busy && late >= l->normal_lag_ns) {
         if (l->worse_since_ns == 0)
             l->worse_since_ns = now;
         if (now - l->worse_since_ns >= FL_LOAD_HOLD_NS)

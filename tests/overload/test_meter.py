@@ -59,6 +59,10 @@ def test_a_threshold_of_zero_never_sheds():
     assert levels([BUSY, QUEUED, LATE] + [QUEUED] * 6, threshold=0) == [0] * 9
 
 
+def test_normal_checks_are_never_shed_unless_asked():
+    assert levels([QUEUED] * 8, normal_lag_ms=0) == [1] * 8
+
+
 def test_the_thresholds_are_the_settings():
     assert levels([(60, 0, 0)], threshold=50) == [1]
     assert levels([(40, 3, 0)], lag_ms=2) == [1]

@@ -37,7 +37,7 @@ def test_under_load_low_checks_are_shed_or_counted_and_critical_ones_always_coun
     if shutil.which("redis-benchmark") is None:
         pytest.fail("redis-benchmark is not installed (make test installs redis-tools)")
     # a low threshold: two pipelining clients saturate the node on any machine
-    s = make_server("--manual-clock", "--shed-threshold", "30", "--shed-normal-lag-ms", "60000")
+    s = make_server("--manual-clock", "--shed-threshold", "30")
     c = s.client(protocol=2)
     c.execute_command("DEBUG", "CLOCK", "SET", 0)
     rss_before = s.rss_bytes()

@@ -312,9 +312,10 @@ class Settings:
         5, integer(1, 60000), runtime=True,
         help="a loop turn, or held-back input, this late also means saturated")
     shed_normal_lag_ms: int = setting(
-        20, integer(1, 60000), runtime=True,
-        help="a loop turn, or held-back input, this late sheds normal checks too (critical "
-             "ones never are)")
+        0, integer(0, 60000), runtime=True,
+        help="a loop turn, or held-back input, this late for 100 ms sheds normal checks too, "
+             "which then pass uncounted if they fail open (e.g. 20; default {default}: "
+             "normal checks are never shed; critical ones never are)")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
         help="serve the hash slots the slot map gives this node's shard, and redirect the "
