@@ -48,7 +48,7 @@
 /* While saturated, the RESP front spends at most this much of a loop turn
  * on connections it held back, so a critical connection is read again
  * after at most about this long. */
-#define FL_LOAD_DRAIN_NS 100000LL
+#define FL_LOAD_DRAIN_NS 50000LL
 
 /* A shed check's reply: remaining is FL_SHED_REMAINING (never a count), a
  * shed denial says to retry after FL_SHED_RETRY_MS. */
