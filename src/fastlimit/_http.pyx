@@ -722,11 +722,11 @@ cdef class HttpConnection:
         self.route(key)
         if self.core.readonly and cost != 0:
             raise Refused("READONLY You can't write against a read only replica.")
-        shed = self.core.shed_rules(nums, asked, self.user_priority())
-        if shed is not None:
-            r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = shed
-            return 0
         try:
+            shed = self.core.shed_rules(nums, asked, self.user_priority())
+            if shed is not None:
+                r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = shed
+                return 0
             five = self.core.rules.apply(nums, key, cost, utf8(resource) if resource else b"")
         except ValueError as e:
             raise Refused(f"ERR {e}") from None

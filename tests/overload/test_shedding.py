@@ -150,6 +150,12 @@ def test_cl_apply_priority_errors(rs):
     set_rule(rs, "a", rule())
     with pytest.raises(redis.ResponseError, match="PRIORITY must be low, normal or critical"):
         rs.execute_command("CL.APPLY", "a", "u1", "PRIORITY", "urgent")
+    # a rule CL.APPLY cannot check is the same error whether the node sheds or not
+    set_rule(rs, "b", {"algorithm": "concurrency", "limit": 2, "lease_ms": 1000})
+    for level in (0, 1):
+        force(rs, level)
+        with pytest.raises(redis.ResponseError, match="a concurrency rule is used with"):
+            rs.execute_command("CL.APPLY", "a,b", "u1", "PRIORITY", "low")
 
 
 def test_a_shed_cl_limit_with_detail_names_no_rule(rs):

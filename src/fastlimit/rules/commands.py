@@ -186,10 +186,11 @@ def cmd_apply(conn, args):
     cost = _cost(options)
     if conn.core.readonly and cost != 0:
         raise ReplyError(READONLY_ERROR)    # a replica answers peeks only
-    shed = conn.core.shed_rules(nums, *conn.priorities(_priority(options)))
-    if shed is not None:
-        return [*shed, []] if options.get("detail") else list(shed)
+    priorities = conn.priorities(_priority(options))
     try:
+        shed = conn.core.shed_rules(nums, *priorities)
+        if shed is not None:
+            return [*shed, []] if options.get("detail") else list(shed)
         result = conn.core.rules.apply(nums, args[2], cost,
                                        options.get("resource", b""),
                                        detail=options.get("detail", False))
