@@ -10,10 +10,12 @@ beside it) with a unary handler that takes the raw request bytes.
 The decision is fastlimit's own, so the two sides differ only in the
 gRPC stack: fastlimit.rls.service.RateLimitService over an in-process
 fastlimit._rules.RuleEngine (the engine the server's rules run on, here
-without a server around it), with the same rls-config YAML loaded by
-fastlimit.rls.config.  The messages are read and written in Python with
-tests/support/rls_messages.py's protobuf primitives (the response
-byte for byte as fastlimit's C encoder writes it: proto3 zeros left out).
+without a server around it) and a fastlimit.rules.registry.RuleRegistry
+(where the counters' rule numbers are reserved, as in the server), with
+the same rls-config YAML loaded by fastlimit.rls.config.  The messages
+are read and written in Python with tests/support/rls_messages.py's
+protobuf primitives (the response byte for byte as fastlimit's C
+encoder writes it: proto3 zeros left out).
 
 A second method, /fastlimit.bench.Stats/Get, answers JSON with the
 handler's counts (calls, calls not answered with a message, and the service's per-domain
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import signal
 import sys
@@ -41,6 +42,7 @@ from fastlimit._core import Clock
 from fastlimit._rules import RuleEngine
 from fastlimit.rls.config import load
 from fastlimit.rls.service import RateLimitService, RlsError
+from fastlimit.rules.registry import RuleRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from rls_messages import fields, length_delimited, uint_field  # noqa: E402
@@ -134,7 +136,12 @@ def unary(handler) -> grpc.RpcMethodHandler:
 
 
 async def serve(port: int, rls_config: str) -> None:
-    service = RateLimitService(RuleEngine(clock=Clock()), itertools.count(1).__next__)
+    # as the server builds it (server/app.py, rls/subsystem.py): the
+    # counters' rule numbers are reserved in a rule registry over the engine
+    engine = RuleEngine(clock=Clock())
+    registry = RuleRegistry(engine)
+    registry.start()
+    service = RateLimitService(engine, registry)
     service.set_config(load(rls_config))
     handlers = Handlers(service)
     server = grpc.aio.server()
