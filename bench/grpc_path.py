@@ -87,7 +87,12 @@ class Canned:
         return self.answer
 
 
-async def feed(conn: GrpcConnection, preface: bytes, reads: list[bytes]) -> None:
+async def feed(shared, preface: bytes, reads: list[bytes]) -> None:
+    # in the loop, as the listener does (server/grpc/listener.py): the
+    # connection's timers (the greeting's, the deadlines') are the loop's
+    shared.loop = asyncio.get_running_loop()
+    conn = GrpcConnection(shared)
+    conn.connection_made(Transport())
     conn.data_received(preface)
     for data in reads:
         conn.data_received(data)
@@ -106,9 +111,7 @@ def main() -> None:
     if mode == "canned":
         server.rls.service = Canned(server.rls.service.should_rate_limit(*variant.arguments))
     preface, reads = client_reads(variant.message, n)
-    conn = GrpcConnection(server.grpc.shared)
-    conn.connection_made(Transport())
-    asyncio.run(feed(conn, preface, reads))
+    asyncio.run(feed(server.grpc.shared, preface, reads))
     stats = server.grpc.shared.endpoint_stats["should_rate_limit"]
     print(f"{stats.calls} ShouldRateLimit calls ({mode}), {stats.failed_calls} failed",
           file=sys.stderr)
