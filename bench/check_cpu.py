@@ -12,7 +12,9 @@ first on PYTHONPATH (a tree built in place); the args go to the server.
 The buckets exist before the measured runs (a warm-up over the same
 keys), so this is the hot path of a check, not of a new key.  It reports
 the median per variant; the noise of a shared 2-core machine is several
-percent, so compare medians of interleaved runs only.
+percent, so compare medians of interleaved runs only.  ``--quick`` is a
+smoke run of a second or so (--n 20,000, --keys 100, --repeat 1, unless
+given).
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ def bench(port: int, n: int, keys: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variant", action="append", required=True)
-    p.add_argument("--n", type=int, default=2_000_000)
-    p.add_argument("--keys", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: --n 20,000 --keys 100 --repeat 1 (unless given)")
+    p.add_argument("--n", type=int, help="checks per measured run (default 2,000,000)")
+    p.add_argument("--keys", type=int, help="default 1,000")
+    p.add_argument("--repeat", type=int, help="default 3")
     args = p.parse_args()
+    args.n = args.n or (20_000 if args.quick else 2_000_000)
+    args.keys = args.keys or (100 if args.quick else 1000)
+    args.repeat = args.repeat or (1 if args.quick else 3)
     variants = []
     for text in args.variant:
         label, _, spec = text.partition("=")

@@ -25,6 +25,9 @@ exhausted under 5 logins per 10 minutes (full again after 10 minutes, a
 token back every 2), the mix that made nearest-full reset every victim
 when it ranked buckets by their time to full.
 
+``--quick`` is a smoke run of a few seconds: each of the three runs
+floods for 1 s (unless --seconds or --slow-refill-seconds are given).
+
 Without a bound the run also stops when RSS passes ``--unbounded-cap``
 (the machine's memory is not the subject).  Every loop stops by itself;
 traffic goes to 127.0.0.1 only.  It reports; it does not judge by exit
@@ -209,18 +212,25 @@ def report(runs: list[Run], args) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=90.0, help="flood length per run")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 1 s per run (unless --seconds and "
+                        "--slow-refill-seconds are given)")
+    p.add_argument("--seconds", type=float, help="flood length per run (default 90)")
     p.add_argument("--maxmemory", default="200mb", help="the bound of the bounded run")
     p.add_argument("--pipeline", type=int, default=64, help="redis-benchmark -P")
     p.add_argument("--unbounded-cap", type=int, default=2048 * MB,
                    help="RSS (bytes) at which the run without a bound stops")
     p.add_argument("--skip-unbounded", action="store_true")
-    p.add_argument("--slow-refill-seconds", type=float, default=60.0,
-                   help="length of the slow-refill run (0: none)")
+    p.add_argument("--slow-refill-seconds", type=float,
+                   help="length of the slow-refill run (0: none; default 60)")
     p.add_argument("--redis-benchmark",
                    default=shutil.which("redis-benchmark") or "redis-benchmark")
     p.add_argument("--output", default=str(BENCH_DIR / "results" / "keyflood.md"))
     args = p.parse_args()
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 90.0
+    if args.slow_refill_seconds is None:
+        args.slow_refill_seconds = 1.0 if args.quick else 60.0
     units = {"kb": 1024, "mb": MB, "gb": 1024 * MB}
     text = args.maxmemory.lower()
     unit = next((u for u in units if text.endswith(u)), None)

@@ -18,7 +18,9 @@ For each size N, one fresh server (this interpreter, ``-m fastlimit.server
   4. INFO (default sections) and INFO rules: time and size of the reply.
 
 Prints one markdown table.  It reports; it does not judge by exit code.
-Needs redis-py.  Example: ``.venv/bin/python bench/rules_scale.py``.
+Needs redis-py.  Example: ``.venv/bin/python bench/rules_scale.py``;
+``--quick`` is a smoke run of a second or two (sizes 10 and 100, 5
+changes, 100 misses, unless given).
 """
 
 from __future__ import annotations
@@ -139,9 +141,10 @@ def measure(n: int, changes: int, misses: int) -> dict:
         sets, dels = [], []
         for i in range(changes):
             doc = json.dumps(rule_doc({"resource": f"GET /bench/{i}/*"}, 10))
-            sets.append(timed(lambda: r.execute_command("CL.RULE", "SET", f"bench{i}", doc)))
+            sets.append(timed(lambda i=i, doc=doc: r.execute_command("CL.RULE", "SET",
+                                                                     f"bench{i}", doc)))
         for i in range(changes):
-            dels.append(timed(lambda: r.execute_command("CL.RULE", "DEL", f"bench{i}")))
+            dels.append(timed(lambda i=i: r.execute_command("CL.RULE", "DEL", f"bench{i}")))
         catch_all = timed(lambda: r.execute_command(
             "CL.RULE", "SET", "bench-all", json.dumps(rule_doc({"resource": "GET /a*"}, 10))))
         r.execute_command("CL.RULE", "DEL", "bench-all")
@@ -183,12 +186,18 @@ COLUMNS = [("rules", "rules"), ("load_ms", "RELOAD of N rules, ms"),
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="100,1000,10000")
-    parser.add_argument("--changes", type=int, default=50,
-                        help="CL.RULE SET (and DEL) calls per size")
-    parser.add_argument("--misses", type=int, default=2000,
-                        help="CL.LIMIT calls on new resources per size")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: --sizes 10,100 --changes 5 --misses 100 "
+                             "(unless given)")
+    parser.add_argument("--sizes", help="default 100,1000,10000")
+    parser.add_argument("--changes", type=int,
+                        help="CL.RULE SET (and DEL) calls per size (default 50)")
+    parser.add_argument("--misses", type=int,
+                        help="CL.LIMIT calls on new resources per size (default 2,000)")
     args = parser.parse_args()
+    args.sizes = args.sizes or ("10,100" if args.quick else "100,1000,10000")
+    args.changes = args.changes or (5 if args.quick else 50)
+    args.misses = args.misses or (100 if args.quick else 2000)
     rows = [measure(int(n), args.changes, args.misses) for n in args.sizes.split(",")]
     print("| " + " | ".join(title for _, title in COLUMNS) + " |")
     print("|" + "---:|" * len(COLUMNS))

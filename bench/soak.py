@@ -34,7 +34,9 @@ One run:
      (peak vs the bound the settings give).
 
 Every loop stops by itself at its deadline; traffic goes to 127.0.0.1 only.
-It reports; it does not judge by exit code.  ``run_soak`` is also used by
+It reports; it does not judge by exit code.  ``--quick`` is a smoke run of
+a few seconds: 1 s per phase, 1,000 buckets and 50 rules preloaded (unless
+given).  ``run_soak`` is also used by
 tests/server/test_soak.py for a short run that checks the memory bound.
 """
 
@@ -482,7 +484,7 @@ class SoakResult:
     @property
     def peak_total(self) -> int:
         return max(r + c + s for r, c, s in zip(self.memory.rss, self.memory.children,
-                                                 self.memory.shmem))
+                                                 self.memory.shmem, strict=False))
 
 
 def memory_bound(idle_rss: int, attackers: dict, info: dict) -> dict:
@@ -599,15 +601,23 @@ def report(r: SoakResult, seconds: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="each phase's length")
-    ap.add_argument("--buckets", type=int, default=PRELOAD_BUCKETS)
-    ap.add_argument("--rules", type=int, default=PRELOAD_RULES)
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: --seconds 1 --buckets 1000 --rules 50 (unless given)")
+    ap.add_argument("--seconds", type=float, help="each phase's length (default 20)")
+    ap.add_argument("--buckets", type=int, help=f"preloaded (default {PRELOAD_BUCKETS:,})")
+    ap.add_argument("--rules", type=int, help=f"preloaded (default {PRELOAD_RULES:,})")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="an extra fastlimit-server argument (repeatable)")
     ap.add_argument("--only", action="append", default=[], metavar="TEXT",
                     help="run only the attacks whose name contains TEXT (repeatable): "
                          "to see which one costs the good client its latency")
     args = ap.parse_args()
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 20.0
+    if args.buckets is None:
+        args.buckets = 1_000 if args.quick else PRELOAD_BUCKETS
+    if args.rules is None:
+        args.rules = 50 if args.quick else PRELOAD_RULES
     attacks = {name: a for name, a in ATTACKS.items()
                if not args.only or any(t in name for t in args.only)}
     result = run_soak(args.seconds, args.buckets, args.rules, attacks, args.server_arg)

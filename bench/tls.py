@@ -12,6 +12,7 @@ server-only (redis-benchmark keeps its connections: handshakes are not
 what is measured).  Reports; does not judge by exit code.
 
     .venv/bin/python bench/tls.py [--n1 N] [--n16 N] [--repeat N]
+    .venv/bin/python bench/tls.py --quick     # a smoke run: 2,000 / 20,000 requests, 1 repeat
 """
 
 from __future__ import annotations
@@ -44,14 +45,20 @@ def make_certs(d: Path) -> tuple[str, str, str]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n1", type=int, default=40_000, help="requests per run at -P 1")
-    p.add_argument("--n16", type=int, default=300_000, help="requests per run at -P 16")
+    p.add_argument("--quick", action="store_true", help="a smoke run, a few seconds: "
+                   "--n1 2,000, --n16 20,000, --repeat 1 (unless given)")
+    p.add_argument("--n1", type=int, help="requests per run at -P 1 (default 40,000)")
+    p.add_argument("--n16", type=int, help="requests per run at -P 16 (default 300,000)")
     p.add_argument("--clients", type=int, default=50)
-    p.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is shown")
+    p.add_argument("--repeat", type=int,
+                   help="runs per cell; the median is shown (default 3)")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
     p.add_argument("--redis-benchmark",
                    default=shutil.which("redis-benchmark") or "redis-benchmark")
     args = p.parse_args(argv)
+    args.n1 = args.n1 or (2_000 if args.quick else 40_000)
+    args.n16 = args.n16 or (20_000 if args.quick else 300_000)
+    args.repeat = args.repeat or (1 if args.quick else 3)
     work = Path(tempfile.mkdtemp(prefix="fastlimit-tls-bench-"))
     ca, cert, key = make_certs(work)
     common = ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca,
