@@ -10,7 +10,8 @@ change shows that it costs the check path nothing:
     callgrind_annotate --inclusive=yes cg.out | grep data_received
 
 and divide Connection.data_received's inclusive count by N, for the build
-before and after the change.  With a second argument ``cluster`` the
+before and after the change (``--quick`` anywhere: N is 320 unless
+given, a smoke run).  With a second argument ``cluster`` the
 connection routes as a cluster node serving every slot (each command's
 slot is computed and looked up, nothing is redirected).  With
 ``maxmemory BYTES`` the tables are under that bound (default policy): a
@@ -93,29 +94,31 @@ async def feed(conn: Connection, reads: list[bytes]) -> None:
 
 def main() -> None:
     global KEYS
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
-    if "existing" in sys.argv[2:]:
+    # --quick: a smoke run (the test suite's), 320 commands unless N is given
+    argv = [a for a in sys.argv if a != "--quick"]
+    n = int(argv[1]) if len(argv) > 1 else 320 if "--quick" in sys.argv else 32000
+    if "existing" in argv[2:]:
         KEYS = 1000
     clock = Clock(manual=True)
     store, engine = BucketStore(clock=clock), RuleEngine(clock=clock)
     core = ServerCore(store, engine, build_table())
-    if "cluster" in sys.argv[2:]:
+    if "cluster" in argv[2:]:
         core.set_routing(b"\x01" * 16384, [0] * 16384, ["127.0.0.1:1"])
-    if "maxmemory" in sys.argv[2:]:
+    if "maxmemory" in argv[2:]:
         from fastlimit._core import MemoryBound  # not in builds before it
         bound = MemoryBound()
-        bound.configure(int(sys.argv[sys.argv.index("maxmemory") + 1]), "nearest-full", 5)
+        bound.configure(int(argv[argv.index("maxmemory") + 1]), "nearest-full", 5)
         store.set_bound(bound)
         engine.set_bound(bound)
-    if "hotkeys-off" in sys.argv[2:]:
+    if "hotkeys-off" in argv[2:]:
         core.hotkeys.configure(0, 16, 0, 0)       # the tracker off: its countdown never ends
-    if "hotkeys-seed" in sys.argv[2:]:
+    if "hotkeys-seed" in argv[2:]:
         # the same sampled checks on every run (the default seed is the time)
-        core.hotkeys.configure(32, 16, 10_000, 0, int(sys.argv[sys.argv.index("hotkeys-seed") + 1]))
+        core.hotkeys.configure(32, 16, 10_000, 0, int(argv[argv.index("hotkeys-seed") + 1]))
     command, name = check, b"cl.check"
-    if "limit" in sys.argv[2:] or "limit-split" in sys.argv[2:]:
-        split = int(sys.argv[sys.argv.index("limit-split") + 1]) \
-            if "limit-split" in sys.argv[2:] else 1
+    if "limit" in argv[2:] or "limit-split" in argv[2:]:
+        split = int(argv[argv.index("limit-split") + 1]) \
+            if "limit-split" in argv[2:] else 1
         define_rule(engine, split)
         command, name = limit, b"cl.limit"
     conn = Connection(core)

@@ -14,7 +14,8 @@ this process with bench/grpc_front.py's YAML and its ``ok`` request:
 
 GrpcConnection.data_received's inclusive count divided by N is the cost of
 one call from the socket buffer to the reply buffer (no system calls); the
-two modes' difference is the decision's.  The requests' headers are HPACK
+two modes' difference is the decision's.  ``--quick`` anywhere: N is
+320 unless given, a smoke run.  The requests' headers are HPACK
 encoded once (python-hyper's h2) and then repeated from its dynamic table,
 as a long-lived Envoy or h2load connection sends them.
 """
@@ -100,8 +101,10 @@ async def feed(shared, preface: bytes, reads: list[bytes]) -> None:
 
 
 def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "decide"
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+    # --quick: a smoke run (the test suite's), 320 calls unless N is given
+    argv = [a for a in sys.argv if a != "--quick"]
+    mode = argv[1] if len(argv) > 1 else "decide"
+    n = int(argv[2]) if len(argv) > 2 else 320 if "--quick" in sys.argv else 20000
     variant = VARIANTS["ok"]
     with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
         (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
