@@ -9,14 +9,13 @@ level by itself under a real load and lowering it after."""
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import redis
 from http_calls import set_rule
+from readme import readme_console, run_redis_cli, shown_lines
 from wire import Wire, command
 
 SHED = -2        # remaining in a shed check's reply
@@ -285,29 +284,11 @@ def test_the_meter_raises_the_level_under_load_and_lowers_it_after(make_server):
 
 # ---- the README's example ---------------------------------------------------------------------
 
-def readme_console(heading: str) -> list[tuple[list[str], list[str]]]:
-    """The ```console block under heading: (the words of each `$` line,
-    comments cut; the lines it shows after it, comments cut)."""
-    text = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
-    block = re.search(r"```console\n(.*?)```", text[text.index(heading):], re.DOTALL)
-    assert block, heading
-    steps: list[tuple[list[str], list[str]]] = []
-    for line in block.group(1).splitlines():
-        if line.startswith("$ "):
-            steps.append((shlex.split(line[2:], comments=True), []))
-        else:
-            steps[-1][1].append(line.split("#")[0].rstrip())
-    return steps
-
-
 def test_the_readmes_example_runs_as_written(rs, server):
     for words, shown in readme_console("## Overload: priorities and shedding"):
-        assert words[:3] == ["redis-cli", "-p", "6380"], words
-        out = subprocess.run(["redis-cli", "-p", str(server.port), *words[3:]],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        if shown:   # as redis-cli prints to a terminal; here it prints the bare values
-            assert out.splitlines() == [re.sub(r"^\d+\) \(integer\) ", "", line)
-                                        for line in shown], words
+        out = run_redis_cli(words, server.port)
+        if shown:
+            assert out.splitlines() == shown_lines(shown), words
         if words[3:5] == ["INFO", "shedding"]:
             assert "shed_level:1" in out
             assert int(re.search(r"shed_checks_low:allowed=(\d+)", out).group(1)) >= 1

@@ -175,6 +175,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--rules-store-max-staleness", "60",
             "--hotkeys-top-k", "64", "--hotkeys-sample", "8", "--hotkeys-metrics-keys", "5",
             "--shed-threshold", "80", "--shed-lag-ms", "7", "--shed-normal-lag-ms", "30",
+            "--region", "eu", "--regions", "us", "eu",
             "--replicaof", "10.0.0.1", "6379", "--masterauth", "m", "--masteruser", "u",
             "--replica-priority", "0", "--replica-announce-ip", "10.0.0.9",
             "--replica-announce-port", "7002", "--replica-announced", "no",

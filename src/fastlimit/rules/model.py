@@ -25,6 +25,14 @@ from fastlimit._rules import (
     MAX_RULES_PER_REQUEST,  # noqa: F401  (rules refer to it here)
     MAX_SPLIT,
 )
+from fastlimit.regions.shares import (
+    MAX_REGIONS,
+    MAX_WEIGHT,
+    REGION_NAME,
+    REGION_SCOPES,
+    Regions,
+    share_spec,
+)
 
 E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
 MAX_PERIOD_MS = 4294967295          # the engine keeps refill remainders in a u32
@@ -43,7 +51,7 @@ ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
-                 "split_history", "priority")
+                 "split_history", "priority", "regions", "shares")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -119,6 +127,11 @@ class Rule:
     # Its checks' priority when a request names none (README, "Overload");
     # None: the caller's.  A shed check is answered by on_failure.
     priority: str | None = None
+    # Its scope among regions (README, "Regions"): "regional", each region
+    # the whole limit; "static", each region its share, by the weights of
+    # shares ((region, weight), ... sorted; none: equal shares).
+    regions: str = "regional"
+    shares: tuple[tuple[str, int], ...] = ()
 
     @property
     def params(self) -> dict[str, int]:
@@ -144,6 +157,10 @@ class Rule:
             doc["split_history"] = [list(pair) for pair in self.split_history]
         if self.priority is not None:
             doc["priority"] = self.priority
+        if self.regions != "regional":
+            doc["regions"] = self.regions
+        if self.shares:
+            doc["shares"] = dict(self.shares)
         return doc
 
     def to_json(self) -> str:
@@ -165,8 +182,11 @@ class Rule:
         API's ETags)."""
         return hashlib.sha256(self.document).hexdigest()
 
-    def engine_spec(self) -> dict:
-        """The spec dict of fastlimit._rules.RuleEngine.define()."""
+    def engine_spec(self, regions: Regions | None = None) -> dict:
+        """The spec dict of fastlimit._rules.RuleEngine.define(), in the
+        region given (a static rule's share of it; the whole rule where
+        the tier has no regions); ValueError if the region's share cannot
+        be a rule."""
         spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
         if self.on_failure != "open":       # what a shed check answers
             spec["on_failure"] = self.on_failure
@@ -180,6 +200,8 @@ class Rule:
         if self.split > 1 or self.split_epoch:
             spec.update(split=self.split, split_epoch=self.split_epoch,
                         split_history=[list(pair) for pair in self.split_history])
+        if self.regions == "static" and regions is not None:
+            spec = share_spec(spec, *regions.weights(self.shares))
         return spec
 
     def resplit(self, old: Rule) -> Rule:
@@ -316,7 +338,41 @@ class _RuleParser:
                     split=self.split(algorithm, dict(numbers)),
                     split_epoch=self.integer("split_epoch", 0, MAX_SPLIT_EPOCH, 0),
                     split_history=self.split_history(),
-                    priority=self.optional_choice("priority", PRIORITIES))
+                    priority=self.optional_choice("priority", PRIORITIES),
+                    regions=self.choice("regions", REGION_SCOPES, default="regional"),
+                    shares=self.shares())
+
+    def shares(self) -> tuple[tuple[str, int], ...]:
+        """A static rule's weights by region, each of which must hold at
+        least one token of every number the rule has: the same document is
+        refused alike in every region."""
+        if "shares" not in self.doc:
+            return ()
+        shares = self.doc["shares"]
+        reason = (f"must be an object of at most {MAX_REGIONS} regions (names of 1 to 64 "
+                  f"A-Z a-z 0-9 _ -), each with a weight from 1 to {MAX_WEIGHT}")
+        if self.doc.get("regions") != "static":
+            raise self.fail("shares", "only a static rule has shares (\"regions\": "
+                                      "\"static\")")
+        if not isinstance(shares, dict) or not 1 <= len(shares) <= MAX_REGIONS or not all(
+                isinstance(name, str) and REGION_NAME.fullmatch(name)
+                and type(weight) is int and 1 <= weight <= MAX_WEIGHT
+                for name, weight in shares.items()):
+            raise self.fail("shares", reason)
+        pairs = tuple(sorted(shares.items()))
+        total = sum(weight for _, weight in pairs)
+        for name, weight in pairs:
+            try:
+                share_spec(self.base_spec(), weight, total)
+            except ValueError as e:
+                raise self.fail("shares", f"region '{name}': {e}") from None
+        return pairs
+
+    def base_spec(self) -> dict:
+        """The engine spec of the document's numbers alone."""
+        algorithm = self.doc.get("algorithm", "token_bucket")
+        return Rule(id=self.rule_id, match=Match(), algorithm=algorithm,
+                    numbers=self.numbers(algorithm)).engine_spec()
 
     def optional_choice(self, field: str, allowed: tuple) -> str | None:
         return self.choice(field, allowed, "") if field in self.doc else None

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastlimit.regions.shares import Regions
 from fastlimit.rules.files import load_rules_file
 from fastlimit.rules.matching import MatchIndex, compile_row, crowding
 from fastlimit.rules.model import (
@@ -97,8 +98,11 @@ class Change:
 
 class RuleRegistry:
     def __init__(self, engine, store: RuleStore | None = None,
-                 rules_file: str | None = None, *, now_ms=wall_ms):
+                 rules_file: str | None = None, *, now_ms=wall_ms,
+                 regions: Regions | None = None):
         self.engine = engine
+        # This tier's region, for static rules' shares (README, "Regions").
+        self.regions = regions
         self.store = store
         self.rules_file = rules_file
         self.now_ms = now_ms
@@ -469,7 +473,7 @@ class RuleRegistry:
             if change.new is None:
                 continue
             try:
-                self.engine.define(change.new.num, change.new.rule.engine_spec())
+                self.engine.define(change.new.num, change.new.rule.engine_spec(self.regions))
             except BaseException as e:
                 self._unstage(staged)
                 if isinstance(e, ValueError):
@@ -488,7 +492,7 @@ class RuleRegistry:
             if change.new_number:
                 self.engine.forget(change.new.num)
             elif change.old is not None:     # always: a kept number was the old entry's
-                self.engine.define(change.old.num, change.old.rule.engine_spec())
+                self.engine.define(change.old.num, change.old.rule.engine_spec(self.regions))
 
     def _publish(self, changes: builtins.list[Change]) -> None:
         # Plain dict updates only: nothing here can fail halfway.

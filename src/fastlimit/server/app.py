@@ -23,6 +23,8 @@ from fastlimit.cluster.subsystem import Cluster
 from fastlimit.hotkeys.subsystem import HotKeysSubsystem
 from fastlimit.overload.subsystem import Overload
 from fastlimit.pubsub.subsystem import PubSub
+from fastlimit.regions.shares import tier_regions
+from fastlimit.regions.subsystem import RegionsSubsystem
 from fastlimit.replication.primary import Replication
 from fastlimit.rls.subsystem import RlsSubsystem
 from fastlimit.rls.xds_client import RlsXdsSubsystem
@@ -54,10 +56,12 @@ class Server:
         # Loads the rules database, then the rules file; raises RuleError
         # (the server refuses to start) if either cannot be used.
         shared = settings.shared_rules_store
+        # This tier's region: static rules enforce its share (README, "Regions").
+        self.regions = tier_regions(settings.region, settings.regions)
         self.rules = RuleRegistry(
             self.rule_engine,
             RuleStore(settings.rules_db, cache=shared is not None) if settings.rules_db else None,
-            settings.rules_file)
+            settings.rules_file, regions=self.regions)
         self.rules.start(load_file=shared is None)
         # A PostgreSQL rules-store that every node follows (rules/follower.py);
         # rules-db is then its cache.  None: the rules are this node's own.
@@ -103,7 +107,7 @@ class Server:
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             *([self.rules_store] if self.rules_store is not None else []),
             self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
-            self.cluster,
+            RegionsSubsystem(self), self.cluster,
             self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)

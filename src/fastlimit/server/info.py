@@ -13,7 +13,7 @@ from fastlimit.server.logs import REPEAT_LIMIT
 
 DEFAULT_SECTIONS = ["server", "clients", "memory", "persistence", "stats",
                     "replication", "cpu", "cluster", "keyspace", "fastlimit", "rules", "rls",
-                    "shedding"]
+                    "shedding", "regions"]
 ALL_SECTIONS = DEFAULT_SECTIONS + ["hotkeys", "commandstats", "errorstats"]
 # INFO's names for several sections at once.
 _GROUPS = {"default": DEFAULT_SECTIONS, "all": ALL_SECTIONS, "everything": ALL_SECTIONS}

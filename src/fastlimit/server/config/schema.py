@@ -39,6 +39,8 @@ from fastlimit.server.config.values import (
     parse_backoff,
     parse_loglevel,
     parse_policy,
+    parse_region,
+    parse_regions,
     parse_replicaof,
     parse_shards,
     parse_tls_auth_clients,
@@ -316,6 +318,15 @@ class Settings:
         help="a loop turn, or held-back input, this late for 100 ms sheds normal checks too, "
              "which then pass uncounted if they fail open (e.g. 20; default {default}: "
              "normal checks are never shed; critical ones never are)")
+    region: str | None = setting(
+        None, Kind(parse_region, show_optional), runtime=False, metavar="NAME",
+        help="this tier's region: a static rule enforces this region's share of its limit "
+             "(default {default}: no regions, every rule whole)")
+    regions: list[str] = setting(
+        [], Kind(parse_regions, " ".join), runtime=False, metavar="NAME", nargs="+",
+        shown="the region alone",
+        help="every region of the fleet, this one among them, the same in each: a static "
+             "rule without shares gives each an equal share (default {default})")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
         help="serve the hash slots the slot map gives this node's shard, and redirect the "
@@ -518,11 +529,19 @@ class Settings:
         if self.tls_cluster and not self.tls_port:
             raise ConfigError("tls-cluster needs tls-port (the port the cluster knows this "
                               "node by)")
+        self.check_regions()
         for name in FRONT_PORT_OFFSETS:
             front_port(self, name)        # in range
         if self.rules_store.startswith("sqlite:"):      # an alias of rules-db
             self.rules_db = self.rules_store.removeprefix("sqlite:") or None
         return self
+
+    def check_regions(self) -> None:
+        if self.regions and self.region is None:
+            raise ConfigError("regions needs region (which of them this tier is)")
+        if self.regions and self.region not in self.regions:
+            raise ConfigError(f"region '{self.region}' is not among regions "
+                              f"({' '.join(self.regions)})")
 
     @property
     def shared_rules_store(self) -> str | None:

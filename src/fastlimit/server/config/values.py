@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastlimit._resp import parse_integer
+from fastlimit.regions.shares import MAX_REGIONS, REGION_NAME
 
 
 class ConfigError(ValueError):
@@ -331,6 +332,26 @@ def parse_tls_ciphersuites(value) -> str | None:
                           "SSLContext.set_ciphersuites); leave tls-ciphersuites empty and "
                           "set them in OpenSSL's configuration (OPENSSL_CONF) instead")
     return text or None
+
+
+def parse_region(value) -> str | None:
+    """A region's name, "" for none."""
+    text = str(value)
+    if text and not REGION_NAME.fullmatch(text):
+        raise ConfigError("a region's name is 1 to 64 characters of A-Z a-z 0-9 _ -")
+    return text or None
+
+
+def parse_regions(value) -> list[str]:
+    """Region names, each once, sorted (every region lists the same ones)."""
+    names = words(value)
+    for name in names:
+        parse_region(name)
+    if len(set(names)) != len(names):
+        raise ConfigError("regions names a region twice")
+    if len(names) > MAX_REGIONS:
+        raise ConfigError(f"at most {MAX_REGIONS} regions")
+    return sorted(names)
 
 
 def parse_replicaof(value) -> tuple[str, int] | None:

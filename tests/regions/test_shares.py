@@ -1,0 +1,132 @@
+"""A region's static share of a rule (fastlimit.regions.shares, through
+Rule.engine_spec): a table of documents and the numbers each region
+enforces, the document errors, and the bound for random rules and weights:
+the regions' tokens together never exceed the rule's and their rates add
+up to its rate exactly."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+
+from fastlimit.regions.shares import Regions, share_spec, tier_regions
+from fastlimit.rules.model import RuleError, parse_rule
+
+THREE = ("ap", "eu", "us")
+
+
+def spec_in(region: str, doc: dict, names=THREE) -> dict:
+    return parse_rule("r", doc).engine_spec(Regions(region, names))
+
+
+TB = {"capacity": 100, "refill_per_second": 10, "regions": "static"}
+
+
+@pytest.mark.parametrize("doc, region, expected", [
+    # equal shares: a third of the tokens (rounded down), a third of the rate
+    (TB, "eu", {"capacity": 33, "refill": 1, "period_ms": 300}),
+    # weights 3:1: eu three quarters, us one quarter
+    (dict(TB, shares={"eu": 3, "us": 1}), "eu", {"capacity": 75, "refill": 3, "period_ms": 400}),
+    (dict(TB, shares={"eu": 3, "us": 1}), "us", {"capacity": 25, "refill": 1, "period_ms": 400}),
+    ({"algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "regions": "static"}, "ap",
+     {"limit": 3, "window_ms": 1000}),
+    ({"algorithm": "sliding_window", "limit": 90, "window_ms": 60_000, "regions": "static",
+      "shares": {"ap": 1, "eu": 1, "us": 1}}, "us", {"limit": 30, "window_ms": 60_000}),
+    # GCRA: burst + 1 tokens shared, the emission interval three times longer
+    ({"algorithm": "gcra", "burst": 8, "count": 10, "period_ms": 1000, "regions": "static"}, "eu",
+     {"burst": 2, "count": 1, "period_ms": 300}),
+    ({"algorithm": "concurrency", "limit": 7, "lease_ms": 1000, "regions": "static"}, "eu",
+     {"limit": 2, "lease_ms": 1000}),
+    # regional (the default): every region the whole rule
+    ({"capacity": 100, "refill_per_second": 10}, "eu",
+     {"capacity": 100, "refill": 10, "period_ms": 1000}),
+])
+def test_each_region_enforces_its_share(doc, region, expected):
+    spec = spec_in(region, doc)
+    assert {k: spec[k] for k in expected} == expected
+
+
+def test_a_tier_without_regions_enforces_the_whole_static_rule():
+    rule = parse_rule("r", TB)
+    assert rule.engine_spec(None)["capacity"] == 100
+    assert tier_regions(None, []) is None
+    # one region alone holds the whole limit
+    assert rule.engine_spec(tier_regions("eu", []))["capacity"] == 100
+
+
+def test_the_document_keeps_regions_and_shares():
+    rule = parse_rule("r", dict(TB, shares={"us": 1, "eu": 3}))
+    assert (rule.regions, rule.shares) == ("static", (("eu", 3), ("us", 1)))
+    assert parse_rule("r", rule.to_json()) == rule
+    assert '"regions":"static","shares":{"eu":3,"us":1}' in rule.to_json()
+    assert "regions" not in parse_rule("r", {"capacity": 1, "refill_per_second": 1}).to_json()
+
+
+@pytest.mark.parametrize("doc, error", [
+    (dict(TB, regions="global"), "regions: must be 'regional' or 'static'"),
+    (dict(TB, regions="regional", shares={"eu": 1}),
+     'shares: only a static rule has shares ("regions": "static")'),
+    (dict(TB, shares=[1, 2]), "shares: must be an object of at most 64 regions"),
+    (dict(TB, shares={}), "shares: must be an object"),
+    (dict(TB, shares={"eu": 0}), "shares: must be an object"),
+    (dict(TB, shares={"eu": True}), "shares: must be an object"),
+    (dict(TB, shares={"e u": 1}), "shares: must be an object"),
+    (dict(TB, shares={"eu": 1_000_001}), "shares: must be an object"),
+    (dict(TB, shares={f"r{i}": 1 for i in range(65)}), "shares: must be an object"),
+    # every named region must hold a token, so every region refuses it alike
+    (dict(TB, capacity=3, shares={"eu": 1, "us": 3}),
+     "shares: region 'eu': a region's share (1/4 of 3) holds no token"),
+    ({"capacity": 1000, "refill": 1, "period_ms": 4_000_000_000, "regions": "static",
+      "shares": {"eu": 1, "us": 2}}, "shares: region 'eu': a region's share makes the "
+                                     "refill period 12000000000 ms"),
+])
+def test_document_errors(doc, error):
+    with pytest.raises(RuleError) as e:
+        parse_rule("r", doc)
+    assert str(e.value).startswith(f"invalid rule 'r': {error}"), str(e.value)
+
+
+def test_a_region_the_shares_do_not_name_cannot_enforce_the_rule():
+    with pytest.raises(ValueError, match="no share for this region \\('ap'\\)"):
+        spec_in("ap", dict(TB, shares={"eu": 1, "us": 1}))
+
+
+def test_equal_shares_among_too_many_regions_hold_no_token():
+    with pytest.raises(ValueError, match="holds no token"):
+        spec_in("eu", dict(TB, capacity=2))
+
+
+def _rate(spec: dict) -> Fraction:
+    if spec["algorithm"] == "token_bucket":
+        return Fraction(spec["refill"], spec["period_ms"])
+    if spec["algorithm"] == "gcra":
+        return Fraction(spec["count"], spec["period_ms"])
+    return Fraction(0)
+
+
+def _tokens(spec: dict) -> int:
+    return {"token_bucket": lambda: spec["capacity"], "gcra": lambda: spec["burst"] + 1}.get(
+        spec["algorithm"], lambda: spec["limit"])()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_regions_together_never_hold_more_than_the_rule(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        algorithm = rng.choice(["token_bucket", "gcra", "fixed_window", "sliding_window"])
+        spec = {"algorithm": algorithm}
+        if algorithm == "token_bucket":
+            spec.update(capacity=rng.randint(100, 10**6), refill=rng.randint(1, 10**4),
+                        period_ms=rng.randint(1, 10**5))
+        elif algorithm == "gcra":
+            spec.update(burst=rng.randint(100, 10**5), count=rng.randint(1, 10**4),
+                        period_ms=rng.randint(1, 10**5))
+        else:
+            spec.update(limit=rng.randint(100, 10**6), window_ms=rng.randint(1, 10**6))
+        weights = [rng.randint(1, 20) for _ in range(rng.randint(1, 5))]
+        shares = [share_spec(spec, w, sum(weights)) for w in weights]
+        assert sum(_tokens(s) for s in shares) <= _tokens(spec)
+        assert sum(_tokens(s) for s in shares) > _tokens(spec) - len(weights)
+        assert sum(_rate(s) for s in shares) == _rate(spec)
