@@ -8,7 +8,7 @@ so drift hits both alike.  CPU is the server's utime+stime from
 target (issue 15) is at most 1.03x.  Reports; does not judge by exit code.
 
     .venv/bin/python bench/acl.py [--n N] [--repeat N] [--pipeline P]
-    .venv/bin/python bench/acl.py --quick     # a smoke run: 20,000 checks, 1 run per user
+    .venv/bin/python bench/acl.py --quick     # a smoke run: 100,000 checks, 1 run per user
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def cpu_seconds(pid: int) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run, a second or so: --n 20,000, --repeat 1 (unless given)")
+                   help="a smoke run, a second or so: --n 100,000, --repeat 1 (unless given)")
     p.add_argument("--n", type=int, help="checks per run (default 400,000)")
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--pipeline", type=int, default=16)
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     p.add_argument("--redis-benchmark",
                    default=shutil.which("redis-benchmark") or "redis-benchmark")
     args = p.parse_args(argv)
-    args.n = args.n or (20_000 if args.quick else 400_000)
+    args.n = args.n or (100_000 if args.quick else 400_000)
     args.repeat = args.repeat or (1 if args.quick else 5)
     work = Path(tempfile.mkdtemp(prefix="fastlimit-acl-bench-"))
     fl = Fastlimit(work)

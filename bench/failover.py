@@ -39,8 +39,18 @@ RESULTS = BENCH_DIR / "results" / "failover.md"
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "scripts"))
 from ha import SERVICE, HASet  # noqa: E402
-from run import (_terminate, fmt_rps, git_rev, log, machine_line, median_result,  # noqa: E402
-                 publish, run_benchmark, run_cli, target_line)
+from run import (  # noqa: E402
+    _terminate,
+    fmt_rps,
+    git_rev,
+    log,
+    machine_line,
+    median_result,
+    publish,
+    run_benchmark,
+    run_cli,
+    target_line,
+)
 
 import fastlimit  # noqa: E402
 
@@ -53,7 +63,7 @@ HOT_CAPACITY = 10_000_000
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5, help="failovers per side (default 5)")
+    p.add_argument("--runs", type=int, help="failovers per side (default 5, 2 with --quick)")
     p.add_argument("--quick", action="store_true", help="2 failovers per side, short benchmark")
     p.add_argument("--n16", type=int, help="requests per redis-benchmark run (default 1,000,000)")
     p.add_argument("--repeat", type=int, default=3, help="interleaved benchmark runs per side")
@@ -62,7 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if args.quick:
-        args.runs, args.repeat = 2, 1
+        args.repeat = 1
+    args.runs = args.runs or (2 if args.quick else 5)
     args.n16 = args.n16 or (200_000 if args.quick else 1_000_000)
     return args
 

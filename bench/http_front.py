@@ -391,7 +391,7 @@ def throughput(args, workdir: Path, meta: dict) -> dict[str, list[Side]]:
                 t.spend(rule_id)
             sides = [Side(FL_HTTP), Side(ST_FULL), Side(ST_HIT), Side(FL_RESP)]
             sides_of[variant] = sides
-            for side in sides:           # unmeasured: connections, keys, caches
+            for side in sides if args.warm else ():   # unmeasured: connections, keys, caches
                 try:
                     t.load(side.name, rule_id, args.warm)
                 except RuntimeError as e:
@@ -815,7 +815,7 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=int, help="seconds per measured run (default 6; wrk "
                    "takes whole seconds)")
     p.add_argument("--warm", type=int, default=1, help="unmeasured seconds per side before "
-                   "a rule's runs (default 1)")
+                   "a rule's runs (default 1; 0: none, for a smoke run)")
     p.add_argument("--repeat", type=int, help="interleaved runs per side (default 2)")
     p.add_argument("--keys", type=int, default=10_000, help="client keys (default 10,000)")
     p.add_argument("--strategy", choices=sorted(STRATEGY_NAMES), default="fixed_window",
@@ -840,7 +840,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     q = args.quick
     args.seconds = max(1, args.seconds or (2 if q else 6))
-    args.warm = max(1, args.warm)
+    args.warm = max(0, args.warm)
     args.repeat = max(1, args.repeat or (1 if q else 2))
     args.n16 = args.n16 or (200_000 if q else 1_000_000)
     args.check_repeat = max(1, args.check_repeat or (1 if q else 5))
