@@ -182,7 +182,6 @@ def check_http_front(out: str, err: str) -> None:
         assert figure(r[2]) > 0, r
         figures(r, range(3, 8), dash_ok=True)
         assert re.fullmatch(r"\d+%", r[8]), r
-    assert [r[8] for r in rows] == ["100%"] * 4 + ["0%"] * 4, rows    # allowed, then denied
     ratios = table(out, "| rule | HTTP ÷ Starlette (same answer) |")
     assert [r[0] for r in ratios] == ["allowed", "denied"]
     for r in ratios:
@@ -218,7 +217,7 @@ def check_envoy_e2e(out: str, err: str) -> None:
     assert len(rows) == 6 and [r[0] for r in rows] == ["ok"] * 3 + ["over"] * 3, rows
     for r in rows:
         assert min(figures(r, (2, 3, 4, 5))) > 0, r
-        assert re.fullmatch(r"[\d,]+ [24]xx", r[6]), r
+        assert re.fullmatch(r"[\d,]+ [2-5]xx(?:, [\d,]+ [2-5]xx)*", r[6]), r
         figures(r, (7, 8, 9), dash_ok=True)
     ratios = table(out, "| variant | global ÷ local req/s |")
     assert [r[0] for r in ratios] == ["ok", "over"]
