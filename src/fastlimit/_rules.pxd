@@ -65,6 +65,9 @@ cdef struct RuleSpec:
     # set) and whether a shed check is denied ("on_failure": "closed").
     int priority
     bint fail_closed
+    # Regions ("regions": "global"): the rule's spends are logged for the
+    # other regions (RuleEngine.log_spend), which debit them (debit()).
+    bint region_sync
 
 
 # The rules as C code outside the engine reads them (by a record's rule
@@ -118,6 +121,9 @@ cdef class RuleEngine:
     cdef Table throttle_table     # CL.THROTTLE's GCRA buckets (redis-cell keys)
     cdef uint8_t seed[16]
     cdef RuleSpec* rules
+    # Each rule's whole numbers, where a global rule's under its partition
+    # share differ (what another region's spends are debited against).
+    cdef RuleSpec* wholes
     cdef uint32_t nrules          # allocated entries; numbers are indexes
     # rules and nrules for the tables' eviction ranks (their spent_ctx),
     # which need an address that stays put while define() reallocates
@@ -161,6 +167,16 @@ cdef class RuleEngine:
     cdef uint64_t rng
     cdef const uint8_t* local_slots
     cdef readonly int refused_split   # the k of the rule FL_ESPLIT names
+    # Regions: the spends of "global" rules since the last drain_spends(),
+    # each <u32 rule number><u32 key length><i64 cost><the bucket key less
+    # its number>, at most spend_limit bytes (a spend past it is counted in
+    # spends_dropped, never blocks a check).
+    cdef char* spend_log
+    cdef size_t spend_len
+    cdef size_t spend_cap
+    cdef readonly size_t spend_limit
+    cdef readonly uint64_t spends_dropped
+    cdef readonly uint64_t spends_logged
 
     cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
                             size_t rlen, int n, int64_t now_ms) except -1
@@ -180,6 +196,8 @@ cdef class RuleEngine:
                            int64_t now_ms) except? -100
     cpdef str split_error(self, int rc)
     cdef int shed_policy(self, int n, bint* fail_closed) noexcept
+    cdef void log_spend(self, uint32_t num, size_t keylen, int64_t cost) noexcept
+    cdef size_t raw_key(self, uint32_t num, bytes suffix) except? 0
     cdef size_t key_of(self, int i, const char* client, size_t clen, const char* resource,
                        size_t rlen) except? 0
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,

@@ -497,6 +497,12 @@ cdef int64_t spec_int(dict spec, str field, int64_t low, int64_t high) except? -
     return value
 
 
+# Spends of global rules kept between two drains (RuleEngine.log_spend):
+# 8 MB, some 250,000 checks of 16-byte keys, far more than one node
+# checks in a region-sync-ms.
+DEFAULT_SPEND_LOG_BYTES = 8 << 20
+
+
 cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     """Fills r from a rule's spec dict (see RuleEngine.define)."""
     cdef const char* err
@@ -533,6 +539,10 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     compile_split(r, spec)
     r.priority = spec_int(spec, "priority", 0, 2) if spec.get("priority") is not None else -1
     r.fail_closed = spec.get("on_failure", "open") == "closed"
+    r.region_sync = bool(spec.get("region_sync", False))
+    if r.region_sync and (r.algorithm == ALG_CONCURRENCY or r.split > 1):
+        raise ValueError("regions: a global rule cannot be a concurrency rule or split "
+                         "(its spends are counted per whole bucket)")
     return 0
 
 
@@ -701,6 +711,7 @@ cdef class RuleEngine:
                       <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
         self.rules = NULL
+        self.wholes = NULL
         self.nrules = 0
         self.ruleset = RuleRoute(NULL, 0)
         for i in range(N_SHARED_TABLES):
@@ -713,6 +724,9 @@ cdef class RuleEngine:
         self.cache_limit = DEFAULT_MATCH_CACHE_BYTES
         self.matcher = None
         self.recent_denials = collections.deque(maxlen=DENIAL_SAMPLE)
+        self.spend_log = NULL
+        self.spend_len = self.spend_cap = 0
+        self.spend_limit = DEFAULT_SPEND_LOG_BYTES
 
     def __dealloc__(self):
         cdef uint32_t i
@@ -722,8 +736,10 @@ cdef class RuleEngine:
         for i in range(self.nrules):
             release_lease_table(&self.rules[i])
         free(self.rules)
+        free(self.wholes)
         free(self.keybuf)
         free(self.basebuf)
+        free(self.spend_log)
 
     # ---- rules ----------------------------------------------------------------
 
@@ -733,15 +749,23 @@ cdef class RuleEngine:
         "client+resource") and the algorithm's numbers (token_bucket:
         capacity, refill, period_ms; windows: limit, window_ms; gcra: burst,
         count, period_ms).  Updating keeps the rule's buckets."""
-        cdef RuleSpec compiled
+        cdef RuleSpec compiled, whole
         cdef RuleSpec* grown
         cdef uint32_t cap
         memset(&compiled, 0, sizeof(RuleSpec))
         if num > RULE_NUMBER_MASK:
             raise ValueError(f"rule number {num} is past {RULE_NUMBER_MASK}")
         compile_spec(&compiled, spec)
+        whole = compiled
+        if "whole" in spec:      # a global rule under its partition share (debit())
+            memset(&whole, 0, sizeof(RuleSpec))
+            compile_spec(&whole, spec["whole"])
         if num >= self.nrules:
             cap = max(num + 1, self.nrules * 2, 16)
+            grown = <RuleSpec*>realloc(self.wholes, cap * sizeof(RuleSpec))
+            if grown == NULL:
+                raise MemoryError()
+            self.wholes = grown
             grown = <RuleSpec*>realloc(self.rules, cap * sizeof(RuleSpec))
             if grown == NULL:
                 raise MemoryError()
@@ -761,6 +785,7 @@ cdef class RuleEngine:
         compiled.in_use = True
         self.count_split(num, -1)
         self.rules[num] = compiled
+        self.wholes[num] = whole
         self.count_split(num, 1)
 
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1:
@@ -1192,6 +1217,101 @@ cdef class RuleEngine:
                 fail_closed[0] = True
         return priority
 
+    # ---- regions: the spends of global rules ---------------------------------------
+
+    cdef void log_spend(self, uint32_t num, size_t keylen, int64_t cost) noexcept:
+        """Logs a global rule's spend on the bucket key in self.keybuf, for
+        the other regions; past spend_limit (or out of memory) it is
+        counted in spends_dropped instead, so a check never waits on it."""
+        cdef size_t need = 16 + keylen - 4
+        cdef size_t cap
+        cdef char* grown
+        cdef char* p
+        if self.spend_len + need > self.spend_cap:
+            if self.spend_len + need > self.spend_limit:
+                self.spends_dropped += 1
+                return
+            cap = min(max(self.spend_cap * 2, self.spend_len + need, 4096), self.spend_limit)
+            grown = <char*>realloc(self.spend_log, cap)
+            if grown == NULL:
+                self.spends_dropped += 1
+                return
+            self.spend_log, self.spend_cap = grown, cap
+        p = self.spend_log + self.spend_len
+        fl_put_u32(p, num)
+        fl_put_u32(p + 4, <uint32_t>(keylen - 4))
+        fl_put_i64(p + 8, cost)
+        memcpy(p + 16, self.keybuf + 4, keylen - 4)
+        self.spend_len += need
+        self.spends_logged += 1
+
+    def set_spend_limit(self, size_t nbytes):
+        """The most bytes of spends kept between two drains."""
+        self.spend_limit = nbytes
+
+    def drain_spends(self):
+        """The spends logged since the last drain, summed per bucket:
+        {(rule number, key less its number): cost}; the log starts over."""
+        cdef size_t pos = 0
+        cdef uint32_t n
+        cdef dict out = {}
+        while pos < self.spend_len:
+            n = fl_get_u32(self.spend_log + pos + 4)
+            entry = (fl_get_u32(self.spend_log + pos),
+                     PyBytes_FromStringAndSize(self.spend_log + pos + 16, n))
+            out[entry] = out.get(entry, 0) + fl_get_i64(self.spend_log + pos + 8)
+            pos += 16 + n
+        self.spend_len = 0
+        if self.spend_cap > 4 * 4096:       # a burst's buffer is not kept for good
+            free(self.spend_log)
+            self.spend_log, self.spend_cap = NULL, 0
+        return out
+
+    cdef size_t raw_key(self, uint32_t num, bytes suffix) except? 0:
+        """<u32 num><suffix> in self.keybuf (a bucket key as a spend log
+        names it); its length."""
+        cdef size_t keylen = 4 + len(suffix)
+        cdef char* grown
+        if keylen > FL_MAX_KEY_LEN:
+            raise ValueError("key longer than the 65535 bytes a bucket key may have")
+        if keylen > self.keycap:
+            grown = <char*>realloc(self.keybuf, keylen)
+            if grown == NULL:
+                raise MemoryError()
+            self.keybuf, self.keycap = grown, keylen
+        fl_put_u32(self.keybuf, num)
+        memcpy(self.keybuf + 4, PyBytes_AS_STRING(suffix), len(suffix))
+        return keylen
+
+    def debit(self, uint32_t num, bytes suffix, int64_t cost, now_ms=None):
+        """Spends up to cost of global rule num's bucket under suffix (its
+        key less the number): what another region spent, measured against
+        the whole rule even while a partition holds this region to its
+        share.  A bucket holds no debt, so what it cannot take is left out
+        (the overshoot the README bounds).  Returns what it took; 0 for a rule that is not
+        (or no longer) a global one.  Not counted in the rule's checks."""
+        cdef CheckResult res
+        cdef RuleSpec* r
+        cdef int64_t now = self.checked_now(now_ms)
+        cdef int64_t take
+        cdef size_t keylen
+        cdef int rc
+        if num >= self.nrules or not self.rules[num].in_use or \
+                not self.rules[num].region_sync or cost <= 0:
+            return 0
+        r = &self.wholes[num]    # the whole rule's numbers, whatever a partition allows here
+        keylen = self.raw_key(num, suffix)
+        rc = algorithm_step(self.tables, r, self.keybuf, keylen, 0, now, False, &res)
+        if rc != FL_OK:
+            raise_for(rc)
+        take = min(cost, res.remaining)
+        if take <= 0:
+            return 0
+        rc = algorithm_step(self.tables, r, self.keybuf, keylen, take, now, True, &res)
+        if rc != FL_OK:
+            raise_for(rc)
+        return take if res.allowed else 0
+
     cdef int evaluate(self, const char* client, size_t clen, const char* resource,
                       size_t rlen, int n, int64_t cost, int64_t now_ms,
                       CheckResult* out) except? -100:
@@ -1242,6 +1362,9 @@ cdef class RuleEngine:
                                      rlen, cost, now_ms, True, &self.results[i])
                 if rc != FL_OK:
                     return rc
+                if r.region_sync:     # never split: the key is the one just checked
+                    self.log_spend(self.order[i],
+                                   4 + clen + (2 + rlen if r.per_resource else 0), cost)
         for i in range(n):
             r = &self.rules[self.order[i]]
             if r.shadow:

@@ -65,9 +65,16 @@ def test_the_document_keeps_regions_and_shares():
 
 
 @pytest.mark.parametrize("doc, error", [
-    (dict(TB, regions="global"), "regions: must be 'regional' or 'static'"),
+    (dict(TB, regions="home"), "regions: must be 'regional' or 'static' or 'global'"),
     (dict(TB, regions="regional", shares={"eu": 1}),
-     'shares: only a static rule has shares ("regions": "static")'),
+     'shares: only a static or global rule has shares'),
+    (dict(TB, regions="static", partition="whole"),
+     'partition: only a global rule has a partition policy ("regions": "global")'),
+    (dict(TB, regions="global", partition="all"), "partition: must be 'share' or 'whole'"),
+    (dict(TB, regions="global", split=2), "regions: a global rule cannot be a concurrency "
+                                          "rule or split"),
+    ({"algorithm": "concurrency", "limit": 3, "lease_ms": 10, "regions": "global"},
+     "regions: a global rule cannot be a concurrency rule or split"),
     (dict(TB, shares=[1, 2]), "shares: must be an object of at most 64 regions"),
     (dict(TB, shares={}), "shares: must be an object"),
     (dict(TB, shares={"eu": 0}), "shares: must be an object"),
@@ -130,3 +137,16 @@ def test_the_regions_together_never_hold_more_than_the_rule(seed):
         assert sum(_tokens(s) for s in shares) <= _tokens(spec)
         assert sum(_tokens(s) for s in shares) > _tokens(spec) - len(weights)
         assert sum(_rate(s) for s in shares) == _rate(spec)
+
+
+def test_a_global_rule_is_whole_until_partitioned_with_the_share_policy():
+    rule = parse_rule("r", dict(TB, regions="global"))
+    regions = Regions("eu", THREE)
+    assert rule.partition == "share"
+    whole = rule.engine_spec(regions)
+    assert (whole["capacity"], whole["region_sync"]) == (100, True)
+    apart = rule.engine_spec(regions, partitioned=True)
+    assert (apart["capacity"], apart["refill"], apart["period_ms"]) == (33, 1, 300)
+    avail = parse_rule("r", dict(TB, regions="global", partition="whole"))
+    assert avail.engine_spec(regions, partitioned=True)["capacity"] == 100
+    assert '"regions":"global","partition":"whole"' in avail.to_json()

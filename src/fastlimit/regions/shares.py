@@ -15,7 +15,11 @@ from math import gcd
 
 # A rule's scope among regions.  regional: every region has the whole
 # limit (a tier alone, as before regions).  static: each region its share.
-REGION_SCOPES = ("regional", "static")
+# global: each region the whole limit less what the others spent (their
+# spends cross every region-sync-ms); while a peer region is unreachable,
+# its partition policy: "share" (its static share) or "whole".
+REGION_SCOPES = ("regional", "static", "global")
+PARTITION_POLICIES = ("share", "whole")
 REGION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 MAX_REGIONS = 64
 MAX_WEIGHT = 1_000_000

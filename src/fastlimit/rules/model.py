@@ -28,6 +28,7 @@ from fastlimit._rules import (
 from fastlimit.regions.shares import (
     MAX_REGIONS,
     MAX_WEIGHT,
+    PARTITION_POLICIES,
     REGION_NAME,
     REGION_SCOPES,
     Regions,
@@ -51,7 +52,7 @@ ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
-                 "split_history", "priority", "regions", "shares")
+                 "split_history", "priority", "regions", "shares", "partition")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -129,9 +130,12 @@ class Rule:
     priority: str | None = None
     # Its scope among regions (README, "Regions"): "regional", each region
     # the whole limit; "static", each region its share, by the weights of
-    # shares ((region, weight), ... sorted; none: equal shares).
+    # shares ((region, weight), ... sorted; none: equal shares); "global",
+    # the whole limit less the other regions' spends, and while a peer is
+    # unreachable what partition says ("share": the static share).
     regions: str = "regional"
     shares: tuple[tuple[str, int], ...] = ()
+    partition: str = "share"
 
     @property
     def params(self) -> dict[str, int]:
@@ -161,6 +165,8 @@ class Rule:
             doc["regions"] = self.regions
         if self.shares:
             doc["shares"] = dict(self.shares)
+        if self.regions == "global":
+            doc["partition"] = self.partition
         return doc
 
     def to_json(self) -> str:
@@ -182,11 +188,12 @@ class Rule:
         API's ETags)."""
         return hashlib.sha256(self.document).hexdigest()
 
-    def engine_spec(self, regions: Regions | None = None) -> dict:
+    def engine_spec(self, regions: Regions | None = None, partitioned: bool = False) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define(), in the
-        region given (a static rule's share of it; the whole rule where
-        the tier has no regions); ValueError if the region's share cannot
-        be a rule."""
+        region given (a static rule's share of it, a global rule's while
+        partitioned with partition "share"; the whole rule where the tier
+        has no regions); ValueError if the region's share cannot be a
+        rule."""
         spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
         if self.on_failure != "open":       # what a shed check answers
             spec["on_failure"] = self.on_failure
@@ -200,7 +207,10 @@ class Rule:
         if self.split > 1 or self.split_epoch:
             spec.update(split=self.split, split_epoch=self.split_epoch,
                         split_history=[list(pair) for pair in self.split_history])
-        if self.regions == "static" and regions is not None:
+        if self.regions == "global":
+            spec["region_sync"] = True
+        if regions is not None and (self.regions == "static" or (
+                self.regions == "global" and partitioned and self.partition == "share")):
             spec = share_spec(spec, *regions.weights(self.shares))
         return spec
 
@@ -339,8 +349,21 @@ class _RuleParser:
                     split_epoch=self.integer("split_epoch", 0, MAX_SPLIT_EPOCH, 0),
                     split_history=self.split_history(),
                     priority=self.optional_choice("priority", PRIORITIES),
-                    regions=self.choice("regions", REGION_SCOPES, default="regional"),
-                    shares=self.shares())
+                    regions=self.region_scope(algorithm),
+                    shares=self.shares(), partition=self.partition())
+
+    def region_scope(self, algorithm: str) -> str:
+        scope = self.choice("regions", REGION_SCOPES, default="regional")
+        if scope == "global" and (algorithm == "concurrency" or self.doc.get("split", 1) != 1):
+            raise self.fail("regions", "a global rule cannot be a concurrency rule or split "
+                                       "(its spends are counted per whole bucket)")
+        return scope
+
+    def partition(self) -> str:
+        if "partition" in self.doc and self.doc.get("regions") != "global":
+            raise self.fail("partition", "only a global rule has a partition policy "
+                                         "(\"regions\": \"global\")")
+        return self.choice("partition", PARTITION_POLICIES, default="share")
 
     def shares(self) -> tuple[tuple[str, int], ...]:
         """A static rule's weights by region, each of which must hold at
@@ -351,9 +374,9 @@ class _RuleParser:
         shares = self.doc["shares"]
         reason = (f"must be an object of at most {MAX_REGIONS} regions (names of 1 to 64 "
                   f"A-Z a-z 0-9 _ -), each with a weight from 1 to {MAX_WEIGHT}")
-        if self.doc.get("regions") != "static":
-            raise self.fail("shares", "only a static rule has shares (\"regions\": "
-                                      "\"static\")")
+        if self.doc.get("regions") not in ("static", "global"):
+            raise self.fail("shares", "only a static or global rule has shares "
+                                      "(\"regions\": \"static\" or \"global\")")
         if not isinstance(shares, dict) or not 1 <= len(shares) <= MAX_REGIONS or not all(
                 isinstance(name, str) and REGION_NAME.fullmatch(name)
                 and type(weight) is int and 1 <= weight <= MAX_WEIGHT
