@@ -211,14 +211,14 @@ def test_repl_password_makes_an_acl_user_that_may_only_replicate(make_server):
     digest = hashlib.sha256(b"replpw").hexdigest()
     assert admin.acl_list() == ["user default on nopass ~* &* +@all",
                                 f"user replica on sanitize-payload #{digest} resetchannels "
-                                f"-@all +cl.sync +replconf"]
+                                f"-@all +cl.sync +replconf +cl.regionsync +ping"]
     with Wire.to(s.port) as w:        # the default user (no password) may not sync
         assert w.call("CL.SYNC") == (b"-NOPERM this primary requires replication credentials: "
                                      b"AUTH <repl-user> <repl-password>\r\n")
     with Wire.to(s.port) as w:
         assert w.call("AUTH", "replica", "replpw") == b"+OK\r\n"
-        assert w.call("PING") == \
-            b"-NOPERM this user has no permissions to run the 'ping' command\r\n"
+        assert w.call("DBSIZE") == \
+            b"-NOPERM this user has no permissions to run the 'dbsize' command\r\n"
     with sync_as(s.port, "replica", "replpw"):
         wait_until(lambda: admin.info("replication")["connected_slaves"] == 1, WAIT, "attached")
         admin.config_set("repl-password", "other")            # its link goes on

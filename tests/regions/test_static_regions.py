@@ -119,7 +119,13 @@ def test_the_http_check_enforces_the_share(make_http_server):
 
 
 @pytest.mark.parametrize("args, error", [
-    (("--regions", "eu", "us"), "regions needs region (which of them this tier is)"),
+    (("--regions", "eu", "us"), "regions and region-peers need region"),
+    (("--region", "eu", "--regions", "eu", "us", "--region-peers", "ap=127.0.0.1:1"),
+     "region-peers: 'ap' must be another of regions (eu us)"),
+    (("--region", "eu", "--regions", "eu", "us", "--region-peers", "eu=127.0.0.1:1"),
+     "region-peers: 'eu' must be another of regions"),
+    (("--region", "eu", "--regions", "eu", "us", "--region-peers", "us=:1"),
+     "argument must be <region>=<host>:<port>"),
     (("--region", "ap", "--regions", "eu", "us"), "region 'ap' is not among regions (eu us)"),
     (("--region", "e u"), "a region's name is 1 to 64 characters"),
     (("--region", "eu", "--regions", "eu", "eu"), "regions names a region twice"),

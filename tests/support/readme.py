@@ -10,14 +10,16 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_console(heading: str) -> list[tuple[list[str], list[str]]]:
-    """The ```console block under heading: (the words of each `$` line,
-    comments cut; the lines it shows after it, comments after a space cut)."""
+def readme_console(heading: str, nth: int = 0) -> list[tuple[list[str], list[str]]]:
+    """The nth ```console block under heading: (the words of each `$`
+    line, comments cut; the lines it shows after it, comments after a
+    space cut)."""
     text = README.read_text()
-    block = re.search(r"```console\n(.*?)```", text[text.index(heading):], re.DOTALL)
-    assert block, heading
+    blocks = re.findall(r"```console\n(.*?)```", text[text.index(heading):], re.DOTALL)
+    assert len(blocks) > nth, heading
+    block = blocks[nth]
     steps: list[tuple[list[str], list[str]]] = []
-    for line in block.group(1).splitlines():
+    for line in block.splitlines():
         if line.startswith("$ "):
             steps.append((shlex.split(line[2:], comments=True), []))
         else:

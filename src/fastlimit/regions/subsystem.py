@@ -1,32 +1,181 @@
-"""This tier's place among the regions in the server: INFO regions (the
-region, the fleet's regions, and with INFO regions named, each static
-rule's share here).  The shares themselves are applied where rules are
-defined (rules/registry.py, through shares.share_spec)."""
+"""This tier's place among the regions in the server (README, "Regions"):
+
+- static rules: their shares are applied where rules are defined
+  (rules/registry.py through shares.share_spec); nothing runs here;
+- global rules: every region-sync-ms the engine's log of their spends is
+  drained, cut into batches (wire.py) and queued on every peer region's
+  link (links.py); a peer's batches arrive as CL.REGIONSYNC (receive())
+  and are debited from the buckets here, once per sequence number;
+- a peer unreachable for region-partition-ms puts the global rules under
+  their partition policy until every peer answers again;
+- INFO regions: the region, the links, what crossed.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 
+from fastlimit._resp import ReplyError
+from fastlimit.regions.links import PeerLink
+from fastlimit.regions.wire import WireError, decode_batch, encode_batches
 from fastlimit.server.subsystem import Subsystem
 
 
 class RegionsSubsystem(Subsystem):
-    def __init__(self, server):
+    def __init__(self, server, log):
+        self.app = server
+        self.log = log
         self.regions = server.regions
         self.rules = server.rules
+        self.engine = server.rule_engine
+        self.origin = self.regions.name.encode() if self.regions else b""
+        self.links: list[PeerLink] = []     # made by apply_settings
+        self.started = False
+        self.partitioned = False
+        self.partitions = 0
+        # what arrived: by origin region, its sender's run id and the last
+        # sequence number applied (a resend is answered and skipped)
+        self.applied: dict[str, tuple[bytes, int]] = {}
+        self.batches_received = 0
+        self.spends_received = 0
+        self.tokens_debited = 0
+        self.tokens_overdrawn = 0     # spent there, found empty here: the overshoot
+        self.batches_sent = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ---- the subsystem's calls ----------------------------------------------------------
+
+    def apply_settings(self, settings) -> None:
+        """region-peers: a link per peer region; one whose address changed,
+        or that is no longer listed, is stopped (its queue with it)."""
+        wanted = settings.region_peers
+        kept = []
+        for link in self.links:
+            if wanted.get(link.name) == (link.host, link.port):
+                kept.append(link)
+            else:
+                link.stop()
+        have = {link.name for link in kept}
+        for name, (host, port) in wanted.items():
+            if name not in have:
+                link = PeerLink(self, name, host, port)
+                kept.append(link)
+                if self.started:
+                    link.start()
+        self.links = kept
+
+    async def start(self) -> None:
+        self.started = True
+        for link in self.links:
+            link.start()
+        self._schedule()
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        tasks = [t for t in (link.stop() for link in self.links) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _schedule(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(
+            self.app.settings.region_sync_ms / 1000, self._sync)
+
+    def _sync(self) -> None:
+        """Every region-sync-ms: the spends since the last time to every
+        peer, and whether a peer has been unreachable too long."""
+        try:
+            spends = self.engine.drain_spends()
+            if spends and self.links and self.app.replication.link is None:   # a primary
+                names = {num: rule.id for num, rule in self.rules.rule_by_num.items()
+                         if rule.regions == "global"}
+                for batch in encode_batches(spends, names):
+                    self.batches_sent += 1
+                    for link in self.links:
+                        link.enqueue(batch)
+            for link in self.links:
+                link.tick()
+            self._check_partition()
+        finally:
+            self._schedule()
+
+    def _check_partition(self) -> None:
+        within = self.app.settings.region_partition_ms / 1000
+        apart = [link.name for link in self.links if not link.reachable(within)]
+        if bool(apart) == self.partitioned:
+            return
+        self.partitioned = bool(apart)
+        self.partitions += self.partitioned
+        self.rules.repartition(self.partitioned)
+        if apart:
+            self.log.warning("region(s) %s unreachable for %d ms: global rules follow their "
+                             "partition policy", ",".join(apart),
+                             self.app.settings.region_partition_ms)
+        else:
+            self.log.warning("every peer region reachable again: global rules whole")
+
+    # ---- what arrives ---------------------------------------------------------------------
+
+    def receive(self, origin: bytes, run: bytes, seq: int, batch: bytes) -> int:
+        """A peer's batch (CL.REGIONSYNC): debited here once; returns seq,
+        its acknowledgement."""
+        name = origin.decode("utf-8", "replace")
+        if self.regions is None or name == self.regions.name or \
+                name not in self.regions.names:
+            raise ReplyError(f"ERR CL.REGIONSYNC from '{name[:64]}', which is not another "
+                             "of this tier's regions")
+        last_run, last_seq = self.applied.get(name, (b"", 0))
+        if run == last_run and seq <= last_seq:
+            return seq
+        try:
+            spends = decode_batch(batch)
+        except WireError as e:
+            raise ReplyError(f"ERR CL.REGIONSYNC: {e}") from None
+        for rule_id, key, cost in spends:
+            num = self.rules.num_for(rule_id)
+            taken = self.engine.debit(num, key, cost) if num is not None else 0
+            self.tokens_debited += taken
+            self.tokens_overdrawn += cost - taken
+        self.applied[name] = (run, seq)
+        self.batches_received += 1
+        self.spends_received += len(spends)
+        return seq
+
+    # ---- INFO -------------------------------------------------------------------------------
 
     def info_sections(self, sections: frozenset[str],
                       named: frozenset[str]) -> Mapping[str, Mapping[str, object]]:
         if "regions" not in sections:
             return {}
-        static = [rule for rule in self.rules.list() if rule.regions == "static"]
+        rules = self.rules.list()
         r = self.regions
         out: dict[str, object] = {
             "region": r.name if r else "", "regions": ",".join(r.names) if r else "",
-            "region_count": len(r.names) if r else 0, "static_rules": len(static)}
+            "region_count": len(r.names) if r else 0,
+            "static_rules": sum(rule.regions == "static" for rule in rules),
+            "global_rules": sum(rule.regions == "global" for rule in rules),
+            "region_partitioned": int(self.partitioned), "region_partitions": self.partitions,
+            "region_spends_logged": self.engine.spends_logged,
+            "region_spends_log_dropped": self.engine.spends_dropped,
+            "region_batches_sent": self.batches_sent,
+            "region_batches_received": self.batches_received,
+            "region_spends_received": self.spends_received,
+            "region_tokens_debited": self.tokens_debited,
+            "region_tokens_overdrawn": self.tokens_overdrawn,
+            "region_links": len(self.links),
+            "region_links_up": sum(link.shown_state == "up" for link in self.links)}
+        for i, link in enumerate(self.links):
+            out[f"peer{i}"] = link.info()
         if "regions" in named and r is not None:
-            for i, rule in enumerate(sorted(static, key=lambda rule: rule.id)):
+            static = sorted((rule for rule in rules if rule.regions == "static"),
+                            key=lambda rule: rule.id)
+            for i, rule in enumerate(static):
                 weight, total = r.weights(rule.shares)    # the registry took it here
                 out[f"static{i}"] = f"id={rule.id},share={weight}/{total}"
         return {"regions": out}
 
+    def link_ages(self) -> dict[str, float]:
+        """Seconds since each peer last answered (for /metrics)."""
+        now = time.monotonic()
+        return {link.name: now - link.last_reply for link in self.links}

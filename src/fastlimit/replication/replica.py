@@ -154,7 +154,7 @@ class PrimaryLink(asyncio.Protocol):
         commands = [*self._auth(), [b"CL.SYNC"]]
         self.replies_due = len(commands)
         # The address follows, unanswered, on the replica link.
-        transport.write(b"".join(_resp_command(c) for c in commands + [self._announce()]))
+        transport.write(b"".join(resp_command(c) for c in commands + [self._announce()]))
 
     def _auth(self) -> list[list[bytes]]:
         """The AUTH a Redis replica sends: as masteruser when set (an ACL
@@ -307,7 +307,7 @@ class PrimaryLink(asyncio.Protocol):
 
     def _ack(self) -> None:
         if self.transport is not None and self.state == "connected":
-            self.transport.write(_resp_command(
+            self.transport.write(resp_command(
                 [b"REPLCONF", b"ACK", str(self.offset).encode()]))
 
     def cron(self) -> None:
@@ -393,5 +393,5 @@ def _renumber(numbered: list[tuple[int, str]], registry) -> list[int | None]:
     return renumber
 
 
-def _resp_command(args: list[bytes]) -> bytes:
+def resp_command(args: list[bytes]) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)

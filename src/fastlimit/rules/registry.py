@@ -101,8 +101,10 @@ class RuleRegistry:
                  rules_file: str | None = None, *, now_ms=wall_ms,
                  regions: Regions | None = None):
         self.engine = engine
-        # This tier's region, for static rules' shares (README, "Regions").
+        # This tier's region, for static rules' shares (README, "Regions"),
+        # and whether a peer region is unreachable (global rules' policy).
         self.regions = regions
+        self.partitioned = False
         self.store = store
         self.rules_file = rules_file
         self.now_ms = now_ms
@@ -473,13 +475,32 @@ class RuleRegistry:
             if change.new is None:
                 continue
             try:
-                self.engine.define(change.new.num, change.new.rule.engine_spec(self.regions))
+                self.engine.define(change.new.num, self._spec(change.new.rule))
             except BaseException as e:
                 self._unstage(staged)
                 if isinstance(e, ValueError):
                     raise RuleError(f"invalid rule '{change.rule_id}': {e}") from None
                 raise
             staged.append(change)
+
+    def _spec(self, rule: Rule) -> dict:
+        """The rule's engine spec here and now; a global rule's partition
+        share is worked out either way, so that a rule whose share cannot
+        be a rule is refused now rather than at a partition, and while
+        partitioned carries the whole rule's numbers, which other regions'
+        spends are debited against."""
+        if rule.regions != "global" or self.regions is None:
+            return rule.engine_spec(self.regions)
+        whole, apart = rule.engine_spec(self.regions), rule.engine_spec(self.regions, True)
+        return dict(apart, whole=whole) if self.partitioned else whole
+
+    def repartition(self, partitioned: bool) -> None:
+        """Global rules under their partition policy, or whole again: the
+        same numbers, so their buckets are kept."""
+        self.partitioned = partitioned
+        for entry in self._entries.values():
+            if entry.rule.regions == "global":
+                self.engine.define(entry.num, self._spec(entry.rule))
 
     def _unstage(self, changes: builtins.list[Change]) -> None:
         # Lossless, as no check runs in between: buckets are capped to a
@@ -492,7 +513,7 @@ class RuleRegistry:
             if change.new_number:
                 self.engine.forget(change.new.num)
             elif change.old is not None:     # always: a kept number was the old entry's
-                self.engine.define(change.old.num, change.old.rule.engine_spec(self.regions))
+                self.engine.define(change.old.num, self._spec(change.old.rule))
 
     def _publish(self, changes: builtins.list[Change]) -> None:
         # Plain dict updates only: nothing here can fail halfway.

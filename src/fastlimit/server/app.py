@@ -86,6 +86,7 @@ class Server:
         self.pubsub = PubSub(self.core)
         self.hotkeys = HotKeysSubsystem(self)
         self.overload = Overload(self, log)
+        self.regions_sync = RegionsSubsystem(self, log)
         self.port = settings.port
         # Reads the slot map; raises MapError (the server refuses to start)
         # if it cannot be used.
@@ -107,7 +108,7 @@ class Server:
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             *([self.rules_store] if self.rules_store is not None else []),
             self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
-            RegionsSubsystem(self), self.cluster,
+            self.regions_sync, self.cluster,
             self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)

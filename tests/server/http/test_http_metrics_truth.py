@@ -55,6 +55,15 @@ def cmdstat(key: str):
     return expected
 
 
+def region_peer(key: str, scale: float = 1.0, up: bool = False):
+    """A field of the peer<i> line of INFO regions for the label's peer."""
+    def expected(i, labels):
+        (peer,) = [v for k, v in i.items() if k.startswith("peer") and isinstance(v, dict)
+                   and v["name"] == labels["peer"]]
+        return int(peer["state"] == "up") if up else float(peer[key]) * scale
+    return expected
+
+
 def usec_range(usec) -> tuple[float, float]:
     low, high = usec if isinstance(usec, tuple) else (usec, usec + 1)
     return low / 1e6, high / 1e6
@@ -197,6 +206,15 @@ TABLE = {
     "fastlimit_loop_lag_seconds": (window_figure("shed_loop_lag_us", 1e-6, 0.5), None),
     "fastlimit_held_input_wait_seconds": (window_figure("shed_wait_us", 1e-6, 0.5), None),
     "fastlimit_held_input_bytes": (field("shed_pending_bytes"), None),
+    "fastlimit_region_link_up": (region_peer("state", up=True), None),
+    "fastlimit_region_link_last_reply_seconds": (region_peer("last_reply_ms", 1e-3), 1.0),
+    "fastlimit_region_link_lag_seconds": (region_peer("lag_ms", 1e-3), None),
+    "fastlimit_region_link_bytes_sent_total": (region_peer("bytes_sent"), None),
+    "fastlimit_region_link_queued_bytes": (region_peer("queued_bytes"), None),
+    "fastlimit_region_link_batches_dropped_total": (region_peer("batches_dropped"), None),
+    "fastlimit_region_partitioned": (field("region_partitioned"), None),
+    "fastlimit_region_tokens_debited_total": (field("region_tokens_debited"), None),
+    "fastlimit_region_tokens_overdrawn_total": (field("region_tokens_overdrawn"), None),
     "fastlimit_replication_is_primary": (lambda i, labels: int(i["role"] == "master"), None),
     "fastlimit_replication_offset_bytes": (field("master_repl_offset"), None),
     "fastlimit_replication_connected_replicas": (field("connected_slaves"), None),
@@ -238,6 +256,7 @@ MOVED = {
     "fastlimit_replication_offset_bytes", "fastlimit_replication_connected_replicas",
     "fastlimit_replica_acked_offset_bytes", "fastlimit_replication_full_syncs_total",
     "fastlimit_snapshot_saves_total", "fastlimit_shed_checks_total",
+    "fastlimit_region_link_bytes_sent_total",
 }
 
 # HTTP route -> what the test's requests to it add (INFO has no HTTP commandstats).
@@ -336,6 +355,11 @@ def traffic(srv, r, port: int, grpc_port: int) -> None:
     for _ in range(2):
         r.execute_command("CL.LIMIT", "u", "trial")        # 1 allowed, 1 shadow-denied
     r.execute_command("CL.CHECK", "short", 1, 1)
+    # a global rule's spend crosses to the peer region
+    r.execute_command("CL.RULE", "SET", "world", json.dumps(
+        {**rule, "match": {"resource": "world"}, "regions": "global"}))
+    r.execute_command("CL.LIMIT", "u", "world")
+    wait_until(lambda: info_of(r)["peer0"]["batches_acked"] > 0, what="the spend acknowledged")
     # shedding, the level held by DEBUG SHED-LEVEL: low checks shed at 1
     # (allowed), a fail-closed rule's normal check at 2 (denied)
     r.execute_command("CL.RULE", "SET", "strict", json.dumps(
@@ -408,11 +432,15 @@ def test_every_series_is_the_counter_it_claims_to_show(make_http_server, tmp_pat
     rls = tmp_path / "rls.yaml"
     rls.write_text(RLS_YAML)
     grpc_port = free_port()
+    # a peer region, which the server's region link sends its spends to
+    peer = make_http_server("--manual-clock", "--region", "us", "--regions", "eu", "us")
     # shed-threshold 0: the shed level is DEBUG SHED-LEVEL's only, never
     # the load's (a gauge that could move between INFO and the scrape)
     srv = make_http_server("--manual-clock", "--requirepass", "pw", "--rls-config", str(rls),
                            "--grpc-port", str(grpc_port), "--shed-threshold", "0",
-                           "--snapshot-file", str(tmp_path / "dump.fls"))
+                           "--snapshot-file", str(tmp_path / "dump.fls"),
+                           "--region", "eu", "--regions", "eu", "us",
+                           "--region-peers", f"us=127.0.0.1:{peer.port}")
     r = srv.client(password="pw")
     HTTP_CALLS.clear()
     baseline = check(r, srv.http_port)
@@ -426,6 +454,7 @@ def test_every_series_is_the_counter_it_claims_to_show(make_http_server, tmp_pat
                and info_of(r)["slave0"]["offset"] == info_of(r)["master_repl_offset"],
                what="the replica to catch up")
     check(r, srv.http_port, baseline)
+    assert scrape(srv.http_port)[("fastlimit_region_link_up", frozenset({("peer", "us")}))] == 1
     # the replica's own view of its link
     HTTP_CALLS.clear()
     series = check(rr, replica.http_port)

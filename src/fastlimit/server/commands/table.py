@@ -18,6 +18,7 @@ from fastlimit.acl import commands as acl
 from fastlimit.cluster import commands as cluster
 from fastlimit.hotkeys import commands as hotkeys
 from fastlimit.pubsub import commands as pubsub
+from fastlimit.regions import commands as regions
 from fastlimit.replication import commands as replication
 from fastlimit.rls import commands as rls
 from fastlimit.rules import commands as rules
@@ -175,6 +176,11 @@ def build_table() -> dict[bytes, Command]:
              acl=("@admin", "@slow", "@dangerous"), group="server", since="0.4.0",
              summary="An internal command: a replica asks for a full copy and the "
                      "stream of changes."),
+        command("cl.regionsync", 5, ("write", "admin", "noscript", "no-multi"),
+             regions.cmd_cl_regionsync, acl=("@admin", "@slow", "@dangerous"), group="server",
+             since="0.9.0",
+             summary="An internal command: a peer region's link sends the spends of global "
+                     "rules there."),
         client_container(),
         container("command", -1, ("loading", "stale"), [
             sub("command", "count", 2, introspection.cmd_command_count,

@@ -40,6 +40,7 @@ from fastlimit.server.config.values import (
     parse_loglevel,
     parse_policy,
     parse_region,
+    parse_region_peers,
     parse_regions,
     parse_replicaof,
     parse_shards,
@@ -48,6 +49,7 @@ from fastlimit.server.config.values import (
     parse_tls_protocols,
     parse_xds_server,
     show_optional,
+    show_region_peers,
 )
 
 DEFAULT_PORT = 6380
@@ -327,6 +329,33 @@ class Settings:
         shown="the region alone",
         help="every region of the fleet, this one among them, the same in each: a static "
              "rule without shares gives each an equal share (default {default})")
+    region_peers: dict[str, tuple[str, int]] = setting(
+        {}, Kind(parse_region_peers, show_region_peers), runtime=True,
+        metavar="REGION=HOST:PORT", nargs="+", shown="none",
+        help="where each other region's tier is reached: this tier sends it the spends of "
+             "global rules (default {default})")
+    region_user: str | None = setting(
+        None, OPTIONAL_TEXT, runtime=True, metavar="USER",
+        help="the ACL user this tier's region links AUTH as at the peers (which needs "
+             "+cl.regionsync; repl-user has it), with region-password")
+    region_password: bytes | None = setting(
+        None, SECRET, runtime=True,
+        help="the password the region links AUTH with (region-user's, else the default "
+             "user's)")
+    region_sync_ms: int = setting(
+        50, integer(1, 60_000), runtime=True,
+        help="a global rule's spends are sent to the peer regions this often")
+    region_partition_ms: int = setting(
+        1000, integer(1, 3_600_000), runtime=True,
+        help="a peer region unreachable this long puts global rules under their partition "
+             "policy (a static share, or the whole limit)")
+    region_buffer_limit: int = setting(
+        64 * MEGABYTE, memory(1024), runtime=True,
+        help="unacknowledged spends kept per peer region while its link is down or slow; "
+             "past it the oldest are dropped (INFO regions counts them)")
+    tls_regions: bool = setting(
+        False, BOOL, runtime=False,
+        help="the region links connect to the peers' tls-port over TLS")
     cluster_enabled: bool = setting(
         False, BOOL, runtime=False,
         help="serve the hash slots the slot map gives this node's shard, and redirect the "
@@ -537,11 +566,16 @@ class Settings:
         return self
 
     def check_regions(self) -> None:
-        if self.regions and self.region is None:
-            raise ConfigError("regions needs region (which of them this tier is)")
+        if (self.regions or self.region_peers) and self.region is None:
+            raise ConfigError("regions and region-peers need region (which region this "
+                              "tier is)")
         if self.regions and self.region not in self.regions:
             raise ConfigError(f"region '{self.region}' is not among regions "
                               f"({' '.join(self.regions)})")
+        for name in self.region_peers:
+            if name == self.region or name not in self.regions:
+                raise ConfigError(f"region-peers: '{name}' must be another of regions "
+                                  f"({' '.join(self.regions) or 'none given'})")
 
     @property
     def shared_rules_store(self) -> str | None:

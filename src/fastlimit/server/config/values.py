@@ -380,6 +380,28 @@ def parse_xds_server(value) -> str | None:
     return text
 
 
+def parse_region_peers(value) -> dict[str, tuple[str, int]]:
+    """``<region>=<host>:<port> ...``: where each peer region's tier is
+    reached ([v6]:port too)."""
+    if isinstance(value, dict):         # parsed already (Settings.validate)
+        value = show_region_peers(value)
+    peers: dict[str, tuple[str, int]] = {}
+    for word in words(value):
+        name, _, address = word.partition("=")
+        host, _, port = address.rpartition(":")
+        if not _HOST.fullmatch(host):
+            raise ConfigError("argument must be <region>=<host>:<port> ...")
+        if name in peers:
+            raise ConfigError(f"region-peers names region '{name}' twice")
+        peers[parse_region(name) or ""] = (host.strip("[]"), parse_int(port, 1, 65535))
+    return peers
+
+
+def show_region_peers(peers: dict[str, tuple[str, int]]) -> str:
+    return " ".join(f"{name}={f'[{h}]' if ':' in h else h}:{p}"
+                    for name, (h, p) in peers.items())
+
+
 def parse_backoff(value) -> tuple[float, float]:
     """``<first> <longest>``: seconds before the first reconnection and
     the most any later one waits (each doubles the last)."""

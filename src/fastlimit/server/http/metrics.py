@@ -284,6 +284,37 @@ def _overload(out: Exposition, server) -> None:
               [("", f["pending_bytes"])])
 
 
+def _regions(out: Exposition, server) -> None:
+    """The region links and what crossed them (regions/subsystem.py), as
+    INFO regions shows them; one series per peer region (at most 64)."""
+    rs = server.regions_sync
+    links = rs.links
+    out.gauge("fastlimit_region_link_up", "1 while the link to a peer region is up.",
+              [(f'peer="{escape(link.name)}"', int(link.shown_state == "up"))
+               for link in links])
+    out.gauge("fastlimit_region_link_last_reply_seconds", "Seconds since a peer region last "
+              "answered (past region-partition-ms, global rules follow their partition "
+              "policy).", [(f'peer="{escape(name)}"', round(age, 3))
+                           for name, age in rs.link_ages().items()])
+    out.gauge("fastlimit_region_link_lag_seconds", "The round trip of the last batch of "
+              "spends a peer region acknowledged.",
+              [(f'peer="{escape(link.name)}"', round(link.lag_ms, 1) / 1000) for link in links])
+    out.counter("fastlimit_region_link_bytes_sent_total", "Bytes sent to a peer region.",
+                [(f'peer="{escape(link.name)}"', link.bytes_sent) for link in links])
+    out.gauge("fastlimit_region_link_queued_bytes", "Spends queued for a peer region, not "
+              "yet acknowledged.", [(f'peer="{escape(link.name)}"', link.queued_bytes)
+                                    for link in links])
+    out.counter("fastlimit_region_link_batches_dropped_total", "Batches of spends dropped "
+                "past region-buffer-limit.",
+                [(f'peer="{escape(link.name)}"', link.batches_dropped) for link in links])
+    out.gauge("fastlimit_region_partitioned", "1 while a peer region is unreachable.",
+              [("", int(rs.partitioned))])
+    out.counter("fastlimit_region_tokens_debited_total", "Tokens other regions spent, debited "
+                "here.", [("", rs.tokens_debited)])
+    out.counter("fastlimit_region_tokens_overdrawn_total", "Tokens other regions spent that "
+                "found the bucket here emptier (the overshoot).", [("", rs.tokens_overdrawn)])
+
+
 def _rule_decisions(server) -> list[Sample]:
     """Per rule and outcome, the first metrics-rule-labels rules (by id)
     under their own label and the rest summed under __other__."""
@@ -478,6 +509,7 @@ def render(server, openmetrics: bool) -> bytes:
     _rules(out, server, stats, memory)
     _hotkeys(out, server)
     _overload(out, server)
+    _regions(out, server)
     _replication(out, server, sections.get("replication", {}))
     _snapshot(out, sections.get("persistence", {}))
     return out.body()

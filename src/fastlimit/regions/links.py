@@ -1,0 +1,227 @@
+"""This tier's links to the other regions' tiers (README, "Regions"): each
+sends its peer the batches of spends of global rules (wire.py) as
+``CL.REGIONSYNC`` commands over RESP, as a replica's link does: AUTH as
+region-user, TLS with tls-regions, backoff while down (FailureLog).
+
+A batch stays queued until the peer acknowledges its sequence number, and
+is sent again after a reconnect; the peer applies each number once per
+run of this server, so nothing is counted twice.  The queue is bounded by
+region-buffer-limit: past it the oldest batches are dropped and counted.
+A PING while nothing is outstanding keeps the link's last reply fresh, so
+a peer that went silent is seen within region-partition-ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+import hiredis
+
+from fastlimit.replication.replica import FailureLog, resp_command
+from fastlimit.server.subsystem import info_text
+
+PING = resp_command([b"PING"])
+
+
+class PeerLink(asyncio.Protocol):
+    def __init__(self, owner, name: str, host: str, port: int):
+        self.owner = owner              # the RegionsSubsystem
+        self.app = owner.app
+        self.name, self.host, self.port = name, host, port
+        self.state = "connect"
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader()
+        self.failures = FailureLog(owner.log)
+        self.seq = 0
+        self.queue: deque[tuple[int, bytes, float]] = deque()   # (seq, batch, sent at)
+        self.queued_bytes = 0
+        self.unsent = 0                 # the queue's tail not yet written on this connection
+        self.expect: deque[int] = deque()   # what each outstanding reply answers: seq, or 0
+        self.last_reply = time.monotonic()
+        self.up_since: float | None = None
+        self.bytes_sent = 0
+        self.batches_acked = 0
+        self.batches_dropped = 0
+        self.lag_ms = 0.0
+        self.last_error = ""
+        self._stopped = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- connecting ------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.failures.run == 0 and self.up_since is None:    # the first try
+            self.last_reply = time.monotonic()    # a grace of region-partition-ms
+        self._retry = None
+        self._task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        self.state = "connecting"
+        tls = self.app.tls.client if self.app.settings.tls_regions else None
+        options = {"ssl": tls, "server_hostname": self.host} if tls is not None else {}
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: self, self.host, self.port, **options), self.app.settings.repl_timeout)
+        except TimeoutError:
+            self._failed("connect timed out")
+        except OSError as e:
+            self._failed(str(e.strerror or e))
+
+    def _failed(self, why: str) -> None:
+        self.last_error = info_text(why)
+        self.failures.failed(logging.WARNING, f"region link to {self.name} "
+                                              f"({self.host}:{self.port}): {why}")
+        if self.transport is not None:
+            self.transport.abort()
+        else:
+            self._later()
+
+    def _later(self) -> None:
+        self.state = "connect"
+        if not self._stopped and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(
+                self.failures.retry_after, self.start)
+
+    def stop(self) -> asyncio.Task | None:
+        self._stopped = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+        return self._task
+
+    # ---- asyncio callbacks -------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        if self._stopped:
+            transport.abort()
+            return
+        self.transport = transport
+        self.state = "handshake"
+        self.reader = hiredis.Reader()
+        self.expect.clear()
+        self.unsent = len(self.queue)       # every unacknowledged batch goes again
+        auth = self._auth()
+        if auth:
+            self.expect.append(0)
+            transport.write(auth)
+        self.state = "up"
+        self.last_reply = time.monotonic()
+        self.flush()
+
+    def _auth(self) -> bytes:
+        s = self.app.settings
+        if not s.region_password:
+            return b""
+        user = [s.region_user.encode("utf-8", "surrogateescape")] if s.region_user else []
+        return resp_command([b"AUTH", *user, s.region_password])
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        if self.state == "up" and not self._stopped:
+            self.owner.log.warning("lost the region link to %s (%s:%d)", self.name,
+                                   self.host, self.port)
+        self.up_since = None
+        if not self._stopped:
+            self._later()
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        try:
+            while (reply := self.reader.gets()) is not False:
+                self._answered(reply)
+        except (hiredis.ProtocolError, IndexError) as e:
+            self._failed(f"unreadable reply: {e}")
+
+    def _answered(self, reply) -> None:
+        expected = self.expect.popleft()
+        if isinstance(reply, hiredis.ReplyError):
+            self._failed(f"the peer refused: {info_text(str(reply))}")
+            return
+        self.last_reply = now = time.monotonic()
+        if self.up_since is None:
+            self.up_since = now
+            self.failures.recovered()
+            self.owner.log.warning("region link to %s (%s:%d) is up", self.name, self.host,
+                                   self.port)
+        if expected and isinstance(reply, int):
+            while self.queue and self.queue[0][0] <= reply:
+                _, batch, sent_at = self.queue.popleft()
+                self.queued_bytes -= len(batch)
+                self.batches_acked += 1
+                self.lag_ms = (now - sent_at) * 1000
+            self.unsent = min(self.unsent, len(self.queue))
+
+    # ---- sending ---------------------------------------------------------------------------
+
+    def enqueue(self, batch: bytes) -> None:
+        """Queues a batch (sent at once when the link is up); drops the
+        oldest past region-buffer-limit."""
+        self.seq += 1
+        self.queue.append((self.seq, batch, 0.0))
+        self.queued_bytes += len(batch)
+        self.unsent += 1
+        limit = self.app.settings.region_buffer_limit
+        while self.queued_bytes > limit and len(self.queue) > 1:
+            _, dropped, _ = self.queue.popleft()
+            self.queued_bytes -= len(dropped)
+            self.batches_dropped += 1
+            self.unsent = min(self.unsent, len(self.queue))
+        self.flush()
+
+    def flush(self) -> None:
+        """Writes the batches not yet written on this connection."""
+        if self.transport is None or self.state != "up" or not self.unsent:
+            return
+        origin, run = self.owner.origin, self.app.run_id.encode()
+        now = time.monotonic()
+        first = len(self.queue) - self.unsent
+        for i in range(first, len(self.queue)):
+            seq, batch, _ = self.queue[i]
+            self.queue[i] = (seq, batch, now)
+            data = resp_command([b"CL.REGIONSYNC", origin, run, b"%d" % seq, batch])
+            self.transport.write(data)
+            self.bytes_sent += len(data)
+            self.expect.append(seq)
+        self.unsent = 0
+
+    def tick(self) -> None:
+        """A PING when nothing is outstanding, so silence shows; a link
+        whose replies stopped for repl-timeout is dropped."""
+        if self.transport is None or self.state != "up":
+            return
+        if time.monotonic() - self.last_reply > self.app.settings.repl_timeout:
+            self._failed(f"silent for {self.app.settings.repl_timeout} s")
+        elif not self.expect:
+            self.expect.append(0)
+            self.transport.write(PING)
+
+    # ---- what it shows ---------------------------------------------------------------------
+
+    def reachable(self, within_s: float) -> bool:
+        """Whether the peer answered within the last within_s seconds (or
+        the link started that recently)."""
+        return time.monotonic() - self.last_reply <= within_s
+
+    @property
+    def shown_state(self) -> str:
+        """up once the peer answered on this connection; before, how far
+        the link got (connect, connecting, handshake)."""
+        if self.up_since is not None:
+            return "up"
+        return "handshake" if self.state == "up" else self.state
+
+    def info(self) -> str:
+        return (f"name={self.name},host={self.host},port={self.port},"
+                f"state={self.shown_state},"
+                f"last_reply_ms={int((time.monotonic() - self.last_reply) * 1000)},"
+                f"lag_ms={self.lag_ms:.1f},queued_batches={len(self.queue)},"
+                f"queued_bytes={self.queued_bytes},bytes_sent={self.bytes_sent},"
+                f"batches_acked={self.batches_acked},batches_dropped={self.batches_dropped},"
+                f"failures={self.failures.run},last_error={self.last_error}")

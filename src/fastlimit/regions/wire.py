@@ -1,0 +1,96 @@
+"""What crosses between regions: a batch of spends, no I/O.
+
+A batch is the spends of global rules one region made in one
+region-sync-ms, summed per bucket, named by rule id (each node numbers
+its rules its own way) and by the bucket's key less its rule number:
+
+    <u16 n rules>{<u16 length><rule id>}*n
+    <u32 n spends>{<u16 rule index><u32 key length><i64 cost><key>}*n
+
+A region sends it as ``CL.REGIONSYNC <origin> <run id> <seq> <batch>``;
+the receiver applies each sequence number once per run (a resend after a
+reconnect is answered and skipped), so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_ENTRY = struct.Struct("<HIq")
+
+# A batch's most bytes: the sender cuts larger ones, the receiver refuses
+# them, so one command is bounded work for the loop turn that applies it.
+MAX_BATCH_BYTES = 256 * 1024
+MAX_KEY = 65535
+
+
+class WireError(ValueError):
+    """A batch that cannot be read."""
+
+
+def encode_batches(spends: Mapping[tuple[int, bytes], int],
+                   rule_ids: Mapping[int, str],
+                   most: int = MAX_BATCH_BYTES) -> Iterator[bytes]:
+    """The spends {(rule number, key): cost} as batches of at most `most`
+    bytes, rule numbers named by rule_ids (a spend of a number it does
+    not name, a rule deleted meanwhile, is left out)."""
+    ids: dict[str, int] = {}
+    head: list[bytes] = []
+    body: list[bytes] = []
+    size = 6
+    count = 0
+    for (num, key), cost in spends.items():
+        rule_id = rule_ids.get(num)
+        if rule_id is None or len(key) > MAX_KEY:
+            continue
+        named = rule_id.encode("utf-8")
+        grow = _ENTRY.size + len(key) + (0 if rule_id in ids else 2 + len(named))
+        if count and size + grow > most:
+            yield _batch(head, body, count)
+            ids, head, body, size, count = {}, [], [], 6, 0
+            grow = _ENTRY.size + len(key) + 2 + len(named)
+        if rule_id not in ids:
+            ids[rule_id] = len(ids)
+            head.append(_U16.pack(len(named)) + named)
+        body.append(_ENTRY.pack(ids[rule_id], len(key), cost) + key)
+        size += grow
+        count += 1
+    if count:
+        yield _batch(head, body, count)
+
+
+def _batch(head: list[bytes], body: list[bytes], count: int) -> bytes:
+    return b"".join([_U16.pack(len(head)), *head, _U32.pack(count), *body])
+
+
+def decode_batch(data: bytes) -> list[tuple[str, bytes, int]]:
+    """[(rule id, key, cost), ...]; WireError if malformed."""
+    if len(data) > MAX_BATCH_BYTES:
+        raise WireError(f"a batch of {len(data)} bytes, over {MAX_BATCH_BYTES}")
+    try:
+        (nrules,), pos = _U16.unpack_from(data), _U16.size
+        ids = []
+        for _ in range(nrules):
+            (n,) = _U16.unpack_from(data, pos)
+            pos += _U16.size
+            ids.append(data[pos:pos + n].decode("utf-8"))
+            pos += n
+        (nspends,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
+        out = []
+        for _ in range(nspends):
+            index, n, cost = _ENTRY.unpack_from(data, pos)
+            pos += _ENTRY.size
+            key = data[pos:pos + n]
+            pos += n
+            if index >= nrules or len(key) != n or cost <= 0:
+                raise WireError("a spend names no rule, runs past the end or is not positive")
+            out.append((ids[index], key, cost))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise WireError(f"unreadable batch: {e}") from None
+    if pos != len(data):
+        raise WireError("bytes after the last spend")
+    return out
