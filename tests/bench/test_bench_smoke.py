@@ -265,6 +265,19 @@ def check_keyflood(out: str, err: str) -> None:
     assert out.count("## Over time: ") == 3
 
 
+def check_regions(out: str, err: str) -> None:
+    rows = table(out, "| scope | d |")
+    assert [r[0] for r in rows] == ["regional", "static", "global"], rows
+    for r in rows:
+        assert min(figures(r, range(1, 9))) >= 0, r
+        assert figure(r[2]) <= figure(r[4]), r          # admitted within the bound
+    (link,) = table(out, "| keys | checks/s")
+    assert min(figures(link, range(4))) > 0, link
+    (apart,) = table(out, "| L | admitted while apart |")
+    assert figure(apart[1]) <= figure(apart[0]), apart
+    figures(apart, (2, 3))
+
+
 def check_soak(out: str, err: str) -> None:
     rows = table(out, "| good client")
     assert [r[0] for r in rows] == ["idle server", "under all attacks"]
@@ -323,6 +336,7 @@ SMOKES = [
     Smoke("rules_scale.py", check_rules_scale, output=False),
     Smoke("keyflood.py", check_keyflood),
     Smoke("soak.py", check_soak, ["--seconds", "0.5"], output=False),
+    Smoke("regions.py", check_regions),
     Smoke("check_cpu.py", check_check_cpu, ["--variant", "installed=installed"], output=False),
     Smoke("check_path.py", stderr_count(r"(\d+) CL\.CHECK run"), output=False),
     Smoke("grpc_path.py", stderr_count(r"(\d+) ShouldRateLimit calls \(decide\), 0 failed"),
