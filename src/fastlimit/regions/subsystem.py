@@ -88,8 +88,8 @@ class RegionsSubsystem(Subsystem):
         try:
             spends = self.engine.drain_spends()
             if spends and self.links and self.app.replication.link is None:   # a primary
-                names = {num: rule.id for num, rule in self.rules.rule_by_num.items()
-                         if rule.regions == "global"}
+                # rule ids, and the Envoy service's counters' reserved names
+                names = {num: name for num, (name, _, _) in self.rules.carried().items()}
                 for batch in encode_batches(spends, names):
                     self.batches_sent += 1
                     for link in self.links:
@@ -133,7 +133,7 @@ class RegionsSubsystem(Subsystem):
         except WireError as e:
             raise ReplyError(f"ERR CL.REGIONSYNC: {e}") from None
         for rule_id, key, cost in spends:
-            num = self.rules.num_for(rule_id)
+            num = self.rules.number_of(rule_id)
             taken = self.engine.debit(num, key, cost) if num is not None else 0
             self.tokens_debited += taken
             self.tokens_overdrawn += cost - taken

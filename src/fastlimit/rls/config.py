@@ -13,6 +13,10 @@ Beyond the reference, in the same YAML (keys the reference would refuse):
     rate_limits: [{...}, ...]   several limits on one descriptor (beside or
                                 instead of rate_limit)
     counting: reference|atomic  per domain, at the top of the file
+    regions: regional|static|global   per limit, its scope among regions (README
+                                "Regions"; static: each region an equal share of
+                                requests_per_unit; global: every region's hits
+                                counted in every region; not with split)
 
 The loaded tree (Node) is what matcher.py walks: children by the
 reference's composite key (``key`` or ``key_value``), wildcard children
@@ -23,9 +27,10 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastlimit._rules import MAX_SPLIT
+from fastlimit.regions.shares import REGION_SCOPES, Regions, share_count
 
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).
@@ -42,7 +47,8 @@ REFERENCE_KEYS = frozenset((
     "domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
     "unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata"))
-EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting", "split"))
+EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting", "split",
+                        "regions"))
 VALID_KEYS = REFERENCE_KEYS | EXTRA_KEYS
 
 MAX_UINT32 = 2**32 - 1
@@ -76,6 +82,7 @@ class Limit:
     index: int                  # which limit of the node, so each has its own counter
     counter: tuple              # counter_key(): the engine rule it counts in
     split: int = 1              # sub-buckets of each of its buckets
+    regions: str = "regional"   # its scope among regions (REGION_SCOPES)
 
     @property
     def current_limit(self) -> tuple[int, int, bytes]:
@@ -125,15 +132,19 @@ class RlsConfig:
 EMPTY = RlsConfig({}, ())
 
 
-def counter_key(algorithm: str, rpu: int, window_s: int, split: int = 1) -> tuple:
+def counter_key(algorithm: str, rpu: int, window_s: int, split: int = 1,
+                regions: str = "regional") -> tuple:
     """The engine rule a limit counts in: one per algorithm and numbers,
     except that the reference's fixed windows of one length share one
     (their keys keep them apart, and a changed requests_per_unit keeps
     its counts).  A split limit's rule is another one (its buckets are
     sub-buckets); an unsplit one keeps the key it always had, so its
-    reserved rule number, and its counts, survive an upgrade."""
-    key = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
-    return key + (split,) if split > 1 else key
+    reserved rule number, and its counts, survive an upgrade.  So is a
+    global limit's (its spends cross regions)."""
+    key: tuple = (algorithm, rpu if algorithm != "fixed_window" else 0, window_s)
+    if split > 1:
+        key += (split,)
+    return key + ("global",) if regions == "global" else key
 
 
 class _Budget:
@@ -408,6 +419,7 @@ class _Loader:
             if p.get("unit_multiplier") is not None else 1
         split = self.unmarshal("split", p.get("split"), int) if p.get("split") is not None \
             else 1
+        regions = self.unmarshal("regions", p.get("regions"), str) or "regional"
         unit_enum, unit_s = UNITS.get(unit_text.upper(), (0, 0))
         if unlimited:
             if unit_enum:
@@ -431,10 +443,15 @@ class _Loader:
         if algorithm != "fixed_window" and not unlimited and rpu == 0:
             raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
         self.check_split(split, algorithm, rpu, window_s)
+        if regions not in REGION_SCOPES:
+            raise self.error(f"invalid regions '{regions}' (one of {', '.join(REGION_SCOPES)})")
+        if regions == "global" and split > 1:
+            raise self.error("a global limit cannot be split (its hits are counted per whole "
+                             "bucket)")
         return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],
                      flags["quota_mode"], frozenset(r.encode("utf-8") for r in replaces),
                      algorithm, window_s, full_key, index,
-                     counter_key(algorithm, rpu, window_s, split), split)
+                     counter_key(algorithm, rpu, window_s, split, regions), split, regions)
 
     def check_split(self, split: int, algorithm: str, rpu: int, window_s: int) -> None:
         if split == 1:
@@ -450,3 +467,34 @@ class _Loader:
         if window_s * split > MAX_WINDOW_S:
             raise self.error(f"split {split} makes a sub-bucket's window of {window_s} s x "
                              f"{split} longer than the {MAX_WINDOW_S} s of the engine")
+
+
+def with_regions(config: RlsConfig, regions: Regions | None) -> RlsConfig:
+    """The configuration as this region enforces it: each static limit's
+    requests_per_unit its equal share (rounded down), in place (the tree
+    was just loaded and is not in force yet); ConfigError if a share holds
+    no request.  Without regions, every limit whole."""
+    if regions is None:
+        return config
+    for domain in config.domains.values():
+        _share_limits(domain.root, domain.source, regions)
+    return config
+
+
+def _share_limits(node: Node, source: str, regions: Regions) -> None:
+    if any(limit.regions == "static" and not limit.unlimited for limit in node.limits):
+        node.limits = tuple(_shared(limit, source, regions) for limit in node.limits)
+        node.counted = tuple(limit for limit in node.limits if not limit.unlimited)
+    for child in node.children.values():
+        _share_limits(child, source, regions)
+
+
+def _shared(limit: Limit, source: str, regions: Regions) -> Limit:
+    if limit.regions != "static" or limit.unlimited or limit.requests_per_unit == 0:
+        return limit
+    try:
+        rpu = share_count(limit.requests_per_unit, *regions.weights(()))
+    except ValueError as e:
+        raise ConfigError(f"{source}: {limit.full_key}: {e}") from None
+    return replace(limit, requests_per_unit=rpu, counter=counter_key(
+        limit.algorithm, rpu, limit.window_s, limit.split, limit.regions))

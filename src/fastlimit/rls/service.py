@@ -39,7 +39,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastlimit._load import PRIORITIES, priority_value
-from fastlimit.rls.config import EMPTY, UNIT_SECONDS, Limit, Node, RlsConfig, counter_key
+from fastlimit.regions.shares import Regions
+from fastlimit.rls.config import (
+    EMPTY,
+    UNIT_SECONDS,
+    Limit,
+    Node,
+    RlsConfig,
+    counter_key,
+    with_regions,
+)
 from fastlimit.rls.matcher import find_limit
 from fastlimit.structured_fields import sf_string
 
@@ -67,11 +76,15 @@ class RlsError(Exception):
     this message, as the reference does."""
 
 
-def engine_spec(algorithm: str, rpu: int, window_s: int, split: int = 1) -> dict:
+def engine_spec(algorithm: str, rpu: int, window_s: int, split: int = 1,
+                region_sync: bool = False) -> dict:
+    """The engine rule a limit counts in; a global limit's (region_sync)
+    logs its spends for the other regions."""
     window_ms = window_s * 1000
     if algorithm == "fixed_window":
-        return {"algorithm": "fixed_window", "limit": COUNTER_LIMIT,
+        spec = {"algorithm": "fixed_window", "limit": COUNTER_LIMIT,
                 "window_ms": min(window_ms, MAX_ENGINE_WINDOW_MS)}
+        return dict(spec, region_sync=True) if region_sync else spec
     if algorithm == "token_bucket":
         spec = {"algorithm": "token_bucket", "capacity": rpu, "refill": rpu,
                 "period_ms": window_ms}
@@ -79,6 +92,8 @@ def engine_spec(algorithm: str, rpu: int, window_s: int, split: int = 1) -> dict
         spec = {"algorithm": "gcra", "burst": rpu - 1, "count": rpu, "period_ms": window_ms}
     else:
         spec = {"algorithm": "sliding_window", "limit": rpu, "window_ms": window_ms}
+    if region_sync:
+        spec["region_sync"] = True
     return dict(spec, split=split) if split > 1 else spec
 
 
@@ -155,13 +170,16 @@ class Prepared:
 
 class RateLimitService:
     def __init__(self, engine, registry, response_headers: bool = False,
-                 read_only=lambda: False, shadow_mode: bool = False, load=None):
+                 read_only=lambda: False, shadow_mode: bool = False, load=None,
+                 regions: Regions | None = None):
         """registry: where the counters' rule numbers are reserved
         (rules.registry.RuleRegistry); read_only: whether this server is a
         standby now, which counts nothing (its primary's counts replace
         its own); load: the server's saturation meter (_load.LoadMeter),
-        which sheds requests by their priority, or None."""
+        which sheds requests by their priority, or None; regions: this
+        tier's region, whose share of each static limit it enforces."""
         self.load = load
+        self.regions = regions
         self.engine = engine
         self.clock = engine.clock
         self.registry = registry
@@ -188,7 +206,10 @@ class RateLimitService:
         """Everything a configuration needs before it is put in force that
         takes time with its size: a walk of every limit.  It only reads
         the service, so it may run in another thread (the loaders'),
-        provided install() comes after it and no other install between."""
+        provided install() comes after it and no other install between.
+        Static limits become this region's share (ConfigError if one
+        holds no request)."""
+        config = with_regions(config, self.regions)
         counters: dict[tuple, tuple[Limit, str]] = {}
         limit_stats: dict[tuple[bytes, str, int], LimitStats] = {}
         stats_of: dict[Limit, LimitStats] = {}
@@ -237,7 +258,8 @@ class RateLimitService:
             num = self.registry.reserve(name, limit.algorithm, RESERVED_SCOPE)
             try:
                 self.engine.define(num, engine_spec(limit.algorithm, limit.requests_per_unit,
-                                                   limit.window_s, limit.split))
+                                                   limit.window_s, limit.split,
+                                                   limit.regions == "global"))
             except ValueError as e:
                 self.registry.release(name)
                 raise ValueError(f"{source}: {limit.full_key}: {e}") from None

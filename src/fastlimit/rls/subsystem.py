@@ -54,7 +54,8 @@ class RlsSubsystem(Subsystem):
         self.service = RateLimitService(app.rule_engine, app.rules,
                                         app.settings.rls_response_headers,
                                         read_only=lambda: app.core.readonly,
-                                        shadow_mode=app.settings.rls_shadow_mode)
+                                        shadow_mode=app.settings.rls_shadow_mode,
+                                        regions=app.regions)
         self.merge_domains = app.settings.rls_merge_domains
         self.max_config_bytes = app.settings.rls_max_config_bytes
         self.max_descriptors = app.settings.rls_max_descriptors

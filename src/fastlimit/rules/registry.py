@@ -327,6 +327,13 @@ class RuleRegistry:
         entry = self._entries.get(rule_id)
         return entry.num if entry is not None else None
 
+    def number_of(self, name: str) -> int | None:
+        """The engine number of a rule in force or of a reservation, by
+        its id or reserved name (what another region names a bucket's
+        rule by)."""
+        held = self._reserved.get(name)
+        return held[0] if held is not None else self.num_for(name)
+
     def reserve(self, name: str, algorithm: str, scope: str) -> int:
         """The engine number reserved under a name (RESERVED_PREFIX and the
         part's own name): the same one for as long as the name is
