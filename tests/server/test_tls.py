@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -424,6 +425,28 @@ def test_a_replica_syncs_over_tls_replication(make_tls, certs):
     wait_until(lambda: all(r.execute_command("CL.CHECK", f"repl:{i}", 10, 1, "COST", 0)[2] == 7
                            for i in range(50)), 20, "the replica never caught up")
     assert primary.stats()["tls_handshake_failures"] == 0
+
+
+def test_region_links_over_tls_regions(make_tls, certs):
+    """A global rule's spends cross between regions over TLS (tls-regions:
+    the links dial the peers' tls-port); a link without it is refused."""
+    region = ["--manual-clock", "--regions", "eu", "us", "--region-sync-ms", "20"]
+    eu = make_tls(*tls_args(certs, *region, "--region", "eu", "--tls-regions", "yes"))
+    us = make_tls(*tls_args(certs, *region, "--region", "us", "--tls-regions", "yes"))
+    plain = make_tls(*tls_args(certs, *region, "--region", "us"))
+    rule = json.dumps({"match": {"resource": "api"}, "algorithm": "fixed_window",
+                       "limit": 10, "window_ms": 60_000, "regions": "global"})
+    for s in (eu, us, plain):
+        s.client().execute_command("CL.RULE", "SET", "api", rule)
+    eu.client().config_set("region-peers", f"us=127.0.0.1:{us.tls_port}")
+    plain.client().config_set("region-peers", f"eu=127.0.0.1:{eu.tls_port}")
+    for _ in range(3):
+        eu.client().execute_command("CL.LIMIT", "u", "api")
+    wait_until(lambda: us.client().execute_command("CL.LIMIT", "u", "api", "COST", 0)[2] == 7,
+               20, "eu's spends never reached us over TLS")
+    wait_until(lambda: eu.stats()["tls_handshake_failures"] >= 1, 20,
+               "the plain link was not refused")
+    assert plain.client().info("regions")["region_links_up"] == 0
 
 
 def test_a_replica_without_tls_replication_cannot_sync_from_the_tls_port(make_tls, certs):

@@ -125,8 +125,10 @@ class PeerLink(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.transport = None
         if self.state == "up" and not self._stopped:
-            self.owner.log.warning("lost the region link to %s (%s:%d)", self.name,
-                                   self.host, self.port)
+            why = info_text(str(exc)) if exc is not None else "closed by the peer"
+            self.last_error = why
+            self.owner.log.warning("lost the region link to %s (%s:%d): %s", self.name,
+                                   self.host, self.port, why)
         self.up_since = None
         if not self._stopped:
             self._later()

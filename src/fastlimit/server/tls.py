@@ -43,8 +43,8 @@ def uses_server_tls(s) -> bool:
 
 def uses_client_tls(s) -> bool:
     """Whether this server calls others over TLS: its primary, its
-    cluster's peers."""
-    return bool(s.tls_replication or s.tls_cluster)
+    cluster's peers, its peer regions."""
+    return bool(s.tls_replication or s.tls_cluster or s.tls_regions)
 
 
 def settings_key(s) -> tuple:
