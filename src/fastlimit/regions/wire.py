@@ -23,7 +23,7 @@ _ENTRY = struct.Struct("<HIq")
 
 # A batch's most bytes: the sender cuts larger ones, the receiver refuses
 # them, so one command is bounded work for the loop turn that applies it.
-MAX_BATCH_BYTES = 256 * 1024
+MAX_BATCH_BYTES = 64 * 1024
 MAX_KEY = 65535
 
 
