@@ -43,10 +43,11 @@ PROTECTED_MODE_TEXT = (
 
 # repl-user's rules besides its password (repl-password): what a replica's
 # link sends after its AUTH (CL.SYNC, then REPLCONF listening-port,
-# ip-address and ACK), and a peer region's link (CL.REGIONSYNC, PING),
+# ip-address and ACK), and a peer region's link (CL.REGIONSYNC,
+# CL.REGIONDEMAND, CL.REGIONSHARES, PING),
 # and nothing else: no key, no channel.
 REPLICATION_RULES = (b"reset", b"on", b"+cl.sync", b"+replconf", b"+cl.regionsync",
-                     b"+ping")
+                     b"+cl.regiondemand", b"+cl.regionshares", b"+ping")
 
 
 class Acl(Subsystem):

@@ -1,8 +1,10 @@
-"""CL.REGIONSYNC: what a peer region's link sends (regions/links.py)."""
+"""What a peer region's link sends (regions/links.py): CL.REGIONSYNC (its
+spends), CL.REGIONDEMAND and CL.REGIONSHARES (rebalancing static shares)."""
 
 from __future__ import annotations
 
 from fastlimit.server.arguments import integer
+from fastlimit.server.commands.replies import OK
 
 
 def cmd_cl_regionsync(conn, args):
@@ -12,3 +14,19 @@ def cmd_cl_regionsync(conn, args):
     seq = integer(args[3], "seq")
     return conn.core.app.regions_sync.receive(bytes(args[1]), bytes(args[2]), seq,
                                               bytes(args[4]))
+
+
+def cmd_cl_regiondemand(conn, args):
+    """CL.REGIONDEMAND <origin region> <document>: a region's checks of
+    each rebalanced rule since its last word, on the coordinator."""
+    conn.core.app.regions_sync.receive_demand(bytes(args[1]), bytes(args[2]))
+    return OK
+
+
+def cmd_cl_regionshares(conn, args):
+    """CL.REGIONSHARES <origin region> <version> shrink|commit <document>:
+    a round of new shares from the coordinator; the reply is the version,
+    its acknowledgement."""
+    version = integer(args[2], "version")
+    return conn.core.app.regions_sync.receive_shares(bytes(args[1]), version,
+                                                     bytes(args[3]).lower(), bytes(args[4]))

@@ -39,7 +39,9 @@ class PeerLink(asyncio.Protocol):
         self.queue: deque[tuple[int, bytes, float]] = deque()   # (seq, batch, sent at)
         self.queued_bytes = 0
         self.unsent = 0                 # the queue's tail not yet written on this connection
-        self.expect: deque[int] = deque()   # what each outstanding reply answers: seq, or 0
+        # what each outstanding reply answers: a batch's seq, 0 (AUTH, PING),
+        # or a call()'s function
+        self.expect: deque = deque()
         self.last_reply = time.monotonic()
         self.up_since: float | None = None
         self.bytes_sent = 0
@@ -76,6 +78,7 @@ class PeerLink(asyncio.Protocol):
         self.failures.failed(logging.WARNING, f"region link to {self.name} "
                                               f"({self.host}:{self.port}): {why}")
         if self.transport is not None:
+            self.state = "failed"        # connection_lost keeps this error, not its own
             self.transport.abort()
         else:
             self._later()
@@ -124,6 +127,10 @@ class PeerLink(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
+        pending, self.expect = self.expect, deque()
+        for expected in pending:       # calls that will have no answer
+            if callable(expected):
+                expected(None)
         if self.state == "up" and not self._stopped:
             why = info_text(str(exc)) if exc is not None else "closed by the peer"
             self.last_error = why
@@ -143,6 +150,10 @@ class PeerLink(asyncio.Protocol):
 
     def _answered(self, reply) -> None:
         expected = self.expect.popleft()
+        if callable(expected):        # a call()'s answer, whatever it is
+            self.last_reply = time.monotonic()
+            expected(reply)
+            return
         if isinstance(reply, hiredis.ReplyError):
             self._failed(f"the peer refused: {info_text(str(reply))}")
             return
@@ -192,6 +203,18 @@ class PeerLink(asyncio.Protocol):
             self.bytes_sent += len(data)
             self.expect.append(seq)
         self.unsent = 0
+
+    def call(self, args: list[bytes], answered) -> None:
+        """Sends a command whose answer goes to answered(reply) (a reply
+        error included); answered(None) at once if the link is not up.
+        Not sent again after a reconnect: the caller's round ends."""
+        if self.transport is None or self.state != "up":
+            answered(None)
+            return
+        data = resp_command(args)
+        self.transport.write(data)
+        self.bytes_sent += len(data)
+        self.expect.append(answered)
 
     def tick(self) -> None:
         """A PING when nothing is outstanding, so silence shows; a link

@@ -29,6 +29,18 @@ MAX_AMOUNT = 10**15
 MAX_GCRA_TOLERANCE = 10**18
 
 
+# Rebalanced static shares (README, "Rebalancing static shares") are in
+# thousandths of the rule; a region never holds less than the floor, which
+# is also what it holds after a start until the coordinator grants more
+# (safe whatever the others were granted before: see regions/rebalance.py).
+REBALANCE_TOTAL = 1000
+
+
+def rebalance_floor(regions: int) -> int:
+    """Each region's least share, in thousandths: 5%, less with many regions."""
+    return min(50, REBALANCE_TOTAL // (2 * max(1, regions)))
+
+
 @dataclass(frozen=True)
 class Regions:
     """This tier's region and every region of the fleet (this one among

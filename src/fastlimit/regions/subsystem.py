@@ -8,6 +8,9 @@
   and are debited from the buckets here, once per sequence number;
 - a peer unreachable for region-partition-ms puts the global rules under
   their partition policy until every peer answers again;
+- rebalanced static rules: every region-rebalance-ms this region's demand
+  goes to the coordinator (the first region), which sends the rounds of
+  new shares (rebalance.py); the shares are held through the registry;
 - INFO regions: the region, the links, what crossed.
 """
 
@@ -19,7 +22,17 @@ from collections.abc import Mapping
 
 from fastlimit._resp import ReplyError
 from fastlimit.regions.links import PeerLink
-from fastlimit.regions.wire import WireError, decode_batch, encode_batches
+from fastlimit.regions.rebalance import Coordinator
+from fastlimit.regions.shares import rebalance_floor
+from fastlimit.regions.wire import (
+    WireError,
+    decode_batch,
+    decode_demand,
+    decode_shares,
+    encode_batches,
+    encode_demand,
+    encode_shares,
+)
 from fastlimit.server.subsystem import Subsystem
 
 
@@ -44,6 +57,15 @@ class RegionsSubsystem(Subsystem):
         self.tokens_overdrawn = 0     # spent there, found empty here: the overshoot
         self.batches_sent = 0
         self._timer: asyncio.TimerHandle | None = None
+        # rebalancing: the coordinator's plan (on the first region only),
+        # each rule's checks counted at the last round, the last shrink here
+        r = self.regions
+        self.floor = rebalance_floor(len(r.names)) if r else 0
+        self.coordinator = Coordinator(r.names, self.floor) if r and r.name == r.names[0] \
+            else None
+        self.checks_seen: dict[str, int] = {}
+        self.share_version = 0
+        self._rebalance_timer: asyncio.TimerHandle | None = None
 
     # ---- the subsystem's calls ----------------------------------------------------------
 
@@ -71,10 +93,13 @@ class RegionsSubsystem(Subsystem):
         for link in self.links:
             link.start()
         self._schedule()
+        if self.regions is not None:
+            self._schedule_rebalance()
 
     async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._rebalance_timer):
+            if timer is not None:
+                timer.cancel()
         tasks = [t for t in (link.stop() for link in self.links) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -115,16 +140,124 @@ class RegionsSubsystem(Subsystem):
         else:
             self.log.warning("every peer region reachable again: global rules whole")
 
+    # ---- rebalancing static shares (rebalance.py) -----------------------------------------
+
+    def _schedule_rebalance(self) -> None:
+        self._rebalance_timer = asyncio.get_running_loop().call_later(
+            self.app.settings.region_rebalance_ms / 1000, self._rebalance)
+
+    def _rebalance(self) -> None:
+        """This region's demand to the coordinator; on the coordinator, the
+        next round."""
+        try:
+            rules = [rule.id for rule in self.rules.list() if rule.rebalance]
+            if rules and self.app.replication.link is None:     # a primary
+                demand = self._demand(rules)
+                if self.coordinator is not None:
+                    self.coordinator.note_demand(self.regions.name, demand)
+                    self._coordinate(rules)
+                else:
+                    link = self._link_to(self.regions.names[0])
+                    if link is not None:
+                        link.call([b"CL.REGIONDEMAND", self.origin, encode_demand(demand)],
+                                  lambda reply: None)
+        finally:
+            self._schedule_rebalance()
+
+    def _demand(self, rules: list[str]) -> dict[str, int]:
+        """Each rule's checks here since the last round."""
+        demand = {}
+        for rule_id in rules:
+            stats = self.rules.stats(rule_id) or {}
+            checks = sum(stats.values())
+            demand[rule_id] = max(0, checks - self.checks_seen.get(rule_id, checks))
+            self.checks_seen[rule_id] = checks
+        return demand
+
+    def _link_to(self, name: str) -> PeerLink | None:
+        return next((link for link in self.links if link.name == name), None)
+
+    def _coordinate(self, rules: list[str]) -> None:
+        assert self.coordinator is not None
+        step = self.app.settings.region_rebalance_step
+        round_ = self.coordinator.next_round(rules, step)
+        if round_ is None:
+            return
+        doc, version = encode_shares(round_.shares), round_.version
+        for link in self.links:
+            link.call([b"CL.REGIONSHARES", self.origin, b"%d" % version, b"shrink", doc],
+                      lambda reply, name=link.name: self._answered(name, version, doc, reply))
+        self.hold(round_.shares, shrink=True)
+        self._acknowledged(self.regions.name, version, doc)
+
+    def _answered(self, region: str, version: int, doc: bytes, reply) -> None:
+        if reply == version:      # else not acknowledged: the round waits, then ends
+            self._acknowledged(region, version, doc)
+
+    def _acknowledged(self, region: str, version: int, doc: bytes) -> None:
+        assert self.coordinator is not None
+        if not self.coordinator.acknowledged(region, version):
+            return
+        self.hold(decode_shares(doc), shrink=False)
+        for link in self.links:
+            link.call([b"CL.REGIONSHARES", self.origin, b"%d" % version, b"commit", doc],
+                      lambda reply: None)
+
+    def hold(self, shares: dict[str, dict[str, int]], shrink: bool) -> None:
+        """This region's shares of a round: in the shrink phase at most
+        what it holds, in the commit phase as given."""
+        me = self.regions.name
+        for rule_id, per_region in shares.items():
+            mine = per_region.get(me)
+            if mine is None or mine < self.floor:
+                continue
+            held = self.rules.held_shares.get(rule_id, self.floor)
+            self.rules.hold_share(rule_id, min(held, mine) if shrink else mine)
+
+    def receive_demand(self, origin: bytes, data: bytes) -> None:
+        """CL.REGIONDEMAND: a region's demand, on the coordinator."""
+        name = self._peer(origin, "CL.REGIONDEMAND")
+        if self.coordinator is None:
+            raise ReplyError("ERR CL.REGIONDEMAND goes to the coordinator, the first of "
+                             "the regions")
+        try:
+            self.coordinator.note_demand(name, decode_demand(data))
+        except WireError as e:
+            raise ReplyError(f"ERR CL.REGIONDEMAND: {e}") from None
+
+    def receive_shares(self, origin: bytes, version: int, phase: bytes, data: bytes) -> int:
+        """CL.REGIONSHARES: a round's phase from the coordinator."""
+        name = self._peer(origin, "CL.REGIONSHARES")
+        if name != self.regions.names[0]:
+            raise ReplyError("ERR CL.REGIONSHARES comes from the coordinator, the first of "
+                             "the regions")
+        if phase not in (b"shrink", b"commit"):
+            raise ReplyError("ERR CL.REGIONSHARES: the phase is shrink or commit")
+        try:
+            shares = decode_shares(data)
+        except WireError as e:
+            raise ReplyError(f"ERR CL.REGIONSHARES: {e}") from None
+        if phase == b"shrink":
+            self.share_version = version
+            self.hold(shares, shrink=True)
+        elif version == self.share_version:    # the commit of the last shrink seen
+            self.hold(shares, shrink=False)
+        return version
+
+    def _peer(self, origin: bytes, command: str) -> str:
+        name = origin.decode("utf-8", "replace")
+        if self.regions is None or name == self.regions.name or \
+                name not in self.regions.names:
+            raise ReplyError(f"ERR {command} from '{name[:64]}', which is not another of "
+                             "this tier's regions")
+        return name
+
     # ---- what arrives ---------------------------------------------------------------------
 
     def receive(self, origin: bytes, run: bytes, seq: int, batch: bytes) -> int:
         """A peer's batch (CL.REGIONSYNC): debited here once; returns seq,
         its acknowledgement."""
-        name = origin.decode("utf-8", "replace")
-        if self.regions is None or name == self.regions.name or \
-                name not in self.regions.names:
-            raise ReplyError(f"ERR CL.REGIONSYNC from '{name[:64]}', which is not another "
-                             "of this tier's regions")
+        name = self._peer(origin, "CL.REGIONSYNC")
         last_run, last_seq = self.applied.get(name, (b"", 0))
         if run == last_run and seq <= last_seq:
             return seq
@@ -163,6 +296,11 @@ class RegionsSubsystem(Subsystem):
             "region_spends_received": self.spends_received,
             "region_tokens_debited": self.tokens_debited,
             "region_tokens_overdrawn": self.tokens_overdrawn,
+            "region_rebalanced_rules": sum(rule.rebalance for rule in rules),
+            "region_share_version": self.share_version,
+            "region_coordinator": r.names[0] if r else "",
+            "region_rebalance_commits": self.coordinator.commits if self.coordinator else 0,
+            "region_rebalance_aborts": self.coordinator.aborts if self.coordinator else 0,
             "region_links": len(self.links),
             "region_links_up": sum(link.shown_state == "up" for link in self.links)}
         for i, link in enumerate(self.links):
@@ -171,7 +309,10 @@ class RegionsSubsystem(Subsystem):
             static = sorted((rule for rule in rules if rule.regions == "static"),
                             key=lambda rule: rule.id)
             for i, rule in enumerate(static):
-                weight, total = r.weights(rule.shares)    # the registry took it here
+                if rule.rebalance:
+                    weight, total = self.rules.held_shares.get(rule.id, self.floor), 1000
+                else:
+                    weight, total = r.weights(rule.shares)    # the registry took it here
                 out[f"static{i}"] = f"id={rule.id},share={weight}/{total}"
         return {"regions": out}
 

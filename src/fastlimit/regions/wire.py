@@ -1,4 +1,5 @@
-"""What crosses between regions: a batch of spends, no I/O.
+"""What crosses between regions, no I/O: a batch of spends, and the
+documents that rebalance static shares (demand, shares).
 
 A batch is the spends of global rules one region made in one
 region-sync-ms, summed per bucket, named by rule id (each node numbers
@@ -14,6 +15,7 @@ reconnect is answered and skipped), so nothing is counted twice.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator, Mapping
 
@@ -94,3 +96,48 @@ def decode_batch(data: bytes) -> list[tuple[str, bytes, int]]:
     if pos != len(data):
         raise WireError("bytes after the last spend")
     return out
+
+
+# ---- rebalancing static shares (regions/rebalance.py) -------------------------------------
+
+MAX_DOC_BYTES = 64 * 1024
+MAX_RULES = 10_000
+
+
+def encode_demand(demand: Mapping[str, int]) -> bytes:
+    """CL.REGIONDEMAND's document: {rule id: checks in the last interval}."""
+    return json.dumps(demand, separators=(",", ":")).encode()
+
+
+def decode_demand(data: bytes) -> dict[str, int]:
+    doc = _document(data)
+    if not all(type(v) is int and v >= 0 for v in doc.values()):
+        raise WireError("a demand is a count of checks (an integer from 0)")
+    return doc
+
+
+def encode_shares(shares: Mapping[str, Mapping[str, int]]) -> bytes:
+    """CL.REGIONSHARES's document: {rule id: {region: thousandths}}."""
+    return json.dumps(shares, separators=(",", ":")).encode()
+
+
+def decode_shares(data: bytes) -> dict[str, dict[str, int]]:
+    doc = _document(data)
+    for shares in doc.values():
+        if not isinstance(shares, dict) or not all(
+                isinstance(k, str) and type(v) is int and 0 <= v <= 1000
+                for k, v in shares.items()) or sum(shares.values()) > 1000:
+            raise WireError("shares are {region: thousandths}, at most 1000 together")
+    return doc
+
+
+def _document(data: bytes) -> dict:
+    if len(data) > MAX_DOC_BYTES:
+        raise WireError(f"a document of {len(data)} bytes, over {MAX_DOC_BYTES}")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"unreadable document: {e}") from None
+    if not isinstance(doc, dict) or len(doc) > MAX_RULES:
+        raise WireError(f"a document is an object of at most {MAX_RULES} rules")
+    return doc

@@ -29,6 +29,7 @@ from fastlimit.regions.shares import (
     MAX_REGIONS,
     MAX_WEIGHT,
     PARTITION_POLICIES,
+    REBALANCE_TOTAL,
     REGION_NAME,
     REGION_SCOPES,
     Regions,
@@ -52,7 +53,7 @@ ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
-                 "split_history", "priority", "regions", "shares", "partition")
+                 "split_history", "priority", "regions", "shares", "partition", "rebalance")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -136,6 +137,10 @@ class Rule:
     regions: str = "regional"
     shares: tuple[tuple[str, int], ...] = ()
     partition: str = "share"
+    # A static rule whose shares follow the regions' demand (README,
+    # "Rebalancing static shares"): the shares then come from the regions'
+    # coordinator, never above the total.
+    rebalance: bool = False
 
     @property
     def params(self) -> dict[str, int]:
@@ -167,6 +172,8 @@ class Rule:
             doc["shares"] = dict(self.shares)
         if self.regions == "global":
             doc["partition"] = self.partition
+        if self.rebalance:
+            doc["rebalance"] = True
         return doc
 
     def to_json(self) -> str:
@@ -188,12 +195,13 @@ class Rule:
         API's ETags)."""
         return hashlib.sha256(self.document).hexdigest()
 
-    def engine_spec(self, regions: Regions | None = None, partitioned: bool = False) -> dict:
+    def engine_spec(self, regions: Regions | None = None, partitioned: bool = False,
+                    held: int | None = None) -> dict:
         """The spec dict of fastlimit._rules.RuleEngine.define(), in the
-        region given (a static rule's share of it, a global rule's while
-        partitioned with partition "share"; the whole rule where the tier
-        has no regions); ValueError if the region's share cannot be a
-        rule."""
+        region given (a static rule's share of it, or with rebalance the
+        share it holds, in thousandths; a global rule's while partitioned
+        with partition "share"; the whole rule where the tier has no
+        regions); ValueError if the region's share cannot be a rule."""
         spec = {"algorithm": self.algorithm, "shadow": self.shadow, "scope": self.scope}
         if self.on_failure != "open":       # what a shed check answers
             spec["on_failure"] = self.on_failure
@@ -209,6 +217,8 @@ class Rule:
                         split_history=[list(pair) for pair in self.split_history])
         if self.regions == "global":
             spec["region_sync"] = True
+        if regions is not None and held is not None and self.rebalance:
+            return share_spec(spec, held, REBALANCE_TOTAL)
         if regions is not None and (self.regions == "static" or (
                 self.regions == "global" and partitioned and self.partition == "share")):
             spec = share_spec(spec, *regions.weights(self.shares))
@@ -350,7 +360,17 @@ class _RuleParser:
                     split_history=self.split_history(),
                     priority=self.optional_choice("priority", PRIORITIES),
                     regions=self.region_scope(algorithm),
-                    shares=self.shares(), partition=self.partition())
+                    shares=self.shares(), partition=self.partition(),
+                    rebalance=self.rebalance())
+
+    def rebalance(self) -> bool:
+        value = self.doc.get("rebalance", False)
+        if type(value) is not bool:
+            raise self.fail("rebalance", "must be true or false")
+        if value and self.doc.get("regions") != "static":
+            raise self.fail("rebalance", "only a static rule is rebalanced "
+                                         "(\"regions\": \"static\")")
+        return value
 
     def region_scope(self, algorithm: str) -> str:
         scope = self.choice("regions", REGION_SCOPES, default="regional")

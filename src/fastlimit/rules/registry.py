@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastlimit.regions.shares import Regions
+from fastlimit.regions.shares import Regions, rebalance_floor
 from fastlimit.rules.files import load_rules_file
 from fastlimit.rules.matching import MatchIndex, compile_row, crowding
 from fastlimit.rules.model import (
@@ -105,6 +105,9 @@ class RuleRegistry:
         # and whether a peer region is unreachable (global rules' policy).
         self.regions = regions
         self.partitioned = False
+        # rebalanced static rules: the share each holds here, in thousandths
+        # (regions/rebalance.py); a rule not in it holds the floor
+        self.held_shares: dict[str, int] = {}
         self.store = store
         self.rules_file = rules_file
         self.now_ms = now_ms
@@ -496,10 +499,23 @@ class RuleRegistry:
         be a rule is refused now rather than at a partition, and while
         partitioned carries the whole rule's numbers, which other regions'
         spends are debited against."""
+        if rule.rebalance and self.regions is not None:
+            floor = rebalance_floor(len(self.regions.names))
+            rule.engine_spec(self.regions, held=floor)      # the floor must hold a token
+            return rule.engine_spec(self.regions, held=self.held_shares.get(rule.id, floor))
         if rule.regions != "global" or self.regions is None:
             return rule.engine_spec(self.regions)
         whole, apart = rule.engine_spec(self.regions), rule.engine_spec(self.regions, True)
         return dict(apart, whole=whole) if self.partitioned else whole
+
+    def hold_share(self, rule_id: str, thousandths: int) -> None:
+        """A rebalanced static rule's share here, as the coordinator's
+        latest word says; its buckets are kept."""
+        entry = self._entries.get(rule_id)
+        if entry is None or not entry.rule.rebalance:
+            return
+        self.held_shares[rule_id] = thousandths
+        self.engine.define(entry.num, self._spec(entry.rule))
 
     def repartition(self, partitioned: bool) -> None:
         """Global rules under their partition policy, or whole again: the

@@ -181,6 +181,16 @@ def build_table() -> dict[bytes, Command]:
              since="0.9.0",
              summary="An internal command: a peer region's link sends the spends of global "
                      "rules there."),
+        command("cl.regiondemand", 3, ("write", "admin", "noscript", "no-multi"),
+             regions.cmd_cl_regiondemand, acl=("@admin", "@slow", "@dangerous"),
+             group="server", since="0.9.0",
+             summary="An internal command: a region tells the coordinator its demand for "
+                     "rebalanced static rules."),
+        command("cl.regionshares", 5, ("write", "admin", "noscript", "no-multi"),
+             regions.cmd_cl_regionshares, acl=("@admin", "@slow", "@dangerous"),
+             group="server", since="0.9.0",
+             summary="An internal command: the coordinator's round of rebalanced static "
+                     "shares."),
         client_container(),
         container("command", -1, ("loading", "stale"), [
             sub("command", "count", 2, introspection.cmd_command_count,

@@ -349,6 +349,13 @@ class Settings:
         1000, integer(1, 3_600_000), runtime=True,
         help="a peer region unreachable this long puts global rules under their partition "
              "policy (a static share, or the whole limit)")
+    region_rebalance_ms: int = setting(
+        1000, integer(10, 3_600_000), runtime=True,
+        help="rebalanced static rules: each region sends its demand to the first region, "
+             "which moves the shares, this often")
+    region_rebalance_step: int = setting(
+        100, integer(1, 1000), runtime=True,
+        help="the most a rebalanced share moves in one round, in thousandths of the rule")
     region_buffer_limit: int = setting(
         64 * MEGABYTE, memory(1024), runtime=True,
         help="unacknowledged spends kept per peer region while its link is down or slow; "
