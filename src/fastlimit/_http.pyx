@@ -10,7 +10,7 @@ from fastlimit._resp cimport Arg
 from fastlimit._rules cimport FL_SPLIT_MAX
 from fastlimit._load cimport FL_PRIO_UNSET, FL_PRIO_NORMAL, FL_SHED_REMAINING
 from fastlimit._load import priority_value
-from fastlimit._protocol import SLICE_BUDGET_S, credentials, peer_text
+from fastlimit._protocol import HOME_ELSEWHERE, SLICE_BUDGET_S, credentials, peer_text
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
@@ -54,7 +54,7 @@ REASONS = {200: "OK", 201: "Created", 204: "No Content", 304: "Not Modified",
 
 # The RESP error code of a decision's error, as an HTTP status.
 ERROR_STATUS = {"ERR": 400, "READONLY": 503, "OOM": 503, "MOVED": 421, "CLUSTERDOWN": 503,
-                "TRYAGAIN": 503, "NOPERM": 403}
+                "TRYAGAIN": 503, "NOPERM": 403, "HOME": 421}
 
 # The endpoints that run here, without a Python handler.
 cdef enum Endpoint:
@@ -696,6 +696,11 @@ cdef class HttpConnection:
                             PyBytes_AS_STRING(tier) if tier is not None else NULL,
                             PyBytes_GET_SIZE(tier) if tier is not None else 0,
                             cost, asked, self.user_priority(), self.core.clock.now_ms(), r, &n)
+        if error is HOME_ELSEWHERE:
+            home = self.core.app.regions.names[self.core.rules.home_region]
+            raise Refused(f"HOME {home}: the check's key lives in region {home}, which "
+                          "answers it (the HTTP front does not forward checks; the RESP "
+                          "front does)")
         if error is not None:
             raise Refused(error)
         return self.core.rules.binding_rule

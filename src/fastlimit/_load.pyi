@@ -1,6 +1,7 @@
 PRIORITIES: tuple[str, str, str]
 PROBE_INTERVAL_S: float
 SHED_REMAINING: int
+SHED_RETRY_MS: int
 
 def priority_value(name: str | bytes) -> int | None: ...
 

@@ -8,6 +8,7 @@ from libc.stdint cimport int64_t
 PRIORITIES = ("low", "normal", "critical")
 PROBE_INTERVAL_S = FL_LOAD_PROBE_NS / 1e9
 SHED_REMAINING = FL_SHED_REMAINING
+SHED_RETRY_MS = FL_SHED_RETRY_MS
 
 
 def priority_value(name):

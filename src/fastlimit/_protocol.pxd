@@ -186,6 +186,7 @@ cdef class Connection:
     cdef size_t read_this_turn # bytes taken since the loop last gave others a turn
     cdef bint input_held       # reading paused: for others' turn, or a sliced reply
     cdef bint more_input       # whole commands wait in inbuf for this connection's next turn
+    cdef bint in_exec          # EXEC is running its queued commands, none of which may wait
     # Overload: the priority its checks ask for (or its user's), which
     # orders its reads while the node is saturated; its user's priority
     # (FL_PRIO_UNSET: none), which is also the highest its checks may ask;

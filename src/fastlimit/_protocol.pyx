@@ -7,7 +7,8 @@ from cpython.ref cimport PyObject
 from libc.string cimport memcmp, memcpy, memmove, memset
 
 from fastlimit._cluster cimport key_slot
-from fastlimit._rules cimport (RuleEngine, FL_ESPLIT, FL_ESPLITMIX, FL_SPLIT_MAX,
+from fastlimit._rules cimport (RuleEngine, FL_ESPLIT, FL_ESPLITMIX, FL_SPLIT_MAX, FL_EHOME,
+                               FL_EHOMEDOWN,
                                FL_SPLIT_SUFFIX_MAX, fl_split_parse, fl_split_subkey,
                                fl_split_base,
                                fl_split_share, fl_split_random, split_pick, split_refused)

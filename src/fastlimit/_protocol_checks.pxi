@@ -190,8 +190,11 @@ cdef void cl_limit(Connection c):
     asked = FL_PRIO_UNSET if la.priority == FL_PRIO_UNSET else fallback
     error = check_limit(c.core, a[1].ptr, a[1].len, a[2].ptr, a[2].len, la.tier, la.tlen,
                         la.cost, asked, fallback, c.now_ms, &r, &n)
-    if error is not None:
-        c.reply_error(error)
+    if error is not None:    # HOME_ELSEWHERE looked up only then: a global costs a check
+        if error is HOME_ELSEWHERE:
+            ask_home(c)
+        else:
+            c.reply_error(error)
         return
     if not la.detail:
         write_check(c, &r)
@@ -369,8 +372,42 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
             return OOM_ERROR
         if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
             return rules.split_error(rc)
+        if rc == FL_EHOME:
+            return HOME_ELSEWHERE
+        if rc == FL_EHOMEDOWN:
+            home_unreachable(rules.home_fail_closed, r)
+            return None
         return "OOM out of memory: the bucket could not be stored"
     return None    # the engine fed the hot-key tracker (RuleEngine.evaluate)
+
+
+# ---- home rules (README, "Home rules"): a check whose key lives elsewhere -----------
+
+# check_limit's answer for a check another region answers (FL_EHOME)
+HOME_ELSEWHERE = "HOME"
+
+
+cdef void ask_home(Connection c):
+    """CL.LIMIT of a home rule whose key lives in another region: its
+    Python handler (rules/commands.py cmd_limit) asks that region and
+    answers when it has, holding this connection's later commands as any
+    Awaited reply does; inside EXEC it cannot wait."""
+    if c.in_exec:
+        c.reply_error("ERR a home rule's check waits on its home region, which it cannot "
+                      "do inside MULTI")
+        return
+    c.run_python(c.core.commands[b"cl.limit"], None)
+
+
+cdef void home_unreachable(bint fail_closed, CheckResult* r) noexcept:
+    """The answer to a check whose home region is unreachable: not
+    counted (remaining FL_SHED_REMAINING, as a shed check's), allowed
+    unless its rules fail closed."""
+    r.allowed = not fail_closed
+    r.limit = -1
+    r.remaining = FL_SHED_REMAINING
+    r.retry_after_ms = FL_SHED_RETRY_MS if fail_closed else 0
+    r.reset_after_ms = 0
 
 
 # ---- shedding (fl_load.h): what a shed check answers -----------------------------

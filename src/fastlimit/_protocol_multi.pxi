@@ -75,7 +75,11 @@ cdef void exec_queued(Connection c):
         if c.restricted and acl_denied(c, cmd, True):
             continue      # its rules changed since it was queued
         started = fl_mono_ns()
-        c.run(cmd, args)
+        c.in_exec = True       # no command may wait (ask_home): EXEC runs as one
+        try:
+            c.run(cmd, args)
+        finally:
+            c.in_exec = False
         record_call(cmd, fl_mono_ns() - started)   # each its own call; EXEC's holds them all
 
 

@@ -34,6 +34,13 @@ cdef enum:
     # sub-keys live on several shards), or with a rule that is not split
     FL_ESPLIT = -40
     FL_ESPLITMIX = -41
+    # evaluate(): a home rule's key lives in another region (home_region),
+    # which answers the check; or that region is unreachable
+    FL_EHOME = -42
+    FL_EHOMEDOWN = -43
+    HOME_NONE = -1               # RuleSpec.home: not a home rule
+    HOME_BY_KEY = -2             # the key's hash picks its home region
+    MAX_REGIONS = 64
 
 
 cdef struct RuleSpec:
@@ -68,6 +75,9 @@ cdef struct RuleSpec:
     # Regions ("regions": "global"): the rule's spends are logged for the
     # other regions (RuleEngine.log_spend), which debit them (debit()).
     bint region_sync
+    # "regions": "home": the region its keys live in (an index of the
+    # regions, HOME_BY_KEY, or HOME_NONE for other rules)
+    int home
 
 
 # The rules as C code outside the engine reads them (by a record's rule
@@ -177,6 +187,18 @@ cdef class RuleEngine:
     cdef readonly size_t spend_limit
     cdef readonly uint64_t spends_dropped
     cdef readonly uint64_t spends_logged
+    # Home rules: this region's index among the regions and their number,
+    # which homes are unreachable, the rules in use that are home rules
+    # (none: evaluate skips route_home), the region the last FL_EHOME or
+    # FL_EHOMEDOWN names, and whether checks run here whatever their home
+    # (a check another region forwarded here)
+    cdef int region_index
+    cdef int region_count
+    cdef uint8_t home_down[MAX_REGIONS]
+    cdef int home_rules
+    cdef readonly int home_region
+    cdef readonly bint home_fail_closed
+    cdef public bint home_local
 
     cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
                             size_t rlen, int n, int64_t now_ms) except -1
@@ -197,6 +219,8 @@ cdef class RuleEngine:
     cpdef str split_error(self, int rc)
     cdef int shed_policy(self, int n, bint* fail_closed) noexcept
     cdef void log_spend(self, uint32_t num, size_t keylen, int64_t cost) noexcept
+    cdef int route_home(self, const char* client, size_t clen, int n) noexcept
+    cdef void count_home(self, uint32_t num, int sign) noexcept
     cdef size_t raw_key(self, uint32_t num, bytes suffix) except? 0
     cdef size_t key_of(self, int i, const char* client, size_t clen, const char* resource,
                        size_t rlen) except? 0

@@ -543,7 +543,42 @@ cdef int compile_spec(RuleSpec* r, dict spec) except -1:
     if r.region_sync and (r.algorithm == ALG_CONCURRENCY or r.split > 1):
         raise ValueError("regions: a global rule cannot be a concurrency rule or split "
                          "(its spends are counted per whole bucket)")
+    r.home = spec_int(spec, "home", HOME_BY_KEY, MAX_REGIONS - 1) if "home" in spec \
+        else HOME_NONE
+    if r.home != HOME_NONE and (r.algorithm == ALG_CONCURRENCY or r.split > 1):
+        raise ValueError("regions: a home rule cannot be a concurrency rule or split")
     return 0
+
+
+class HomeElsewhere(ValueError):
+    """A home rule's key lives in region `home` (an index of the regions),
+    which answers the check; `down`: that region is unreachable now;
+    `fail_closed`: whether the check's rules deny when it cannot be
+    answered (on_failure)."""
+
+    def __init__(self, int home, bint down, bint fail_closed):
+        super().__init__(f"the check's home region ({home}) is "
+                         + ("unreachable" if down else "another region"))
+        self.home = home
+        self.down = down
+        self.fail_closed = fail_closed
+
+
+cpdef int home_index(bytes key, int regions) except -1:
+    """The index of the region a key of a home rule without a home lives
+    in: FNV-1a (64 bits) of the key, modulo the number of regions, the same
+    in every region and every version."""
+    if regions < 1:
+        raise ValueError("no regions")
+    return <int>(fnv1a64(PyBytes_AS_STRING(key), len(key)) % <uint64_t>regions)
+
+
+cdef inline uint64_t fnv1a64(const char* p, size_t n) noexcept nogil:
+    cdef uint64_t h = 14695981039346656037ULL
+    cdef size_t i
+    for i in range(n):
+        h = (h ^ <uint8_t>p[i]) * 1099511628211ULL
+    return h
 
 
 cdef int compile_split(RuleSpec* r, dict spec) except -1:
@@ -726,6 +761,11 @@ cdef class RuleEngine:
         self.recent_denials = collections.deque(maxlen=DENIAL_SAMPLE)
         self.spend_log = NULL
         self.spend_len = self.spend_cap = 0
+        self.region_index, self.region_count = 0, 1
+        memset(self.home_down, 0, sizeof(self.home_down))
+        self.home_rules = 0
+        self.home_region = -1
+        self.home_local = False
         self.spend_limit = DEFAULT_SPEND_LOG_BYTES
 
     def __dealloc__(self):
@@ -784,9 +824,11 @@ cdef class RuleEngine:
             release_lease_table(&self.rules[num])
         compiled.in_use = True
         self.count_split(num, -1)
+        self.count_home(num, -1)
         self.rules[num] = compiled
         self.wholes[num] = whole
         self.count_split(num, 1)
+        self.count_home(num, 1)
 
     cdef int attach_lease_table(self, uint32_t num, RuleSpec* compiled) except -1:
         """A concurrency rule's records hold `limit` slots, so the rule has
@@ -825,6 +867,7 @@ cdef class RuleEngine:
         concurrency rule's own table goes at once."""
         if num < self.nrules:
             self.count_split(num, -1)
+            self.count_home(num, -1)
             self.rules[num].in_use = False
             release_lease_table(&self.rules[num])
 
@@ -1217,6 +1260,43 @@ cdef class RuleEngine:
                 fail_closed[0] = True
         return priority
 
+    # ---- regions: home rules --------------------------------------------------------
+
+    cdef void count_home(self, uint32_t num, int sign) noexcept:
+        if self.rules[num].in_use and self.rules[num].home != HOME_NONE:
+            self.home_rules += sign
+
+    def set_region(self, int index, int count):
+        """This region's index among count regions (home rules' routing)."""
+        if not 0 <= index < count <= MAX_REGIONS:
+            raise ValueError(f"region {index} of {count}: out of range")
+        self.region_index, self.region_count = index, count
+
+    def set_home_down(self, int index, bint down):
+        """Whether region index is unreachable: its keys' checks are then
+        answered here by their rules' failure policy."""
+        if 0 <= index < MAX_REGIONS:
+            self.home_down[index] = down
+
+    cdef int route_home(self, const char* client, size_t clen, int n) noexcept:
+        """FL_OK if every home rule among the n selected ones has this
+        client's key here; else FL_EHOME (or FL_EHOMEDOWN when that region
+        is unreachable) naming the first other home in home_region: the
+        whole check goes there, all or nothing."""
+        cdef int i, home
+        cdef RuleSpec* r
+        for i in range(n):
+            r = &self.rules[self.order[i]]
+            if r.home == HOME_NONE:
+                continue
+            home = r.home if r.home >= 0 else \
+                <int>(fnv1a64(client, clen) % <uint64_t>self.region_count)
+            if home != self.region_index:
+                self.home_region = home
+                self.shed_policy(n, &self.home_fail_closed)
+                return FL_EHOMEDOWN if self.home_down[home] else FL_EHOME
+        return FL_OK
+
     # ---- regions: the spends of global rules ---------------------------------------
 
     cdef void log_spend(self, uint32_t num, size_t keylen, int64_t cost) noexcept:
@@ -1324,6 +1404,10 @@ cdef class RuleEngine:
         cdef int i, rc, binding = -1
         cdef bint passed = True
         cdef RuleSpec* r
+        if self.home_rules and not self.home_local:
+            rc = self.route_home(client, clen, n)
+            if rc != FL_OK:
+                return rc
         if self.split_rules:
             rc = self.choose_subs(&client, &clen, n)
             if rc != FL_OK:
@@ -1447,6 +1531,8 @@ cdef class RuleEngine:
             raise ValueError("key longer than the 65535 bytes a bucket key may have")
         if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
             raise ValueError(self.split_error(rc))
+        if rc == FL_EHOME or rc == FL_EHOMEDOWN:
+            raise HomeElsewhere(self.home_region, rc == FL_EHOMEDOWN, self.home_fail_closed)
         if rc != FL_OK:
             raise_for(rc)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)

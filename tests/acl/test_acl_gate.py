@@ -212,7 +212,7 @@ def test_repl_password_makes_an_acl_user_that_may_only_replicate(make_server):
     assert admin.acl_list() == ["user default on nopass ~* &* +@all",
                                 f"user replica on sanitize-payload #{digest} resetchannels "
                                 f"-@all +cl.sync +replconf +cl.regionsync +cl.regiondemand "
-                                f"+cl.regionshares +ping"]
+                                f"+cl.regionshares +cl.regioncheck +ping"]
     with Wire.to(s.port) as w:        # the default user (no password) may not sync
         assert w.call("CL.SYNC") == (b"-NOPERM this primary requires replication credentials: "
                                      b"AUTH <repl-user> <repl-password>\r\n")

@@ -79,6 +79,7 @@ def test_a_global_limit_counts_every_regions_hits(tiers):
 @pytest.mark.parametrize("text, error", [
     (YAML % (9, "everywhere"), "invalid regions 'everywhere' (one of regional, static, "
                                "global)"),
+    (YAML % (9, "home"), "invalid regions 'home' (one of regional, static, global)"),
     (YAML.replace("regions: %s}", "regions: global, algorithm: token_bucket, split: 2}") % 9,
      "a global limit cannot be split"),
     (YAML % (2, "static"), "web.user: a region's share (1/3 of 2) holds no token"),

@@ -65,7 +65,8 @@ def test_the_document_keeps_regions_and_shares():
 
 
 @pytest.mark.parametrize("doc, error", [
-    (dict(TB, regions="home"), "regions: must be 'regional' or 'static' or 'global'"),
+    (dict(TB, regions="anywhere"), "regions: must be 'regional' or 'static' or 'global' or "
+                                   "'home'"),
     (dict(TB, regions="regional", shares={"eu": 1}),
      'shares: only a static or global rule has shares'),
     (dict(TB, regions="static", partition="whole"),
@@ -75,6 +76,10 @@ def test_the_document_keeps_regions_and_shares():
                                           "rule or split"),
     ({"algorithm": "concurrency", "limit": 3, "lease_ms": 10, "regions": "global"},
      "regions: a global rule cannot be a concurrency rule or split"),
+    (dict(TB, regions="home", split=2), "regions: a home rule cannot be a concurrency "
+                                        "rule or split"),
+    (dict(TB, regions="global", home="eu"), 'home: only a home rule has a home'),
+    (dict(TB, regions="home", home="e u"), "home: must be a region's name"),
     (dict(TB, shares=[1, 2]), "shares: must be an object of at most 64 regions"),
     (dict(TB, shares={}), "shares: must be an object"),
     (dict(TB, shares={"eu": 0}), "shares: must be an object"),

@@ -179,6 +179,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--region-user", "reg", "--region-password", "regpw", "--region-sync-ms", "20",
             "--region-partition-ms", "500", "--region-buffer-limit", "2mb",
             "--region-rebalance-ms", "300", "--region-rebalance-step", "40",
+            "--region-home-timeout-ms", "250",
             "--tls-regions", "yes",
             "--replicaof", "10.0.0.1", "6379", "--masterauth", "m", "--masteruser", "u",
             "--replica-priority", "0", "--replica-announce-ip", "10.0.0.9",

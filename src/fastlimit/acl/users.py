@@ -44,10 +44,10 @@ PROTECTED_MODE_TEXT = (
 # repl-user's rules besides its password (repl-password): what a replica's
 # link sends after its AUTH (CL.SYNC, then REPLCONF listening-port,
 # ip-address and ACK), and a peer region's link (CL.REGIONSYNC,
-# CL.REGIONDEMAND, CL.REGIONSHARES, PING),
+# CL.REGIONDEMAND, CL.REGIONSHARES, CL.REGIONCHECK, PING),
 # and nothing else: no key, no channel.
 REPLICATION_RULES = (b"reset", b"on", b"+cl.sync", b"+replconf", b"+cl.regionsync",
-                     b"+cl.regiondemand", b"+cl.regionshares", b"+ping")
+                     b"+cl.regiondemand", b"+cl.regionshares", b"+cl.regioncheck", b"+ping")
 
 
 class Acl(Subsystem):

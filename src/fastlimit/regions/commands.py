@@ -1,8 +1,10 @@
 """What a peer region's link sends (regions/links.py): CL.REGIONSYNC (its
-spends), CL.REGIONDEMAND and CL.REGIONSHARES (rebalancing static shares)."""
+spends), CL.REGIONDEMAND and CL.REGIONSHARES (rebalancing static shares),
+CL.REGIONCHECK (a check whose key lives here)."""
 
 from __future__ import annotations
 
+from fastlimit._resp import ReplyError
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
 
@@ -30,3 +32,27 @@ def cmd_cl_regionshares(conn, args):
     version = integer(args[2], "version")
     return conn.core.app.regions_sync.receive_shares(bytes(args[1]), version,
                                                      bytes(args[3]).lower(), bytes(args[4]))
+
+
+HOME_CHECKS = (b"cl.limit", b"cl.apply")
+
+
+def cmd_cl_regioncheck(conn, args):
+    """CL.REGIONCHECK <origin region> CL.LIMIT|CL.APPLY <its arguments>:
+    another region's check of a home rule whose key lives here, run here
+    whatever the homes of its rules (so a check is never passed on twice).
+    The asking region checked its client's permissions; this one trusts
+    the authenticated link."""
+    regions = conn.core.app.regions_sync
+    regions.peer_name(bytes(args[1]), "CL.REGIONCHECK")
+    name = bytes(args[2]).lower()
+    if name not in HOME_CHECKS:
+        raise ReplyError("ERR CL.REGIONCHECK runs CL.LIMIT or CL.APPLY")
+    rules = conn.core.rules
+    rules.home_local = True
+    try:
+        reply = conn.core.commands[name].handler(conn, [bytes(a) for a in args[2:]])
+    finally:
+        rules.home_local = False
+    regions.checks_served += 1
+    return reply

@@ -17,8 +17,11 @@ from math import gcd
 # limit (a tier alone, as before regions).  static: each region its share.
 # global: each region the whole limit less what the others spent (their
 # spends cross every region-sync-ms); while a peer region is unreachable,
-# its partition policy: "share" (its static share) or "whole".
-REGION_SCOPES = ("regional", "static", "global")
+# its partition policy: "share" (its static share) or "whole".  home:
+# each key lives in one region (the rule's "home", or the key's hash),
+# which answers every region's checks of it.
+REGION_SCOPES = ("regional", "static", "global", "home")
+HOME_BY_KEY = -2                    # the engine's RuleSpec.home: the key's hash decides
 PARTITION_POLICIES = ("share", "whole")
 REGION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 MAX_REGIONS = 64

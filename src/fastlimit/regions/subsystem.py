@@ -8,6 +8,9 @@
   and are debited from the buckets here, once per sequence number;
 - a peer unreachable for region-partition-ms puts the global rules under
   their partition policy until every peer answers again;
+- home rules: a check whose key lives in another region is asked of it
+  (ask_home, over the link; CL.REGIONCHECK there), and while that region
+  is unreachable answered by the rules' failure policy;
 - rebalanced static rules: every region-rebalance-ms this region's demand
   goes to the coordinator (the first region), which sends the rounds of
   new shares (rebalance.py); the shares are held through the registry;
@@ -66,6 +69,14 @@ class RegionsSubsystem(Subsystem):
         self.checks_seen: dict[str, int] = {}
         self.share_version = 0
         self._rebalance_timer: asyncio.TimerHandle | None = None
+        # home rules: this region's place among the regions, for the engine's
+        # routing; the checks asked of other regions, those that went
+        # unanswered, and the other regions' checks run here
+        if r is not None:
+            self.engine.set_region(r.names.index(r.name), len(r.names))
+        self.checks_asked = 0
+        self.checks_unanswered = 0
+        self.checks_served = 0
 
     # ---- the subsystem's calls ----------------------------------------------------------
 
@@ -128,6 +139,10 @@ class RegionsSubsystem(Subsystem):
     def _check_partition(self) -> None:
         within = self.app.settings.region_partition_ms / 1000
         apart = [link.name for link in self.links if not link.reachable(within)]
+        if self.regions is not None:      # home rules' keys there: the failure policy
+            for link in self.links:
+                self.engine.set_home_down(self.regions.names.index(link.name),
+                                          link.name in apart)
         if bool(apart) == self.partitioned:
             return
         self.partitioned = bool(apart)
@@ -216,7 +231,7 @@ class RegionsSubsystem(Subsystem):
 
     def receive_demand(self, origin: bytes, data: bytes) -> None:
         """CL.REGIONDEMAND: a region's demand, on the coordinator."""
-        name = self._peer(origin, "CL.REGIONDEMAND")
+        name = self.peer_name(origin, "CL.REGIONDEMAND")
         if self.coordinator is None:
             raise ReplyError("ERR CL.REGIONDEMAND goes to the coordinator, the first of "
                              "the regions")
@@ -227,7 +242,7 @@ class RegionsSubsystem(Subsystem):
 
     def receive_shares(self, origin: bytes, version: int, phase: bytes, data: bytes) -> int:
         """CL.REGIONSHARES: a round's phase from the coordinator."""
-        name = self._peer(origin, "CL.REGIONSHARES")
+        name = self.peer_name(origin, "CL.REGIONSHARES")
         if name != self.regions.names[0]:
             raise ReplyError("ERR CL.REGIONSHARES comes from the coordinator, the first of "
                              "the regions")
@@ -244,7 +259,7 @@ class RegionsSubsystem(Subsystem):
             self.hold(shares, shrink=False)
         return version
 
-    def _peer(self, origin: bytes, command: str) -> str:
+    def peer_name(self, origin: bytes, command: str) -> str:
         name = origin.decode("utf-8", "replace")
         if self.regions is None or name == self.regions.name or \
                 name not in self.regions.names:
@@ -252,12 +267,43 @@ class RegionsSubsystem(Subsystem):
                              "this tier's regions")
         return name
 
+    # ---- home rules ------------------------------------------------------------------------
+
+    async def ask_home(self, home: int, args: list[bytes], unanswered: list) -> list:
+        """A check (CL.LIMIT or CL.APPLY and its arguments) asked of region
+        home, over its link: its reply, or `unanswered` (the failure
+        policy's) if the link is down or the answer takes longer than
+        region-home-timeout-ms.  An error the home answers is this one's."""
+        assert self.regions is not None
+        link = self._link_to(self.regions.names[home])
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        def answered(reply) -> None:
+            if not answer.done():      # not after a timeout gave up on it
+                answer.set_result(reply)
+
+        if link is not None:
+            link.call([b"CL.REGIONCHECK", self.origin, *args], answered)
+        else:
+            answered(None)
+        try:
+            reply = await asyncio.wait_for(answer, self.app.settings.region_home_timeout_ms
+                                           / 1000)
+        except TimeoutError:
+            reply = None
+        if reply is None:
+            self.checks_unanswered += 1
+            return unanswered
+        if isinstance(reply, Exception):
+            raise ReplyError(str(reply))
+        self.checks_asked += 1
+        return reply
+
     # ---- what arrives ---------------------------------------------------------------------
 
     def receive(self, origin: bytes, run: bytes, seq: int, batch: bytes) -> int:
         """A peer's batch (CL.REGIONSYNC): debited here once; returns seq,
         its acknowledgement."""
-        name = self._peer(origin, "CL.REGIONSYNC")
+        name = self.peer_name(origin, "CL.REGIONSYNC")
         last_run, last_seq = self.applied.get(name, (b"", 0))
         if run == last_run and seq <= last_seq:
             return seq
@@ -296,6 +342,10 @@ class RegionsSubsystem(Subsystem):
             "region_spends_received": self.spends_received,
             "region_tokens_debited": self.tokens_debited,
             "region_tokens_overdrawn": self.tokens_overdrawn,
+            "region_home_rules": sum(rule.regions == "home" for rule in rules),
+            "region_checks_asked": self.checks_asked,
+            "region_checks_unanswered": self.checks_unanswered,
+            "region_checks_served": self.checks_served,
             "region_rebalanced_rules": sum(rule.rebalance for rule in rules),
             "region_share_version": self.share_version,
             "region_coordinator": r.names[0] if r else "",

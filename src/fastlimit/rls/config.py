@@ -30,7 +30,7 @@ import stat
 from dataclasses import dataclass, field, replace
 
 from fastlimit._rules import MAX_SPLIT
-from fastlimit.regions.shares import REGION_SCOPES, Regions, share_count
+from fastlimit.regions.shares import Regions, share_count
 
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).
@@ -58,6 +58,10 @@ MAX_UINT32 = 2**32 - 1
 # service.py: how a year is counted).
 MAX_WINDOW_S = (2**32 - 1) // 1000
 MAX_FIXED_WINDOW_S = 10 * 365 * 86400
+
+# A limit's scope among regions (README "Regions"); a home limit would need
+# the service to ask another region, which it does not (yet).
+RLS_REGION_SCOPES = ("regional", "static", "global")
 
 
 class ConfigError(Exception):
@@ -443,8 +447,9 @@ class _Loader:
         if algorithm != "fixed_window" and not unlimited and rpu == 0:
             raise self.error(f"algorithm {algorithm} needs requests_per_unit of at least 1")
         self.check_split(split, algorithm, rpu, window_s)
-        if regions not in REGION_SCOPES:
-            raise self.error(f"invalid regions '{regions}' (one of {', '.join(REGION_SCOPES)})")
+        if regions not in RLS_REGION_SCOPES:
+            raise self.error(f"invalid regions '{regions}' (one of "
+                             f"{', '.join(RLS_REGION_SCOPES)})")
         if regions == "global" and split > 1:
             raise self.error("a global limit cannot be split (its hits are counted per whole "
                              "bucket)")

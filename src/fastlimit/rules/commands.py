@@ -29,9 +29,10 @@ change and it is in force here (rules/follower.py).
 
 from __future__ import annotations
 
-from fastlimit._load import priority_value
+from fastlimit._load import SHED_REMAINING, SHED_RETRY_MS, priority_value
 from fastlimit._protocol import READONLY_ERROR, Awaited
 from fastlimit._resp import ReplyError, parse_integer
+from fastlimit._rules import HomeElsewhere
 from fastlimit.rls.config import ConfigError as RlsConfigError
 from fastlimit.rules.model import E15, RuleError, parse_rule
 from fastlimit.rules.postgres import Write
@@ -187,16 +188,50 @@ def cmd_apply(conn, args):
     if conn.core.readonly and cost != 0:
         raise ReplyError(READONLY_ERROR)    # a replica answers peeks only
     priorities = conn.priorities(_priority(options))
+    detail = options.get("detail", False)
     try:
         shed = conn.core.shed_rules(nums, *priorities)
-        if shed is not None:
-            return [*shed, []] if options.get("detail") else list(shed)
-        result = conn.core.rules.apply(nums, args[2], cost,
-                                       options.get("resource", b""),
-                                       detail=options.get("detail", False))
     except ValueError as e:
         raise ReplyError(f"ERR {e}") from None
-    if not options.get("detail"):
+    if shed is not None:
+        return [*shed, []] if detail else list(shed)
+    return _checked(conn, args, detail, lambda: conn.core.rules.apply(
+        nums, args[2], cost, options.get("resource", b""), detail=detail))
+
+
+def cmd_limit(conn, args):
+    """CL.LIMIT in Python, for the checks of home rules (README, "Home
+    rules"): the fast path (cl_limit, _protocol_checks.pxi) runs every
+    other one, and comes here when the check's key lives in another
+    region; a region asked by another runs it here (CL.REGIONCHECK)."""
+    options = _options(args, 3, {"tier", "cost", "detail", "priority"})
+    cost = _cost(options)
+    _priority(options)
+    if conn.core.readonly and cost != 0:
+        raise ReplyError(READONLY_ERROR)
+    detail = options.get("detail", False)
+    return _checked(conn, args, detail, lambda: conn.core.rules.limit(
+        args[1], args[2], options.get("tier"), cost, detail=detail))
+
+
+def _checked(conn, args, detail: bool, check):
+    """The reply of a rules check (CL.LIMIT, CL.APPLY): its five integers,
+    with DETAIL the rules' steps; one whose key lives in another region
+    is that region's answer (an Awaited reply), or the failure policy's
+    while it is unreachable."""
+    try:
+        result = check()
+    except HomeElsewhere as e:
+        unanswered: list = [int(not e.fail_closed), -1, SHED_REMAINING,
+                            SHED_RETRY_MS if e.fail_closed else 0, 0]
+        if detail:
+            unanswered.append([])
+        if e.down:
+            return unanswered
+        return Awaited(conn.core.app.regions_sync.ask_home(e.home, list(args), unanswered))
+    except ValueError as e:
+        raise ReplyError(f"ERR {e}") from None
+    if not detail:
         return list(result)
     five, steps = result
     return [*five, conn.core.app.rules_detail(steps)]

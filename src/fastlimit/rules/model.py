@@ -26,6 +26,7 @@ from fastlimit._rules import (
     MAX_SPLIT,
 )
 from fastlimit.regions.shares import (
+    HOME_BY_KEY,
     MAX_REGIONS,
     MAX_WEIGHT,
     PARTITION_POLICIES,
@@ -53,7 +54,8 @@ ON_FAILURE = ("open", "closed")
 SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
-                 "split_history", "priority", "regions", "shares", "partition", "rebalance")
+                 "split_history", "priority", "regions", "shares", "partition", "rebalance",
+                 "home")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -141,6 +143,9 @@ class Rule:
     # "Rebalancing static shares"): the shares then come from the regions'
     # coordinator, never above the total.
     rebalance: bool = False
+    # A home rule's region for every key (None: each key's hash over the
+    # regions picks it); README, "Home rules".
+    home: str | None = None
 
     @property
     def params(self) -> dict[str, int]:
@@ -174,6 +179,8 @@ class Rule:
             doc["partition"] = self.partition
         if self.rebalance:
             doc["rebalance"] = True
+        if self.home is not None:
+            doc["home"] = self.home
         return doc
 
     def to_json(self) -> str:
@@ -217,6 +224,11 @@ class Rule:
                         split_history=[list(pair) for pair in self.split_history])
         if self.regions == "global":
             spec["region_sync"] = True
+        if self.regions == "home" and regions is not None:
+            if self.home is not None and self.home not in regions.names:
+                raise ValueError(f"home: '{self.home}' is not one of the regions "
+                                 f"({' '.join(regions.names)})")
+            spec["home"] = regions.names.index(self.home) if self.home else HOME_BY_KEY
         if regions is not None and held is not None and self.rebalance:
             return share_spec(spec, held, REBALANCE_TOTAL)
         if regions is not None and (self.regions == "static" or (
@@ -361,7 +373,18 @@ class _RuleParser:
                     priority=self.optional_choice("priority", PRIORITIES),
                     regions=self.region_scope(algorithm),
                     shares=self.shares(), partition=self.partition(),
-                    rebalance=self.rebalance())
+                    rebalance=self.rebalance(), home=self.home())
+
+    def home(self) -> str | None:
+        if "home" not in self.doc:
+            return None
+        value = self.doc["home"]
+        if self.doc.get("regions") != "home":
+            raise self.fail("home", "only a home rule has a home (\"regions\": \"home\")")
+        if not isinstance(value, str) or not REGION_NAME.fullmatch(value):
+            raise self.fail("home", "must be a region's name (1 to 64 characters of A-Z a-z "
+                                    "0-9 _ -)")
+        return value
 
     def rebalance(self) -> bool:
         value = self.doc.get("rebalance", False)
@@ -374,9 +397,10 @@ class _RuleParser:
 
     def region_scope(self, algorithm: str) -> str:
         scope = self.choice("regions", REGION_SCOPES, default="regional")
-        if scope == "global" and (algorithm == "concurrency" or self.doc.get("split", 1) != 1):
-            raise self.fail("regions", "a global rule cannot be a concurrency rule or split "
-                                       "(its spends are counted per whole bucket)")
+        if scope in ("global", "home") and (algorithm == "concurrency"
+                                            or self.doc.get("split", 1) != 1):
+            raise self.fail("regions", f"a {scope} rule cannot be a concurrency rule or split "
+                                       "(its key is counted whole, in one place)")
         return scope
 
     def partition(self) -> str:

@@ -60,7 +60,9 @@ def build_table() -> dict[bytes, Command]:
              keys=(1, 1, 1), acl=("@write", "@admin", "@fast", "@dangerous"), group="ratelimit",
              summary="Forgets a bucket, so it is full again. Replies 1 if it existed.",
              arguments=[("key", "key")]),
-        command("cl.limit", -3, ("write", "denyoom", "fast"), fast=FAST_CL_LIMIT, keys=(1, 1, 1),
+        # the handler is for home rules' checks (rules/commands.py cmd_limit)
+        command("cl.limit", -3, ("write", "denyoom", "fast"), rules.cmd_limit,
+             fast=FAST_CL_LIMIT, keys=(1, 1, 1),
              replica_peeks=True,
              acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.1.0",
              summary="Checks every rule matching the client, resource and tier, all or "
@@ -181,6 +183,11 @@ def build_table() -> dict[bytes, Command]:
              since="0.9.0",
              summary="An internal command: a peer region's link sends the spends of global "
                      "rules there."),
+        command("cl.regioncheck", -5, ("write", "admin", "noscript", "no-multi"),
+             regions.cmd_cl_regioncheck, acl=("@admin", "@slow", "@dangerous"),
+             group="server", since="0.9.0",
+             summary="An internal command: another region asks this one, the home of the "
+                     "check's key, to run a CL.LIMIT or CL.APPLY."),
         command("cl.regiondemand", 3, ("write", "admin", "noscript", "no-multi"),
              regions.cmd_cl_regiondemand, acl=("@admin", "@slow", "@dangerous"),
              group="server", since="0.9.0",

@@ -349,6 +349,10 @@ class Settings:
         1000, integer(1, 3_600_000), runtime=True,
         help="a peer region unreachable this long puts global rules under their partition "
              "policy (a static share, or the whole limit)")
+    region_home_timeout_ms: int = setting(
+        1000, integer(1, 60_000), runtime=True,
+        help="a home rule's check asked of its home region that has no answer in this long "
+             "is answered by its rules' failure policy")
     region_rebalance_ms: int = setting(
         1000, integer(10, 3_600_000), runtime=True,
         help="rebalanced static rules: each region sends its demand to the first region, "
