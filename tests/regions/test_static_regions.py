@@ -126,6 +126,8 @@ def test_the_http_check_enforces_the_share(make_http_server):
      "region-peers: 'eu' must be another of regions"),
     (("--region", "eu", "--regions", "eu", "us", "--region-peers", "us=:1"),
      "argument must be <region>=<host>:<port>"),
+    (("--region", "eu", "--regions", "eu", "us", "--region-peers", "us=sentinel:127.0.0.1:1"),
+     "argument must be <region>=sentinel:<service>@<host>:<port>"),
     (("--region", "ap", "--regions", "eu", "us"), "region 'ap' is not among regions (eu us)"),
     (("--region", "e u"), "a region's name is 1 to 64 characters"),
     (("--region", "eu", "--regions", "eu", "eu"), "regions names a region twice"),

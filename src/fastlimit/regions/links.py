@@ -20,17 +20,22 @@ from collections import deque
 
 import hiredis
 
+from fastlimit.regions.shares import PeerAddress
 from fastlimit.replication.replica import FailureLog, resp_command
 from fastlimit.server.subsystem import info_text
 
 PING = resp_command([b"PING"])
+SENTINEL_TIMEOUT_S = 2.0      # each sentinel asked, before the next one
 
 
 class PeerLink(asyncio.Protocol):
-    def __init__(self, owner, name: str, host: str, port: int):
+    def __init__(self, owner, name: str, address: PeerAddress):
         self.owner = owner              # the RegionsSubsystem
         self.app = owner.app
-        self.name, self.host, self.port = name, host, port
+        self.name, self.address = name, address
+        # where the link goes: the address's, or the primary its sentinels
+        # named at the last connect
+        self.host, self.port = address.host, address.port
         self.state = "connect"
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
@@ -63,15 +68,48 @@ class PeerLink(asyncio.Protocol):
 
     async def _connect(self) -> None:
         self.state = "connecting"
+        timeout = self.app.settings.repl_timeout
         tls = self.app.tls.client if self.app.settings.tls_regions else None
-        options = {"ssl": tls, "server_hostname": self.host} if tls is not None else {}
         try:
+            if self.address.service is not None:
+                self.host, self.port = await asyncio.wait_for(self._ask_sentinels(), timeout)
+            options = {"ssl": tls, "server_hostname": self.host} if tls is not None else {}
             await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: self, self.host, self.port, **options), self.app.settings.repl_timeout)
+                lambda: self, self.host, self.port, **options), timeout)
         except TimeoutError:
             self._failed("connect timed out")
-        except OSError as e:
-            self._failed(str(e.strerror or e))
+        except (OSError, LookupError) as e:
+            self._failed(str(getattr(e, "strerror", None) or e))
+
+    async def _ask_sentinels(self) -> tuple[str, int]:
+        """The peer's primary, as the first sentinel that knows its service
+        says (SENTINEL GET-MASTER-ADDR-BY-NAME); LookupError if none does."""
+        service = self.address.service
+        assert service is not None
+        for host, port in self.address.sentinels:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), SENTINEL_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                continue
+            try:
+                writer.write(resp_command([b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME",
+                                           service.encode()]))
+                parser = hiredis.Reader()
+                reply = False
+                while reply is False:
+                    data = await asyncio.wait_for(reader.read(4096), SENTINEL_TIMEOUT_S)
+                    if not data:
+                        break
+                    parser.feed(data)
+                    reply = parser.gets()
+                if isinstance(reply, list) and len(reply) == 2 and reply[1].isdigit():
+                    return reply[0].decode(), int(reply[1])
+            except (OSError, TimeoutError, hiredis.ProtocolError):
+                pass
+            finally:
+                writer.close()
+        raise LookupError(f"no sentinel of {self.address} names the primary of '{service}'")
 
     def _failed(self, why: str) -> None:
         self.last_error = info_text(why)
@@ -243,7 +281,8 @@ class PeerLink(asyncio.Protocol):
         return "handshake" if self.state == "up" else self.state
 
     def info(self) -> str:
-        return (f"name={self.name},host={self.host},port={self.port},"
+        via = f"via=sentinel:{self.address.service}," if self.address.service else ""
+        return (f"name={self.name},host={self.host},port={self.port},{via}"
                 f"state={self.shown_state},"
                 f"last_reply_ms={int((time.monotonic() - self.last_reply) * 1000)},"
                 f"lag_ms={self.lag_ms:.1f},queued_batches={len(self.queue)},"

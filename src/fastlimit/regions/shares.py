@@ -45,6 +45,23 @@ def rebalance_floor(regions: int) -> int:
 
 
 @dataclass(frozen=True)
+class PeerAddress:
+    """Where a peer region's tier is reached: its host and port, or with a
+    service the sentinels that know its primary (region-peers)."""
+    host: str
+    port: int
+    service: str | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+
+    def __str__(self) -> str:
+        def one(host: str, port: int) -> str:
+            return f"{f'[{host}]' if ':' in host else host}:{port}"
+        if self.service is None:
+            return one(self.host, self.port)
+        return f"sentinel:{self.service}@" + ",".join(one(h, p) for h, p in self.sentinels)
+
+
+@dataclass(frozen=True)
 class Regions:
     """This tier's region and every region of the fleet (this one among
     them), sorted: equal shares need only the names, and every region

@@ -86,14 +86,14 @@ class RegionsSubsystem(Subsystem):
         wanted = settings.region_peers
         kept = []
         for link in self.links:
-            if wanted.get(link.name) == (link.host, link.port):
+            if wanted.get(link.name) == link.address:
                 kept.append(link)
             else:
                 link.stop()
         have = {link.name for link in kept}
-        for name, (host, port) in wanted.items():
+        for name, address in wanted.items():
             if name not in have:
-                link = PeerLink(self, name, host, port)
+                link = PeerLink(self, name, address)
                 kept.append(link)
                 if self.started:
                     link.start()

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fastlimit.regions.shares import PeerAddress
 from fastlimit.server.config.values import (
     ADDRESSES,
     BOOL,
@@ -329,11 +330,12 @@ class Settings:
         shown="the region alone",
         help="every region of the fleet, this one among them, the same in each: a static "
              "rule without shares gives each an equal share (default {default})")
-    region_peers: dict[str, tuple[str, int]] = setting(
+    region_peers: dict[str, PeerAddress] = setting(
         {}, Kind(parse_region_peers, show_region_peers), runtime=True,
         metavar="REGION=HOST:PORT", nargs="+", shown="none",
-        help="where each other region's tier is reached: this tier sends it the spends of "
-             "global rules (default {default})")
+        help="where each other region's tier is reached (or sentinel:SERVICE@HOST:PORT,... "
+             "for one whose primary Sentinel watches): this tier links to each (default "
+             "{default})")
     region_user: str | None = setting(
         None, OPTIONAL_TEXT, runtime=True, metavar="USER",
         help="the ACL user this tier's region links AUTH as at the peers (which needs "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastlimit._resp import parse_integer
-from fastlimit.regions.shares import MAX_REGIONS, REGION_NAME
+from fastlimit.regions.shares import MAX_REGIONS, REGION_NAME, PeerAddress
 
 
 class ConfigError(ValueError):
@@ -380,26 +380,42 @@ def parse_xds_server(value) -> str | None:
     return text
 
 
-def parse_region_peers(value) -> dict[str, tuple[str, int]]:
-    """``<region>=<host>:<port> ...``: where each peer region's tier is
-    reached ([v6]:port too)."""
+def parse_region_peers(value) -> dict[str, PeerAddress]:
+    """``<region>=<host>:<port> ...`` ([v6]:port too), or for a region whose
+    primary Sentinel watches ``<region>=sentinel:<service>@<host>:<port>[,...]``
+    (its sentinels): where each peer region's tier is reached."""
     if isinstance(value, dict):         # parsed already (Settings.validate)
         value = show_region_peers(value)
-    peers: dict[str, tuple[str, int]] = {}
+    peers: dict[str, PeerAddress] = {}
     for word in words(value):
         name, _, address = word.partition("=")
-        host, _, port = address.rpartition(":")
-        if not _HOST.fullmatch(host):
-            raise ConfigError("argument must be <region>=<host>:<port> ...")
         if name in peers:
             raise ConfigError(f"region-peers names region '{name}' twice")
-        peers[parse_region(name) or ""] = (host.strip("[]"), parse_int(port, 1, 65535))
+        peers[parse_region(name) or ""] = _peer_address(address)
     return peers
 
 
-def show_region_peers(peers: dict[str, tuple[str, int]]) -> str:
-    return " ".join(f"{name}={f'[{h}]' if ':' in h else h}:{p}"
-                    for name, (h, p) in peers.items())
+def _peer_address(text: str) -> PeerAddress:
+    service = None
+    if text.startswith("sentinel:"):
+        service, at, text = text[len("sentinel:"):].partition("@")
+        if not at or not service:
+            raise ConfigError("argument must be <region>=sentinel:<service>@<host>:<port>"
+                              "[,<host>:<port>...]")
+    addresses = []
+    for part in text.split(",") if service else [text]:
+        host, _, port = part.rpartition(":")
+        if not _HOST.fullmatch(host):
+            raise ConfigError("argument must be <region>=<host>:<port> (or "
+                              "<region>=sentinel:<service>@<host>:<port>,...) ...")
+        addresses.append((host.strip("[]"), parse_int(port, 1, 65535)))
+    if service:
+        return PeerAddress("", 0, service, tuple(addresses))
+    return PeerAddress(*addresses[0])
+
+
+def show_region_peers(peers: dict[str, PeerAddress]) -> str:
+    return " ".join(f"{name}={address}" for name, address in peers.items())
 
 
 def parse_backoff(value) -> tuple[float, float]:
