@@ -5,13 +5,14 @@ through TCP proxies that add a one-way delay d to every byte (40 ms, then
 100 ms), as `tc netem delay` would between regions.
 
 One run:
-  1. per scope (regional, static, global) and delay: one user who hops
-     regions on every request, as fast as one client goes, asks 3 L of a
-     fixed-window rule of L per window (the manual clock holds the window;
-     the links run in real time): what the fleet admitted against L and
+  1. per scope (regional, static, global, home) and delay: one user who hops
+     regions on every request, at most --rate (1,000) checks a second in
+     each, asks 3 L of a fixed-window rule of L per window (the manual
+     clock holds the window; the links run in real time): what the fleet admitted against L and
      against the README's bound for the scope (global: L + (R - 1) *
-     lambda * (sync interval + d), lambda measured per region), and the
-     check's latency in the caller's region (p50/p99);
+     lambda * (sync interval + d), lambda measured per region; home, with
+     every key's home in eu: L), and the check's latency in the caller's
+     region (p50/p99: a home rule's checks outside eu wait a round trip);
   2. the links' traffic: a global rule, one client per region checking
      random keys of K for a few seconds: checks/s against bytes/s on each
      link (how well the spends of one interval aggregate per key);
@@ -48,6 +49,7 @@ from run import Fastlimit, _terminate, git_rev, log, machine_line, publish, run_
 REGIONS = ("ap", "eu", "us")
 SYNC_MS = 50
 WINDOW_MS = 3_600_000          # a window no run reaches the end of (manual clock)
+HOME_LIMIT = 50                # part 1's L for the home rule
 
 
 class Fleet:
@@ -106,11 +108,16 @@ def rule(scope: str, limit: int, **extra) -> dict:
     return doc if scope == "regional" else dict(doc, regions=scope)
 
 
-def hop(fleet: Fleet, client: str, requests: int) -> tuple[int, float, list[float]]:
-    """(allowed, seconds, latencies in ms) of one user asking in each region in turn."""
+def hop(fleet: Fleet, client: str, requests: int,
+        rate: float) -> tuple[int, float, list[float]]:
+    """(allowed, seconds, latencies in ms) of one user asking in each region
+    in turn, at most `rate` checks a second in each."""
     allowed, latencies = 0, []
     start = time.monotonic()
     for i in range(requests):
+        ahead = start + i / (3 * rate) - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
         t0 = time.perf_counter()
         allowed += fleet.c[REGIONS[i % 3]].execute_command("CL.LIMIT", client, "api")[0]
         latencies.append((time.perf_counter() - t0) * 1000)
@@ -122,19 +129,22 @@ def scopes(args, workdir: Path) -> list[dict]:
     for delay_ms in args.delays:
         fleet = Fleet(workdir, delay_ms / 1000)
         try:
-            for scope in ("regional", "static", "global"):
-                fleet.set_rule(rule(scope, args.limit))
+            for scope in ("regional", "static", "global", "home"):
+                # a home rule's checks outside eu take a round trip each: fewer of them
+                limit = min(args.limit, HOME_LIMIT) if scope == "home" else args.limit
+                fleet.set_rule(rule(scope, limit, **({"home": "eu"} if scope == "home"
+                                                     else {})))
                 client = f"user:{scope}:{delay_ms}"
-                allowed, seconds, lat = hop(fleet, client, 3 * args.limit)
-                rate = 3 * args.limit / 3 / seconds          # checks/s in each region
-                bound = {"regional": 3 * args.limit, "static": args.limit,
-                         "global": min(3 * args.limit, args.limit + 2 * rate
+                allowed, seconds, lat = hop(fleet, client, 3 * limit, args.rate)
+                rate = 3 * limit / 3 / seconds               # checks/s in each region
+                bound = {"regional": 3 * limit, "static": limit, "home": limit,
+                         "global": min(3 * limit, limit + 2 * rate
                                        * (SYNC_MS + delay_ms) / 1000)}[scope]
                 lat.sort()
                 rows.append({"scope": scope, "delay_ms": delay_ms, "allowed": allowed,
-                             "limit": args.limit, "bound": bound, "rate": rate,
+                             "limit": limit, "bound": bound, "rate": rate,
                              "p50": statistics.median(lat), "p99": lat[int(len(lat) * 0.99)]})
-                log(f"  {scope:8} d={delay_ms} ms: {allowed} admitted of L={args.limit}, "
+                log(f"  {scope:8} d={delay_ms} ms: {allowed} admitted of L={limit}, "
                     f"bound {bound:.0f}")
         finally:
             fleet.close()
@@ -213,7 +223,8 @@ def build_report(args, rows: list[dict], trs: list[dict], pt: dict, meta: dict) 
     out = [f"# Regions: one budget across three tiers ({meta['when']})", "",
            f"{meta['machine']}; fastlimit {meta['rev']}; region-sync-ms {SYNC_MS}; "
            f"{meta['elapsed']:.0f} s. One user hops regions on every request, 3 L requests "
-           "as fast as one client goes; each link through a proxy adding d one way.", "",
+           f"at most {args.rate:,.0f} a second per region; each link through a proxy adding "
+           "d one way.", "",
            "| scope | d | admitted | L | bound | admitted ÷ L | checks/s per region | "
            "p50 | p99 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -221,8 +232,9 @@ def build_report(args, rows: list[dict], trs: list[dict], pt: dict, meta: dict) 
                    f"{r['bound']:,.0f} | {r['allowed'] / r['limit']:.3f} | {r['rate']:,.0f} | "
                    f"{r['p50']:.3f} ms | {r['p99']:.3f} ms |")
     out += ["", "The bound: regional R × L; static L (overshoot 0); global L + (R − 1) · λ · "
-            "(Δ + d) with λ the measured checks/s per region (README \"Regions\"). The check "
-            "never waits for a link: its latency is the caller's region's alone.", "",
+            "(Δ + d) with λ the measured checks/s per region (README \"Regions\"); home L. "
+            "Only a home rule's check waits for a link (two thirds of these, asked of eu); "
+            "the others' latency is the caller's region's alone.", "",
             "## Link traffic (global rule)", "",
             "| keys | checks/s (3 regions) | bytes/s per link | bytes per check per link |",
             "|---|---|---|---|",
@@ -245,6 +257,8 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, help="L per window (default 1,000)")
     p.add_argument("--delays", help="one-way delays in ms (default 40,100)")
     p.add_argument("--seconds", type=float, help="part 2's run (default 3)")
+    p.add_argument("--rate", type=float, default=1000.0,
+                   help="part 1: the hopping user's most checks/s per region (default 1,000)")
     p.add_argument("--keys", default="100,10000", help="part 2's K, each a row (default "
                                                        "100,10000)")
     p.add_argument("--output", type=Path, default=RESULTS)

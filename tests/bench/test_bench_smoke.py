@@ -267,7 +267,7 @@ def check_keyflood(out: str, err: str) -> None:
 
 def check_regions(out: str, err: str) -> None:
     rows = table(out, "| scope | d |")
-    assert [r[0] for r in rows] == ["regional", "static", "global"], rows
+    assert [r[0] for r in rows] == ["regional", "static", "global", "home"], rows
     for r in rows:
         assert min(figures(r, range(1, 9))) >= 0, r
         assert figure(r[2]) <= figure(r[4]), r          # admitted within the bound
