@@ -271,8 +271,10 @@ def check_regions(out: str, err: str) -> None:
     for r in rows:
         assert min(figures(r, range(1, 9))) >= 0, r
         assert figure(r[2]) <= figure(r[4]), r          # admitted within the bound
-    (link,) = table(out, "| keys | checks/s")
-    assert min(figures(link, range(4))) > 0, link
+    links = table(out, "| keys | checks/s")
+    assert [figure(r[0]) for r in links] == [100, 10_000], links
+    for link in links:
+        assert min(figures(link, range(4))) > 0, link
     (apart,) = table(out, "| L | admitted while apart |")
     assert figure(apart[1]) <= figure(apart[0]), apart
     figures(apart, (2, 3))
