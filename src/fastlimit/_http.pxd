@@ -102,6 +102,7 @@ cdef class HttpConnection:
     cdef uint32_t decide(self, int endpoint, dict doc, CheckResult* r)
     cdef uint32_t limit(self, dict doc, CheckResult* r)
     cdef uint32_t apply(self, dict doc, CheckResult* r)
+    cdef str home_refusal(self, int home)
     cdef void bucket(self, dict doc, CheckResult* r)
     cdef void route(self, bytes key)
     cdef int asked_priority(self, dict doc) except -2

@@ -8,9 +8,11 @@ from fastlimit._protocol cimport (ServerCore, Command, check_bucket, check_limit
                                   acl_verdict)
 from fastlimit._resp cimport Arg
 from fastlimit._rules cimport FL_SPLIT_MAX
-from fastlimit._load cimport FL_PRIO_UNSET, FL_PRIO_NORMAL, FL_SHED_REMAINING
+from fastlimit._load cimport (FL_PRIO_UNSET, FL_PRIO_NORMAL, FL_SHED_REMAINING,
+                              FL_SHED_RETRY_MS)
 from fastlimit._load import priority_value
 from fastlimit._protocol import HOME_ELSEWHERE, SLICE_BUDGET_S, credentials, peer_text
+from fastlimit._rules import HomeElsewhere
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
                               write_decimal)
 
@@ -697,13 +699,17 @@ cdef class HttpConnection:
                             PyBytes_GET_SIZE(tier) if tier is not None else 0,
                             cost, asked, self.user_priority(), self.core.clock.now_ms(), r, &n)
         if error is HOME_ELSEWHERE:
-            home = self.core.app.regions.names[self.core.rules.home_region]
-            raise Refused(f"HOME {home}: the check's key lives in region {home}, which "
-                          "answers it (the HTTP front does not forward checks; the RESP "
-                          "front does)")
+            raise Refused(self.home_refusal(self.core.rules.home_region))
         if error is not None:
             raise Refused(error)
         return self.core.rules.binding_rule
+
+    cdef str home_refusal(self, int home):
+        """A home rule's check whose key lives in another region: named,
+        for the caller to ask it (this front does not forward checks)."""
+        name = self.core.app.regions.names[home]
+        return (f"HOME {name}: the check's key lives in region {name}, which answers it "
+                "(the HTTP front does not forward checks; the RESP front does)")
 
     cdef uint32_t apply(self, dict doc, CheckResult* r):
         """CL.APPLY <id>[,<id>...] <key> [RESOURCE r] [COST n]."""
@@ -733,6 +739,12 @@ cdef class HttpConnection:
                 r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = shed
                 return 0
             five = self.core.rules.apply(nums, key, cost, utf8(resource) if resource else b"")
+        except HomeElsewhere as e:
+            if not e.down:
+                raise Refused(self.home_refusal(e.home)) from None
+            # the home is unreachable: the failure policy, uncounted (as CL.LIMIT's)
+            five = (int(not e.fail_closed), -1, FL_SHED_REMAINING,
+                    FL_SHED_RETRY_MS if e.fail_closed else 0, 0)
         except ValueError as e:
             raise Refused(f"ERR {e}") from None
         except MemoryError:

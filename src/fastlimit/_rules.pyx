@@ -1359,7 +1359,9 @@ cdef class RuleEngine:
             if grown == NULL:
                 raise MemoryError()
             self.keybuf, self.keycap = grown, keylen
-        fl_put_u32(self.keybuf, num)
+        # the number as compose_key writes it: a rule's split epoch stays in its
+        # high byte after a split is undone
+        fl_put_u32(self.keybuf, num | (self.rules[num].split_epoch << RULE_NUMBER_BITS))
         memcpy(self.keybuf + 4, PyBytes_AS_STRING(suffix), len(suffix))
         return keylen
 

@@ -33,7 +33,7 @@ from fastlimit.regions.wire import encode_batches
 
 REGIONS = ("ap", "eu", "us")
 SYNC_MS = 20
-PARTITION_MS = 300
+PARTITION_MS = 1000
 
 
 class Fleet:
@@ -67,7 +67,7 @@ class Fleet:
 
     def wait_links_up(self) -> None:
         for name in REGIONS:
-            wait_until(lambda name=name: self.info(name)["region_links_up"] == 2,
+            wait_until(lambda name=name: self.info(name)["region_links_up"] == 2, 30,
                        what=f"{name}'s links up")
 
     def set_rule(self, rule_id: str, doc: dict) -> None:

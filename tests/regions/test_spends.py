@@ -88,3 +88,11 @@ def test_a_global_rule_cannot_be_split_or_concurrency(engine):
     with pytest.raises(ValueError, match="a global rule cannot be"):
         engine.define(1, {"algorithm": "fixed_window", "limit": 10, "window_ms": 1000,
                           "split": 2, "region_sync": True})
+
+
+def test_a_debit_finds_the_bucket_of_a_rule_whose_split_was_undone(engine):
+    """A rule once split keeps its split's epoch in its buckets' keys."""
+    engine.define(1, dict(parse_rule("r", GLOBAL_WINDOW).engine_spec(REGIONS), split_epoch=3))
+    engine.apply([1], b"alice")
+    assert engine.debit(1, b"alice", 4) == 4
+    assert engine.apply([1], b"alice", cost=0)[2] == 5

@@ -57,3 +57,9 @@ def test_fuzzed_batches_raise_only_wire_error():
             decode_batch(data)
         except WireError:
             pass
+
+
+def test_a_key_too_long_for_any_batch_is_left_out():
+    spends = {(1, b"k" * 70_000): 1, (1, b"ok"): 2}
+    (batch,) = encode_batches(spends, IDS)
+    assert decode_batch(batch) == [("api", b"ok", 2)]

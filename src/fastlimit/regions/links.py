@@ -26,12 +26,18 @@ from fastlimit.server.subsystem import info_text
 
 PING = resp_command([b"PING"])
 SENTINEL_TIMEOUT_S = 2.0      # each sentinel asked, before the next one
+# A batch the peer could not read: resent, it would be refused again.
+UNREADABLE = "ERR CL.REGIONSYNC: "
 
 
 class PeerLink(asyncio.Protocol):
-    def __init__(self, owner, name: str, address: PeerAddress):
+    def __init__(self, owner, name: str, address: PeerAddress, incarnation: int):
         self.owner = owner              # the RegionsSubsystem
         self.app = owner.app
+        # what the peer applies each sequence number once per (run): this
+        # server's run id and this link's incarnation (a link made again,
+        # after a change of its address, numbers its batches from 1 again)
+        self.incarnation = incarnation
         self.name, self.address = name, address
         # where the link goes: the address's, or the primary its sentinels
         # named at the last connect
@@ -47,7 +53,10 @@ class PeerLink(asyncio.Protocol):
         # what each outstanding reply answers: a batch's seq, 0 (AUTH, PING),
         # or a call()'s function
         self.expect: deque = deque()
+        # the peer's last answer (reachability); at first the link's making,
+        # a grace of region-partition-ms before the peer counts as unreachable
         self.last_reply = time.monotonic()
+        self.connected_at = 0.0
         self.up_since: float | None = None
         self.bytes_sent = 0
         self.batches_acked = 0
@@ -61,8 +70,6 @@ class PeerLink(asyncio.Protocol):
     # ---- connecting ------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.failures.run == 0 and self.up_since is None:    # the first try
-            self.last_reply = time.monotonic()    # a grace of region-partition-ms
         self._retry = None
         self._task = asyncio.get_running_loop().create_task(self._connect())
 
@@ -80,6 +87,8 @@ class PeerLink(asyncio.Protocol):
             self._failed("connect timed out")
         except (OSError, LookupError) as e:
             self._failed(str(getattr(e, "strerror", None) or e))
+        except Exception as e:      # a bad host name, say: retried like any failure
+            self._failed(repr(e))
 
     async def _ask_sentinels(self) -> tuple[str, int]:
         """The peer's primary, as the first sentinel that knows its service
@@ -153,7 +162,7 @@ class PeerLink(asyncio.Protocol):
             self.expect.append(0)
             transport.write(auth)
         self.state = "up"
-        self.last_reply = time.monotonic()
+        self.connected_at = time.monotonic()     # silence counts from here (tick)
         self.flush()
 
     def _auth(self) -> bytes:
@@ -172,8 +181,13 @@ class PeerLink(asyncio.Protocol):
         if self.state == "up" and not self._stopped:
             why = info_text(str(exc)) if exc is not None else "closed by the peer"
             self.last_error = why
-            self.owner.log.warning("lost the region link to %s (%s:%d): %s", self.name,
-                                   self.host, self.port, why)
+            if self.up_since is None:       # closed before it ever answered: back off
+                self.failures.failed(logging.WARNING, f"region link to {self.name} "
+                                     f"({self.host}:{self.port}) closed before the peer "
+                                     f"answered: {why}")
+            else:
+                self.owner.log.warning("lost the region link to %s (%s:%d): %s", self.name,
+                                       self.host, self.port, why)
         self.up_since = None
         if not self._stopped:
             self._later()
@@ -181,7 +195,7 @@ class PeerLink(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
         try:
-            while (reply := self.reader.gets()) is not False:
+            while self.state == "up" and (reply := self.reader.gets()) is not False:
                 self._answered(reply)
         except (hiredis.ProtocolError, IndexError) as e:
             self._failed(f"unreadable reply: {e}")
@@ -193,14 +207,18 @@ class PeerLink(asyncio.Protocol):
             expected(reply)
             return
         if isinstance(reply, hiredis.ReplyError):
+            if expected and str(reply).startswith(UNREADABLE):
+                self._drop(expected, str(reply))     # sent again, it would be refused again
+                return
             self._failed(f"the peer refused: {info_text(str(reply))}")
             return
         self.last_reply = now = time.monotonic()
         if self.up_since is None:
             self.up_since = now
-            self.failures.recovered()
             self.owner.log.warning("region link to %s (%s:%d) is up", self.name, self.host,
                                    self.port)
+        if reply != b"OK":           # a batch's acknowledgement or PING's: working
+            self.failures.recovered()
         if expected and isinstance(reply, int):
             while self.queue and self.queue[0][0] <= reply:
                 _, batch, sent_at = self.queue.popleft()
@@ -208,6 +226,20 @@ class PeerLink(asyncio.Protocol):
                 self.batches_acked += 1
                 self.lag_ms = (now - sent_at) * 1000
             self.unsent = min(self.unsent, len(self.queue))
+
+    def _drop(self, seq: int, why: str) -> None:
+        """Drops a batch the peer cannot read (counted), so that the batches
+        behind it go on."""
+        for i, (queued, batch, _) in enumerate(self.queue):
+            if queued == seq:
+                del self.queue[i]
+                self.queued_bytes -= len(batch)
+                self.batches_dropped += 1
+                self.unsent = min(self.unsent, len(self.queue))
+                self.last_error = info_text(why)
+                self.owner.log.warning("region link to %s dropped batch %d: %s", self.name,
+                                       seq, info_text(why))
+                return
 
     # ---- sending ---------------------------------------------------------------------------
 
@@ -230,7 +262,8 @@ class PeerLink(asyncio.Protocol):
         """Writes the batches not yet written on this connection."""
         if self.transport is None or self.state != "up" or not self.unsent:
             return
-        origin, run = self.owner.origin, self.app.run_id.encode()
+        origin = self.owner.origin
+        run = b"%s.%d" % (self.app.run_id.encode(), self.incarnation)
         now = time.monotonic()
         first = len(self.queue) - self.unsent
         for i in range(first, len(self.queue)):
@@ -259,7 +292,8 @@ class PeerLink(asyncio.Protocol):
         whose replies stopped for repl-timeout is dropped."""
         if self.transport is None or self.state != "up":
             return
-        if time.monotonic() - self.last_reply > self.app.settings.repl_timeout:
+        if time.monotonic() - max(self.last_reply, self.connected_at) > \
+                self.app.settings.repl_timeout:
             self._failed(f"silent for {self.app.settings.repl_timeout} s")
         elif not self.expect:
             self.expect.append(0)

@@ -36,7 +36,12 @@ from fastlimit.regions.wire import (
     encode_demand,
     encode_shares,
 )
+from fastlimit.server.config import ConfigError
 from fastlimit.server.subsystem import Subsystem
+
+# Sender runs whose last batch is remembered (regions x restarts and links
+# made again, with room to spare): a resend is recognised among them.
+APPLIED_RUNS = 256
 
 
 class RegionsSubsystem(Subsystem):
@@ -48,12 +53,14 @@ class RegionsSubsystem(Subsystem):
         self.engine = server.rule_engine
         self.origin = self.regions.name.encode() if self.regions else b""
         self.links: list[PeerLink] = []     # made by apply_settings
+        self.incarnations = 0               # links made: each numbers its batches anew
         self.started = False
         self.partitioned = False
         self.partitions = 0
-        # what arrived: by origin region, its sender's run id and the last
-        # sequence number applied (a resend is answered and skipped)
-        self.applied: dict[str, tuple[bytes, int]] = {}
+        # what arrived: by (origin region, its sender's run), the last sequence
+        # number applied (a resend is answered and skipped); at most
+        # APPLIED_RUNS runs, the oldest forgotten first
+        self.applied: dict[tuple[str, bytes], int] = {}
         self.batches_received = 0
         self.spends_received = 0
         self.tokens_debited = 0
@@ -84,6 +91,10 @@ class RegionsSubsystem(Subsystem):
         """region-peers: a link per peer region; one whose address changed,
         or that is no longer listed, is stopped (its queue with it)."""
         wanted = settings.region_peers
+        if wanted and settings.cluster_enabled:
+            raise ConfigError("region-peers in cluster mode: a region's links carry each key's "
+                              "spends and checks to one tier, not to the shard of its slot",
+                              "region-peers")
         kept = []
         for link in self.links:
             if wanted.get(link.name) == link.address:
@@ -93,7 +104,8 @@ class RegionsSubsystem(Subsystem):
         have = {link.name for link in kept}
         for name, address in wanted.items():
             if name not in have:
-                link = PeerLink(self, name, address)
+                self.incarnations += 1
+                link = PeerLink(self, name, address, self.incarnations)
                 kept.append(link)
                 if self.started:
                     link.start()
@@ -304,19 +316,26 @@ class RegionsSubsystem(Subsystem):
         """A peer's batch (CL.REGIONSYNC): debited here once; returns seq,
         its acknowledgement."""
         name = self.peer_name(origin, "CL.REGIONSYNC")
-        last_run, last_seq = self.applied.get(name, (b"", 0))
-        if run == last_run and seq <= last_seq:
+        if seq <= self.applied.get((name, run), 0):
             return seq
         try:
             spends = decode_batch(batch)
         except WireError as e:
             raise ReplyError(f"ERR CL.REGIONSYNC: {e}") from None
+        # at most once: applied before any spend is, so that a batch broken
+        # off halfway (memory) is never applied twice
+        self.applied.pop((name, run), None)
+        self.applied[(name, run)] = seq
+        while len(self.applied) > APPLIED_RUNS:
+            del self.applied[next(iter(self.applied))]
         for rule_id, key, cost in spends:
             num = self.rules.number_of(rule_id)
-            taken = self.engine.debit(num, key, cost) if num is not None else 0
+            try:
+                taken = self.engine.debit(num, key, cost) if num is not None else 0
+            except (MemoryError, ValueError, ReplyError):     # no room: counted as overdrawn
+                taken = 0
             self.tokens_debited += taken
             self.tokens_overdrawn += cost - taken
-        self.applied[name] = (run, seq)
         self.batches_received += 1
         self.spends_received += len(spends)
         return seq

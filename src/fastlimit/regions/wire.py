@@ -26,7 +26,6 @@ _ENTRY = struct.Struct("<HIq")
 # A batch's most bytes: the sender cuts larger ones, the receiver refuses
 # them, so one command is bounded work for the loop turn that applies it.
 MAX_BATCH_BYTES = 64 * 1024
-MAX_KEY = 65535
 
 
 class WireError(ValueError):
@@ -38,7 +37,9 @@ def encode_batches(spends: Mapping[tuple[int, bytes], int],
                    most: int = MAX_BATCH_BYTES) -> Iterator[bytes]:
     """The spends {(rule number, key): cost} as batches of at most `most`
     bytes, rule numbers named by rule_ids (a spend of a number it does
-    not name, a rule deleted meanwhile, is left out)."""
+    not name, a rule deleted meanwhile, is left out, and so is one whose
+    key alone would not fit a batch: a client's 64 KB key must not stop a
+    link)."""
     ids: dict[str, int] = {}
     head: list[bytes] = []
     body: list[bytes] = []
@@ -46,9 +47,11 @@ def encode_batches(spends: Mapping[tuple[int, bytes], int],
     count = 0
     for (num, key), cost in spends.items():
         rule_id = rule_ids.get(num)
-        if rule_id is None or len(key) > MAX_KEY:
+        if rule_id is None:
             continue
         named = rule_id.encode("utf-8")
+        if 6 + 2 + len(named) + _ENTRY.size + len(key) > most:
+            continue        # a key too long for any batch: its spend stays here
         grow = _ENTRY.size + len(key) + (0 if rule_id in ids else 2 + len(named))
         if count and size + grow > most:
             yield _batch(head, body, count)

@@ -510,12 +510,24 @@ class RuleRegistry:
 
     def hold_share(self, rule_id: str, thousandths: int) -> None:
         """A rebalanced static rule's share here, as the coordinator's
-        latest word says; its buckets are kept."""
-        entry = self._entries.get(rule_id)
-        if entry is None or not entry.rule.rebalance:
-            return
+        latest word says; its buckets are kept.  Kept even for a rule not
+        (or no longer) rebalanced here, as what it may hold if it comes
+        back (never more than it was granted).  A share the rule's numbers
+        cannot express (a refill period out of range) is rounded down to
+        one they can, which is always safe; the floor always can."""
         self.held_shares[rule_id] = thousandths
-        self.engine.define(entry.num, self._spec(entry.rule))
+        entry = self._entries.get(rule_id)
+        if entry is None or not entry.rule.rebalance or self.regions is None:
+            return
+        floor = rebalance_floor(len(self.regions.names))
+        for held in range(thousandths, floor - 1, -1):
+            try:
+                spec = entry.rule.engine_spec(self.regions, held=held)
+            except ValueError:
+                continue
+            self.held_shares[rule_id] = held
+            self.engine.define(entry.num, spec)
+            return
 
     def repartition(self, partitioned: bool) -> None:
         """Global rules under their partition policy, or whole again: the
