@@ -76,8 +76,12 @@ cdef struct RuleSpec:
     # other regions (RuleEngine.log_spend), which debit them (debit()).
     bint region_sync
     # "regions": "home": the region its keys live in (an index of the
-    # regions, HOME_BY_KEY, or HOME_NONE for other rules)
+    # regions, HOME_BY_KEY, or HOME_NONE for other rules), unless a key
+    # starts with one of home_prefixes: {<u8 region><u16 length><prefix>}*,
+    # the longest first (NULL: none; the bytes are RuleEngine.home_tables')
     int home
+    const char* home_prefixes
+    size_t home_prefixes_len
 
 
 # The rules as C code outside the engine reads them (by a record's rule
@@ -199,6 +203,7 @@ cdef class RuleEngine:
     cdef readonly int home_region
     cdef readonly bint home_fail_closed
     cdef public bint home_local
+    cdef dict home_tables         # rule number -> the bytes its home_prefixes point into
 
     cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,
                             size_t rlen, int n, int64_t now_ms) except -1

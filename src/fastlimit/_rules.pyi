@@ -104,6 +104,8 @@ class RuleEngine:
 def throttle_params_error(burst: int, count: int, period_s: int, quantity: int) -> str | None: ...
 MAX_SPLIT: int
 MAX_RULE_NUMBER: int
+MAX_HOME_PREFIXES: int
+MAX_HOME_PREFIX_LEN: int
 
 
 class HomeElsewhere(ValueError):

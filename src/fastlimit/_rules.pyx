@@ -3,7 +3,7 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uint16_t, uint8_t, INT64_MAX
 from libc.stdlib cimport malloc, realloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, memcmp
 
 from fastlimit._hotkeys cimport HotKeys, fl_hk_due, fl_hk_begin, fl_hk_count, FL_HK_RULE
 
@@ -497,6 +497,11 @@ cdef int64_t spec_int(dict spec, str field, int64_t low, int64_t high) except? -
     return value
 
 
+# A home rule's key-prefix table (README "Home rules"): its entries and
+# their longest prefix.
+MAX_HOME_PREFIXES = 64
+MAX_HOME_PREFIX_LEN = 256
+
 # Spends of global rules kept between two drains (RuleEngine.log_spend):
 # 8 MB, some 250,000 checks of 16-byte keys, far more than one node
 # checks in a region-sync-ms.
@@ -571,6 +576,35 @@ cpdef int home_index(bytes key, int regions) except -1:
     if regions < 1:
         raise ValueError("no regions")
     return <int>(fnv1a64(PyBytes_AS_STRING(key), len(key)) % <uint64_t>regions)
+
+
+cdef bytes home_table(prefixes):
+    """A rule's home_prefixes, [(prefix bytes, region index), ...], as the
+    bytes route_home reads, the longest prefix first."""
+    if not prefixes:
+        return b""
+    if len(prefixes) > MAX_HOME_PREFIXES:
+        raise ValueError(f"home_prefixes: at most {MAX_HOME_PREFIXES}")
+    parts = []
+    for prefix, region in sorted(prefixes, key=lambda entry: -len(entry[0])):
+        if not isinstance(prefix, bytes) or not 1 <= len(prefix) <= MAX_HOME_PREFIX_LEN \
+                or not 0 <= region < MAX_REGIONS:
+            raise ValueError(f"home_prefixes: each a prefix of 1 to {MAX_HOME_PREFIX_LEN} "
+                             "bytes and a region")
+        parts.append(bytes((region,)) + len(prefix).to_bytes(2, "little") + prefix)
+    return b"".join(parts)
+
+
+cdef inline int prefix_home(const RuleSpec* r, const char* client, size_t clen) noexcept nogil:
+    """The region of the first of r's home_prefixes client starts with; -1
+    if none."""
+    cdef size_t pos = 0, n
+    while pos + 3 <= r.home_prefixes_len:
+        n = fl_get_u16(r.home_prefixes + pos + 1)
+        if n <= clen and memcmp(client, r.home_prefixes + pos + 3, n) == 0:
+            return <uint8_t>r.home_prefixes[pos]
+        pos += 3 + n
+    return -1
 
 
 cdef inline uint64_t fnv1a64(const char* p, size_t n) noexcept nogil:
@@ -766,6 +800,7 @@ cdef class RuleEngine:
         self.home_rules = 0
         self.home_region = -1
         self.home_local = False
+        self.home_tables = {}
         self.spend_limit = DEFAULT_SPEND_LOG_BYTES
 
     def __dealloc__(self):
@@ -792,10 +827,12 @@ cdef class RuleEngine:
         cdef RuleSpec compiled, whole
         cdef RuleSpec* grown
         cdef uint32_t cap
+        cdef bytes table
         memset(&compiled, 0, sizeof(RuleSpec))
         if num > RULE_NUMBER_MASK:
             raise ValueError(f"rule number {num} is past {RULE_NUMBER_MASK}")
         compile_spec(&compiled, spec)
+        table = home_table(spec.get("home_prefixes", ()))
         whole = compiled
         if "whole" in spec:      # a global rule under its partition share (debit())
             memset(&whole, 0, sizeof(RuleSpec))
@@ -822,10 +859,16 @@ cdef class RuleEngine:
             self.attach_lease_table(num, &compiled)
         else:
             release_lease_table(&self.rules[num])
+        compiled.home_prefixes = PyBytes_AS_STRING(table) if table else NULL
+        compiled.home_prefixes_len = len(table)
         compiled.in_use = True
         self.count_split(num, -1)
         self.count_home(num, -1)
         self.rules[num] = compiled
+        if table:
+            self.home_tables[num] = table      # what home_prefixes points into
+        else:
+            self.home_tables.pop(num, None)
         self.wholes[num] = whole
         self.count_split(num, 1)
         self.count_home(num, 1)
@@ -1289,8 +1332,10 @@ cdef class RuleEngine:
             r = &self.rules[self.order[i]]
             if r.home == HOME_NONE:
                 continue
-            home = r.home if r.home >= 0 else \
-                <int>(fnv1a64(client, clen) % <uint64_t>self.region_count)
+            home = prefix_home(r, client, clen) if r.home_prefixes != NULL else -1
+            if home < 0:
+                home = r.home if r.home >= 0 else \
+                    <int>(fnv1a64(client, clen) % <uint64_t>self.region_count)
             if home != self.region_index:
                 self.home_region = home
                 self.shed_policy(n, &self.home_fail_closed)

@@ -180,3 +180,17 @@ def test_cl_regioncheck_checks_what_it_is_asked(fleet):
         assert w.call("CL.REGIONCHECK", "ap", "CL.RESET", "u", "api") == \
             b"-ERR CL.REGIONCHECK runs CL.LIMIT or CL.APPLY\r\n"
         assert w.call("CL.REGIONCHECK", "ap", "CL.LIMIT", "u", "api").startswith(b"*5\r\n:1")
+
+
+def test_key_prefixes_pick_the_home_the_longest_first(fleet):
+    servers, _ = fleet
+    set_rule(servers, dict(RULE, home="eu", home_prefixes={"t:us-": "us", "t:us-west-": "ap"}))
+    c = {n: s.client() for n, s in servers.items()}
+    homes = {"t:us-west-1": "ap", "t:us-1": "us", "t:eu-1": "eu", "x": "eu"}
+    for key in homes:
+        for name in REGIONS:
+            c[name].execute_command("CL.LIMIT", key, "api")
+    for key, home in homes.items():       # every check of a key counted at its home
+        assert c[home].execute_command("CL.LIMIT", key, "api", "COST", 0)[2] == LIMIT - 3
+    served = {n: c[n].info("regions")["region_checks_served"] for n in REGIONS}
+    assert served == {"ap": 2, "us": 2, "eu": 4}

@@ -80,6 +80,11 @@ def test_the_document_keeps_regions_and_shares():
                                         "rule or split"),
     (dict(TB, regions="global", home="eu"), 'home: only a home rule has a home'),
     (dict(TB, regions="home", home="e u"), "home: must be a region's name"),
+    (dict(TB, regions="static", home_prefixes={"a": "eu"}), "home_prefixes: only a home rule"),
+    (dict(TB, regions="home", home_prefixes={"": "eu"}), "home_prefixes: must be an object"),
+    (dict(TB, regions="home", home_prefixes={"a": "e u"}), "home_prefixes: must be an object"),
+    (dict(TB, regions="home", home_prefixes={"a" * 257: "eu"}),
+     "home_prefixes: must be an object"),
     (dict(TB, shares=[1, 2]), "shares: must be an object of at most 64 regions"),
     (dict(TB, shares={}), "shares: must be an object"),
     (dict(TB, shares={"eu": 0}), "shares: must be an object"),
@@ -155,3 +160,13 @@ def test_a_global_rule_is_whole_until_partitioned_with_the_share_policy():
     avail = parse_rule("r", dict(TB, regions="global", partition="whole"))
     assert avail.engine_spec(regions, partitioned=True)["capacity"] == 100
     assert '"regions":"global","partition":"whole"' in avail.to_json()
+
+
+def test_home_prefixes_name_regions_by_index_for_the_engine():
+    rule = parse_rule("r", dict(TB, regions="home", home_prefixes={"t:us-": "us", "t:": "ap"}))
+    spec = rule.engine_spec(Regions("eu", THREE))
+    assert spec["home"] == -2 and spec["home_prefixes"] == [(b"t:", 0), (b"t:us-", 2)]
+    assert parse_rule("r", rule.to_json()) == rule
+    with pytest.raises(ValueError, match="home_prefixes: 'xx' is not one of the regions"):
+        parse_rule("r", dict(TB, regions="home", home_prefixes={"a": "xx"})).engine_spec(
+            Regions("eu", THREE))

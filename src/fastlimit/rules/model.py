@@ -22,6 +22,8 @@ from functools import cached_property
 
 from fastlimit._load import PRIORITIES
 from fastlimit._rules import (
+    MAX_HOME_PREFIX_LEN,
+    MAX_HOME_PREFIXES,
     MAX_RULES_PER_REQUEST,  # noqa: F401  (rules refer to it here)
     MAX_SPLIT,
 )
@@ -55,7 +57,7 @@ SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
                  "split_history", "priority", "regions", "shares", "partition", "rebalance",
-                 "home")
+                 "home", "home_prefixes")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -146,6 +148,9 @@ class Rule:
     # A home rule's region for every key (None: each key's hash over the
     # regions picks it); README, "Home rules".
     home: str | None = None
+    # keys starting with a prefix live in its region (longest first); the
+    # others where "home" (or their hash) says: ((prefix, region), ...)
+    home_prefixes: tuple[tuple[str, str], ...] = ()
 
     @property
     def params(self) -> dict[str, int]:
@@ -181,6 +186,8 @@ class Rule:
             doc["rebalance"] = True
         if self.home is not None:
             doc["home"] = self.home
+        if self.home_prefixes:
+            doc["home_prefixes"] = dict(self.home_prefixes)
         return doc
 
     def to_json(self) -> str:
@@ -229,6 +236,12 @@ class Rule:
                 raise ValueError(f"home: '{self.home}' is not one of the regions "
                                  f"({' '.join(regions.names)})")
             spec["home"] = regions.names.index(self.home) if self.home else HOME_BY_KEY
+            unknown = [r for _, r in self.home_prefixes if r not in regions.names]
+            if unknown:
+                raise ValueError(f"home_prefixes: '{unknown[0]}' is not one of the regions "
+                                 f"({' '.join(regions.names)})")
+            spec["home_prefixes"] = [(prefix.encode("utf-8"), regions.names.index(region))
+                                     for prefix, region in self.home_prefixes]
         if regions is not None and held is not None and self.rebalance:
             return share_spec(spec, held, REBALANCE_TOTAL)
         if regions is not None and (self.regions == "static" or (
@@ -373,7 +386,25 @@ class _RuleParser:
                     priority=self.optional_choice("priority", PRIORITIES),
                     regions=self.region_scope(algorithm),
                     shares=self.shares(), partition=self.partition(),
-                    rebalance=self.rebalance(), home=self.home())
+                    rebalance=self.rebalance(), home=self.home(),
+                    home_prefixes=self.home_prefixes())
+
+    def home_prefixes(self) -> tuple[tuple[str, str], ...]:
+        if "home_prefixes" not in self.doc:
+            return ()
+        table = self.doc["home_prefixes"]
+        if self.doc.get("regions") != "home":
+            raise self.fail("home_prefixes", "only a home rule has home_prefixes "
+                                             "(\"regions\": \"home\")")
+        if not isinstance(table, dict) or not 1 <= len(table) <= MAX_HOME_PREFIXES or not all(
+                isinstance(prefix, str) and 1 <= len(prefix.encode("utf-8", "replace"))
+                <= MAX_HOME_PREFIX_LEN and is_utf8(prefix)
+                and isinstance(region, str) and REGION_NAME.fullmatch(region)
+                for prefix, region in table.items()):
+            raise self.fail("home_prefixes", f"must be an object of 1 to {MAX_HOME_PREFIXES} "
+                                             f"key prefixes (1 to {MAX_HOME_PREFIX_LEN} bytes) "
+                                             "each naming a region")
+        return tuple(sorted(table.items()))
 
     def home(self) -> str | None:
         if "home" not in self.doc:
