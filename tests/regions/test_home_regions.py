@@ -154,21 +154,17 @@ def test_other_fronts_and_multi(fleet):
         pipe = ap.client().pipeline(transaction=True)
         pipe.execute_command("CL.LIMIT", "user:1", "api")
         pipe.execute()
-    conn = http.client.HTTPConnection("127.0.0.1", ap.extra_port, timeout=10)
-    conn.request("POST", "/v1/check", body=json.dumps({"client_key": "user:1",
-                                                         "resource": "api"}))
-    resp = conn.getresponse()
-    body = json.loads(resp.read())
-    conn.close()
-    assert resp.status == 421, body
-    assert "HOME eu: the check's key lives in region eu" in json.dumps(body), body
-    conn = http.client.HTTPConnection("127.0.0.1", ap.extra_port, timeout=10)
-    conn.request("POST", "/v1/limits/check", body=json.dumps({"rule_id": "api",
-                                                                "key": "user:1"}))
-    resp = conn.getresponse()
-    body = json.loads(resp.read())
-    conn.close()
-    assert resp.status == 421 and "HOME eu:" in json.dumps(body), body
+    for path, doc in (("/v1/check", {"client_key": "user:1", "resource": "api"}),
+                      ("/v1/limits/check", {"rule_id": "api", "key": "user:1"})):
+        conn = http.client.HTTPConnection("127.0.0.1", ap.extra_port, timeout=10)
+        try:
+            conn.request("POST", path, body=json.dumps(doc))
+            resp = conn.getresponse()
+            body = json.dumps(json.loads(resp.read()))
+        finally:
+            conn.close()
+        assert resp.status == 421, (path, body)
+        assert "HOME eu: the check's key lives in region eu" in body, (path, body)
 
 
 def test_cl_regioncheck_checks_what_it_is_asked(fleet):
