@@ -147,9 +147,9 @@ def test_shares_follow_the_traffic_and_never_exceed_the_rule(make_server):
                     c[busy].execute_command("CL.LIMIT", f"user:{busy}", "api")
                 assert time.monotonic() - start < 20, shares_held(c)
         assert shares_held(c)["eu"] == 50                     # it gave back its share
-        # five committed rounds of steps of 200 each way (50 -> 250 ... 850 -> 900); a
-        # round a slow region ends unacknowledged commits nothing and changes no count
-        assert c["ap"].info("regions")["region_rebalance_commits"] == 10
+        # five committed rounds of steps of 200 each way (50 -> 250 ... 850 -> 900), and
+        # on a loaded machine a few more, where one round saw both eu's and us's demand
+        assert 10 <= c["ap"].info("regions")["region_rebalance_commits"] <= 15
         # what eu admits now is its share: 5% of 1000, less what it spent
         wait_until(lambda: c["eu"].execute_command("CL.LIMIT", "new", "api", "COST", 0)[1]
                    == 50, what="eu's limit at its share")

@@ -21,7 +21,7 @@ from collections import deque
 import hiredis
 
 from fastlimit.regions.shares import PeerAddress
-from fastlimit.replication.replica import FailureLog, resp_command
+from fastlimit.replication.replica import FailureLog, RetryingLink, resp_command
 from fastlimit.server.subsystem import info_text
 
 PING = resp_command([b"PING"])
@@ -30,7 +30,7 @@ SENTINEL_TIMEOUT_S = 2.0      # each sentinel asked, before the next one
 UNREADABLE = "ERR CL.REGIONSYNC: "
 
 
-class PeerLink(asyncio.Protocol):
+class PeerLink(RetryingLink):
     def __init__(self, owner, name: str, address: PeerAddress, incarnation: int):
         self.owner = owner              # the RegionsSubsystem
         self.app = owner.app
@@ -68,10 +68,6 @@ class PeerLink(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
 
     # ---- connecting ------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._retry = None
-        self._task = asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         self.state = "connecting"
@@ -129,22 +125,6 @@ class PeerLink(asyncio.Protocol):
             self.transport.abort()
         else:
             self._later()
-
-    def _later(self) -> None:
-        self.state = "connect"
-        if not self._stopped and self._retry is None:
-            self._retry = asyncio.get_running_loop().call_later(
-                self.failures.retry_after, self.start)
-
-    def stop(self) -> asyncio.Task | None:
-        self._stopped = True
-        if self._retry is not None:
-            self._retry.cancel()
-        if self._task is not None:
-            self._task.cancel()
-        if self.transport is not None:
-            self.transport.abort()
-        return self._task
 
     # ---- asyncio callbacks -------------------------------------------------------------
 

@@ -55,7 +55,48 @@ class FailureLog:
         return min(RECONNECT_MAX_S, RECONNECT_S * 2 ** max(self.run - 1, 0))
 
 
-class PrimaryLink(asyncio.Protocol):
+class RetryingLink(asyncio.Protocol):
+    """A link to another server that connects in a task of its own
+    (`_connect`, the subclass's) and, while down, tries again after its
+    FailureLog's backoff; stop() ends it for good.  A replica's link to its
+    primary, and a region's link to a peer region (regions/links.py)."""
+
+    state: str
+    failures: FailureLog
+    transport: asyncio.Transport | None
+    _stopped: bool
+    _retry: asyncio.TimerHandle | None
+    _task: asyncio.Task[None] | None
+
+    def start(self) -> None:
+        self._retry = None
+        self._task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        raise NotImplementedError
+
+    def _later(self) -> None:
+        """A connect again after the backoff (none once stopped)."""
+        self.state = "connect"
+        if not self._stopped and self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(
+                self.failures.retry_after, self.start)
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Ends the link for good: no connect still in flight may complete
+        it later (a promoted replica must never sync again).  Returns the
+        connect task, cancelled, for a caller that must wait for it."""
+        self._stopped = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+        return self._task
+
+
+class PrimaryLink(RetryingLink):
     """A replica's connection to its primary: handshake, full copy, then
     batches; reconnects while down, backing off (see FailureLog)."""
 
@@ -89,11 +130,7 @@ class PrimaryLink(asyncio.Protocol):
 
     # ---- connecting ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._connect())
-
     async def _connect(self) -> None:
-        self._retry = None
         self.state = "connecting"
         try:
             # A primary that drops SYNs would otherwise hold this for the
@@ -118,25 +155,6 @@ class PrimaryLink(asyncio.Protocol):
                                     f"{'' if reach else ' failed'}: {why}")
         if reach:
             self._later()
-
-    def _later(self) -> None:
-        self.state = "connect"
-        if not self._stopped and self._retry is None:
-            self._retry = asyncio.get_running_loop().call_later(
-                self.failures.retry_after, self.start)
-
-    def stop(self):
-        """Ends the link for good: no connect still in flight may complete
-        it later (a promoted replica must never sync again).  Returns the
-        connect task, cancelled, for a caller that must wait for it."""
-        self._stopped = True
-        if self._retry is not None:
-            self._retry.cancel()
-        if self._task is not None:
-            self._task.cancel()
-        if self.transport is not None:
-            self.transport.abort()
-        return self._task
 
     # ---- asyncio callbacks ------------------------------------------------------------
 
