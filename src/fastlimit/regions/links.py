@@ -61,7 +61,8 @@ class PeerLink(RetryingLink):
         self.bytes_sent = 0
         self.batches_acked = 0
         self.batches_dropped = 0
-        self.lag_ms = 0.0
+        self.lag_ms = 0.0               # the last acknowledged batch's round trip
+        self.lag_max_ms = 0.0           # the longest one
         self.last_error = ""
         self._stopped = False
         self._retry: asyncio.TimerHandle | None = None
@@ -205,6 +206,7 @@ class PeerLink(RetryingLink):
                 self.queued_bytes -= len(batch)
                 self.batches_acked += 1
                 self.lag_ms = (now - sent_at) * 1000
+                self.lag_max_ms = max(self.lag_max_ms, self.lag_ms)
             self.unsent = min(self.unsent, len(self.queue))
 
     def _drop(self, seq: int, why: str) -> None:
@@ -299,7 +301,8 @@ class PeerLink(RetryingLink):
         return (f"name={self.name},host={self.host},port={self.port},{via}"
                 f"state={self.shown_state},"
                 f"last_reply_ms={int((time.monotonic() - self.last_reply) * 1000)},"
-                f"lag_ms={self.lag_ms:.1f},queued_batches={len(self.queue)},"
+                f"lag_ms={self.lag_ms:.1f},lag_max_ms={self.lag_max_ms:.1f},"
+                f"queued_batches={len(self.queue)},"
                 f"queued_bytes={self.queued_bytes},bytes_sent={self.bytes_sent},"
                 f"batches_acked={self.batches_acked},batches_dropped={self.batches_dropped},"
                 f"failures={self.failures.run},last_error={self.last_error}")
