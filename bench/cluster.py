@@ -38,8 +38,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
-
 from fastlimit._cluster import keyslot
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -54,10 +52,9 @@ from run import (  # noqa: E402
     fill,
     fmt_rps,
     free_port,
-    git_rev,
     log,
-    machine_line,
     publish,
+    report_meta,
     run_benchmark,
     run_cli,
     target_line,
@@ -353,8 +350,7 @@ def main(argv=None) -> int:
             log(f"error: {tool} not found (make bench installs redis-server and redis-tools)")
             return 2
     started = time.monotonic()
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(),
-            "rev": git_rev()}
+    meta = report_meta()
     with tempfile.TemporaryDirectory(prefix="fastlimit-bench-cluster-") as tmp:
         workdir = Path(tmp)
         log("== the check path: standalone vs cluster mode")
@@ -372,8 +368,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        run_cli(main)
-    except redis.RedisError as e:
-        log(f"error: {e}")
-        sys.exit(1)
+    run_cli(main)

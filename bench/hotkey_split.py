@@ -64,10 +64,9 @@ from run import (  # noqa: E402
     _die_with_parent,
     _terminate,
     fmt_rps,
-    git_rev,
     log,
-    machine_line,
     publish,
+    report_meta,
     run_cli,
 )
 
@@ -644,8 +643,7 @@ def main(argv=None) -> int:
         log(f"error: {args.redis_benchmark} not found (make bench installs redis-tools)")
         return 2
     started = time.monotonic()
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(),
-            "rev": git_rev()}
+    meta = report_meta()
     with tempfile.TemporaryDirectory(prefix="fastlimit-bench-hotkey-") as tmp:
         workdir = Path(tmp)
         log(f"== 1. a hot key on {SHARDS} shards: unsplit vs SPLIT {SPLIT}")
@@ -660,8 +658,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        run_cli(main)
-    except redis.RedisError as e:
-        log(f"error: {e}")
-        sys.exit(1)
+    run_cli(main)

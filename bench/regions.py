@@ -37,14 +37,12 @@ import threading
 import time
 from pathlib import Path
 
-import redis
-
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "regions.md"
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from proxy import Proxy  # noqa: E402
-from run import Fastlimit, _terminate, git_rev, log, machine_line, publish, run_cli  # noqa: E402
+from run import Fastlimit, _terminate, log, publish, report_meta, run_cli  # noqa: E402
 
 REGIONS = ("ap", "eu", "us")
 SYNC_MS = 50
@@ -275,8 +273,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
-    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(),
-            "rev": git_rev()}
+    meta = report_meta()
     with tempfile.TemporaryDirectory(prefix="fastlimit-bench-regions-") as tmp:
         workdir = Path(tmp)
         log("== 1. each scope, a user hopping regions")
@@ -291,8 +288,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        run_cli(main)
-    except redis.RedisError as e:
-        log(f"error: {e}")
-        sys.exit(1)
+    run_cli(main)

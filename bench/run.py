@@ -658,12 +658,23 @@ def publish(report: str, output: Path) -> None:
 
 
 def run_cli(main) -> None:
-    """Runs a benchmark's main; Ctrl-C or SIGTERM ends it with servers stopped."""
+    """Runs a benchmark's main; Ctrl-C or SIGTERM ends it with servers
+    stopped, a server's error with its text (exit 1)."""
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:
         log(f"interrupted ({e or 'Ctrl-C'}); servers stopped")
         sys.exit(130)
+    except redis.RedisError as e:
+        log(f"error: {e}")
+        sys.exit(1)
+
+
+def report_meta() -> dict:
+    """What a report's first lines say of its run: when, where, which
+    build; its caller adds "elapsed"."""
+    return {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(),
+            "rev": git_rev()}
 
 
 if __name__ == "__main__":
