@@ -43,6 +43,7 @@ from fastlimit.server.persistence import Snapshots
 from fastlimit.server.resp.listener import RespFront
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.server.tls import Tls
+from fastlimit.windows.subsystem import WindowsSubsystem
 
 log = logging.getLogger("fastlimit")
 
@@ -81,7 +82,10 @@ class Server:
         # The users (and the aclfile: raises ConfigError, the server refuses
         # to start, if it cannot be used), before any connection.
         self.acl = Acl(self, log)
-        self.expiry = Expiry([self.store, self.rule_engine], self.core.load_meter)
+        # the `limits` library's windowed counters (windows/), swept with the buckets
+        self.windows = WindowsSubsystem(self.store.clock)
+        self.expiry = Expiry([self.store, self.rule_engine, self.windows.store],
+                             self.core.load_meter)
         self.maxmemory = MaxMemory(self)
         self.pubsub = PubSub(self.core)
         self.hotkeys = HotKeysSubsystem(self)
@@ -108,7 +112,7 @@ class Server:
             self.acl, self.expiry, self.maxmemory, rules_subsystem,
             *([self.rules_store] if self.rules_store is not None else []),
             self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
-            self.regions_sync, self.cluster,
+            self.regions_sync, self.windows, self.cluster,
             self.reshard,
             self.http, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)
@@ -170,6 +174,7 @@ class Server:
         self.replication.flushed_all()
         self.store.clear()
         self.rule_engine.clear()
+        self.windows.flush()
 
     def subsystem_info(self, sections: frozenset[str], named: frozenset[str]) -> dict[str, dict]:
         """The subsystems' INFO fields, merged by section."""

@@ -32,6 +32,7 @@ from fastlimit.server.commands import (
     transactions,
 )
 from fastlimit.server.commands.spec import command, container, ratelimit_command, sub
+from fastlimit.windows import commands as windows
 
 # The fast-path ids of _protocol.pxd's FastPath enum.
 (FAST_CL_CHECK, FAST_CL_LIMIT, FAST_PING, FAST_MULTI, FAST_EXEC, FAST_DISCARD, FAST_QUIT,
@@ -213,6 +214,7 @@ def build_table() -> dict[bytes, Command]:
         ], {"summary": "Returns detailed information about all commands.", "group": "server"},
             default=introspection.cmd_command, acl=CONNECTION, help_acl=CONNECTION),
         *rule_check_commands(),
+        *window_commands(),
         rule_container(),
         rls_container(),
         container("config", -2, (), [
@@ -484,6 +486,37 @@ def rule_check_commands() -> list[Command]:
                           "Gives a concurrency lease back. Replies 1 if it was held.",
                           [("rule_id", "string"), ("client_key", "key"),
                            ("lease_id", "integer")]),
+    ]
+
+
+def window_commands() -> list[Command]:
+    """The `limits` library's windowed counters (windows/commands.py)."""
+    def windowed(name, arity, handler, summary, arguments):
+        return command(name, arity, ("write", "denyoom", "fast"), handler, keys=(1, 1, 1),
+                       acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.6.0",
+                       summary=summary, arguments=arguments)
+    amount = ("amount", "integer", {"optional": True})
+    return [
+        windowed("cl.fixed", -3, windows.cmd_fixed,
+                 "Adds to a counter whose window starts at its first increment: "
+                 "[count, expire_at_ms].",
+                 [("key", "key"), ("window_ms", "integer"), amount]),
+        windowed("cl.moving", -4, windows.cmd_moving,
+                 "Logs amount entries if the moving window has room: "
+                 "[allowed, start_ms, count].",
+                 [("key", "key"), ("limit", "integer"), ("window_ms", "integer"), amount]),
+        windowed("cl.sliding", -4, windows.cmd_sliding,
+                 "Sliding window counter: [allowed, previous, previous_ttl_ms, current, "
+                 "current_ttl_ms].",
+                 [("key", "key"), ("limit", "integer"), ("window_ms", "integer"), amount]),
+        command("cl.winclear", -2, ("write", "fast"), windows.cmd_winclear, keys=(1, -1, 1),
+                acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.6.0",
+                summary="Forgets windowed counters; replies how many records went.",
+                arguments=[("key", "key", {"multiple": True})]),
+        command("cl.winflush", 2, ("write",), windows.cmd_winflush,
+                acl=("@write", "@slow", "@dangerous"), group="ratelimit", since="0.6.0",
+                summary="Forgets every windowed counter whose key starts with prefix.",
+                arguments=[("prefix", "string")]),
     ]
 
 
