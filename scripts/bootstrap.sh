@@ -88,6 +88,8 @@ case "$mode" in
         install_build_deps
         install_debian_tools
         build_venv .venv "[test]" FASTLIMIT_DEBUG=0
+        # the limits project's own tests, which tests/limits_storage runs against fastlimit
+        .venv/bin/python tests/limits_storage/sdist.py >/dev/null
         if [ "$mode" = "--debug" ]; then
             build_venv .venv-debug "[test]" FASTLIMIT_DEBUG=1
         fi
