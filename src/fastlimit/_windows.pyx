@@ -23,6 +23,14 @@ Records (the kernel's packed records, _core.pxd; all times server ms):
 
 No Python object is kept per key; the record's expiry second lets the
 sweep (server/expiry.py) drop idle keys.
+
+The store is carried as the bucket stores are (BucketStore, RuleEngine):
+every write is noted in the tables' change logs (replication, slot
+moves), the tables are snapshot sections ("windows:fixed",
+"windows:sliding", "windows:log:<k>"; server/snapshot.py), they count
+toward maxmemory and evict under it, and a slot's records are exported
+and deleted by slot (cluster/reshard.py).  A log moving up a size class is
+a tombstone in the old class's table and a record in the new one's.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -31,19 +39,27 @@ from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t, INT64_MAX
 from libc.string cimport memcpy, memmove, memset
 
 from fastlimit._core cimport (Table, Probe, Shard, Clock, FL_OK, FL_MAX_KEY_LEN,
-                              RECORD_HEADER, fl_get_u32, fl_put_u32, fl_get_u16,
+                              RECORD_HEADER, MAX_NOW_MS, fl_get_u32, fl_put_u32, fl_get_u16,
                               fl_get_i64, fl_put_i64, fl_mono_ns, fl_i128,
                               table_init, table_free, table_clear, table_lookup,
                               table_insert, table_delete, table_count, table_memory,
                               table_sweep, probe_value, probe_record, expire_second,
-                              raise_for)
+                              raise_for, note_change, table_track, table_untrack,
+                              log_overflowed, oldest_note, drain_section, dump_section,
+                              load_table, value_check, in_range, whole_key, MemoryBound,
+                              set_table_bound, SlotKeys, SlotCursor, count_in_slot,
+                              keys_in_slot, walk_slots, filter_section)
+
+from fastlimit._core import checked_slot
 
 import os
 
 # Bounds that keep every intermediate value an exact 64/128-bit integer.
+cdef int64_t C_MAX_LIMIT = 10**15
+cdef int64_t C_MAX_LENGTH_MS = 10**11
 MAX_AMOUNT = 10**15
-MAX_LIMIT = 10**15
-MAX_LENGTH_MS = 10**11          # a window of up to about three years
+MAX_LIMIT = C_MAX_LIMIT
+MAX_LENGTH_MS = C_MAX_LENGTH_MS  # a window of up to about three years
 MAX_LOG_CLASS = 20             # a log holds at most 2^20 runs (distinct hit times)
 
 cdef enum:
@@ -52,6 +68,7 @@ cdef enum:
     NCLASSES = 21               # MAX_LOG_CLASS + 1
     RUN = 16                    # a log's run: i64 time_ms, i64 entries
     SHARDS = 64
+    MIN_LOG_SHARDS = 8
 
 
 cdef inline int64_t clamp_add(int64_t a, int64_t b) noexcept nogil:
@@ -82,7 +99,10 @@ cdef class WindowStore:
             raise MemoryError()
         self.ntables = 2
         for k in range(NCLASSES):
-            if table_init(&self.t_logs[k], SHARDS, 4 + RUN * (1 << k),
+            # fewer shards for the larger classes: an empty shard costs its
+            # slots and header (counted toward maxmemory), and the larger
+            # classes hold few keys
+            if table_init(&self.t_logs[k], max(MIN_LOG_SHARDS, SHARDS >> k), 4 + RUN * (1 << k),
                           <const uint8_t*>PyBytes_AS_STRING(seed)) != FL_OK:
                 raise MemoryError()
             self.ntables = 3 + k
@@ -141,6 +161,7 @@ cdef class WindowStore:
                               expire_second(expire), buf, now)
             if rc != FL_OK:
                 raise_for(rc)
+        note_change(&self.t_counters, &p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
         return [count, expire]
 
     # ---- the sliding window counter ---------------------------------------------
@@ -189,6 +210,7 @@ cdef class WindowStore:
                                   buf, now)
                 if rc != FL_OK:
                     raise_for(rc)
+            note_change(&self.t_sliding, &p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
         return [int(allowed), previous, previous_ttl, current, length_ms - into + length_ms]
 
     # ---- the moving window: a log --------------------------------------------------
@@ -211,7 +233,7 @@ cdef class WindowStore:
         of (time, entries), the runs of the window only, at most limit
         entries."""
         cdef int64_t now = self.now(now_ms)
-        cdef Probe p
+        cdef Probe p, moved
         cdef int k = self.find_log(key, &p)
         cdef char* v = NULL
         cdef char* runs
@@ -261,21 +283,29 @@ cdef class WindowStore:
                 if nk == NCLASSES:
                     raise OverflowError(
                         f"a moving window's log holds at most {1 << MAX_LOG_CLASS} runs")
-                if k >= 0 and nk > k:
-                    table_delete(&self.t_logs[k], &p)
-                    k = -1
-                if k < 0:
-                    k = nk
-                    table_lookup(&self.t_logs[k], PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
-                                 &p)
-                    rc = self.insert_empty(&self.t_logs[k], &p, key, now)
+                if k < 0 or nk > k:
+                    # the new class's record first: one refused under
+                    # maxmemory leaves the old log as it was
+                    table_lookup(&self.t_logs[nk], PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key),
+                                 &moved)
+                    rc = self.insert_empty(&self.t_logs[nk], &moved, key, now)
                     if rc != FL_OK:
                         raise_for(rc)
+                    # then the old class's goes (found again: making room
+                    # may have evicted or moved it)
+                    if k >= 0 and table_lookup(&self.t_logs[k], PyBytes_AS_STRING(key),
+                                               PyBytes_GET_SIZE(key), &p):
+                        table_delete(&self.t_logs[k], &p)
+                        note_change(&self.t_logs[k], &p, PyBytes_AS_STRING(key),
+                                    PyBytes_GET_SIZE(key))
+                    k = nk
+                    p = moved
                 v = probe_value(&self.t_logs[k], &p)
                 fl_put_u32(v, m)
                 memcpy(v + 4, runs, RUN * m)
                 n = m
                 fl_put_u32(probe_record(&self.t_logs[k], &p), expire_second(now + length_ms + 1))
+                note_change(&self.t_logs[k], &p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
             finally:
                 PyMem_Free(runs)
         # what the window holds: entries strictly younger than length_ms
@@ -303,6 +333,7 @@ cdef class WindowStore:
             t = self.table_at(i)
             if table_lookup(t, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &p):
                 table_delete(t, &p)
+                note_change(t, &p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
                 removed += 1
         return removed
 
@@ -333,6 +364,8 @@ cdef class WindowStore:
                             p.slot = j
                             p.hash = sh.slots[j].hash
                             p.found = True
+                            note_change(t, &p, rec + RECORD_HEADER + t.value_size,
+                                        fl_get_u16(rec + 4))
                             table_delete(t, &p)
                             removed += 1
                             continue      # a later record may have shifted into slot j
@@ -344,6 +377,111 @@ cdef class WindowStore:
         for i in range(2 + NCLASSES):
             if table_clear(self.table_at(i)) != FL_OK:
                 raise MemoryError()
+
+    # ---- carried as the buckets are: snapshots, replication, maxmemory, slots --------
+
+    cdef list named_tables(self):
+        """(section name, table address) of every table, in a fixed order."""
+        cdef int i
+        return [(section_name(i), <size_t>self.table_at(i)) for i in range(2 + NCLASSES)]
+
+    def dump(self, int fd, uint32_t crc=0):
+        """Writes the tables as snapshot sections (a log class's only when it
+        holds records: most never do); returns (sections, crc32 chained
+        from crc)."""
+        cdef int i
+        cdef int sections = 0
+        for i in range(2 + NCLASSES):
+            if i >= 2 and table_count(self.table_at(i)) == 0:
+                continue
+            crc = dump_section(self.table_at(i), fd, crc, section_name(i))
+            sections += 1
+        return sections, crc
+
+    def load_section(self, bytes name, uint32_t value_size, const unsigned char[:] data,
+                     uint64_t records, bint deletes=False):
+        """Loads one section this store dumped or drained (a drain's
+        tombstones remove keys when `deletes`).  False when the name is not
+        one of this store's; ValueError when its records are malformed or
+        hold values no call could have stored."""
+        cdef int i = section_index(name)
+        cdef Table* t
+        if i < 0:
+            return False
+        t = self.table_at(i)
+        if value_size != t.value_size:
+            raise ValueError(f"value size {value_size}, not {t.value_size}")
+        load_table(t, data, records, None,
+                   counter_value_ok if i == 0 else sliding_value_ok if i == 1 else log_value_ok,
+                   deletes)
+        return True
+
+    def track_changes(self, size_t limit):
+        """Starts noting written keys in every table (emptying what was
+        noted); limit is each table's log size in bytes."""
+        cdef int i
+        for i in range(2 + NCLASSES):
+            if table_track(self.table_at(i), limit) != FL_OK:
+                raise MemoryError()
+
+    def untrack_changes(self):
+        cdef int i
+        for i in range(2 + NCLASSES):
+            table_untrack(self.table_at(i))
+
+    def changes_overflowed(self):
+        cdef int i
+        for i in range(2 + NCLASSES):
+            if log_overflowed(self.table_at(i)):
+                return True
+        return False
+
+    def oldest_change_ms(self):
+        """Wall time of the oldest change not drained yet, or None."""
+        cdef int i
+        return min(filter(None, [oldest_note(self.table_at(i)) for i in range(2 + NCLASSES)]),
+                   default=None)
+
+    def drain_changes(self):
+        """The noted keys' states as snapshot sections, in parts (see
+        BucketStore.drain_changes), one section per table that changed."""
+        cdef int i
+        sections = []
+        for i in range(2 + NCLASSES):
+            sections += drain_section(self.table_at(i), section_name(i))
+        return sections
+
+    def set_bound(self, MemoryBound bound):
+        """Puts every table under a memory bound, or none (None)."""
+        cdef int i
+        for i in range(2 + NCLASSES):
+            set_table_bound(self.table_at(i), bound)
+
+    cdef list slot_tables(self):
+        return [(name, address, False) for name, address in self.named_tables()]
+
+    def count_in_slot(self, int slot, now_ms=None):
+        """Live records of a hash slot (a scan of every table)."""
+        return count_in_slot(self.slot_tables(), NULL, NULL, checked_slot(slot),
+                             self.now(now_ms))
+
+    def keys_in_slot(self, SlotKeys keys, int slot, now_ms=None):
+        keys_in_slot(self.slot_tables(), NULL, NULL, checked_slot(slot), self.now(now_ms), keys)
+
+    def export_slots(self, SlotCursor cursor, double budget_ms=1.0,
+                     size_t max_bytes=1 << 20):
+        """The next records of the cursor's slots as snapshot sections (load
+        them with load_section), within budget_ms and about max_bytes."""
+        return walk_slots(self.slot_tables(), NULL, NULL, cursor, budget_ms, max_bytes, False)
+
+    def delete_slots(self, SlotCursor cursor, double budget_ms=1.0):
+        return walk_slots(self.slot_tables(), NULL, NULL, cursor, budget_ms, 0, True)
+
+    def filter_section(self, bytes mask, bytes name, uint32_t value_size,
+                       const unsigned char[:] data, uint64_t records):
+        """A drained section's records in mask's slots, as a section ([]
+        when none)."""
+        return filter_section(name, value_size, data, records, mask, whole_key, NULL)
 
     # ---- upkeep --------------------------------------------------------------------
 
@@ -385,4 +523,58 @@ cdef inline bint memcmp_prefix(const char* a, const char* b, size_t n) noexcept 
     for i in range(n):
         if a[i] != b[i]:
             return False
+    return True
+
+
+# ---- sections and the values a loader takes ---------------------------------------
+
+SECTION_PREFIX = b"windows:"
+
+
+cdef bytes section_name(int i):
+    if i == 0:
+        return b"windows:fixed"
+    if i == 1:
+        return b"windows:sliding"
+    return b"windows:log:%d" % (i - 2)
+
+
+cdef int section_index(bytes name):
+    """The table a section name stands for, or -1."""
+    if name == b"windows:fixed":
+        return 0
+    if name == b"windows:sliding":
+        return 1
+    if name.startswith(b"windows:log:"):
+        digits = name[12:]
+        if digits.isdigit() and len(digits) <= 2 and int(digits) < NCLASSES:
+            return 2 + int(digits)
+    return -1
+
+
+cdef bint counter_value_ok(const char* v, uint32_t value_size) noexcept nogil:
+    return (in_range(fl_get_i64(v), 0, INT64_MAX) and
+            in_range(fl_get_i64(v + 8), 0, MAX_NOW_MS + C_MAX_LENGTH_MS))
+
+
+cdef bint sliding_value_ok(const char* v, uint32_t value_size) noexcept nogil:
+    return (in_range(fl_get_i64(v), 0, MAX_NOW_MS) and
+            in_range(fl_get_i64(v + 8), 0, C_MAX_LIMIT) and
+            in_range(fl_get_i64(v + 16), 0, C_MAX_LIMIT))
+
+
+cdef bint log_value_ok(const char* v, uint32_t value_size) noexcept nogil:
+    """n runs that fit the class, newest first, at times a clock can show,
+    each of at least one entry and at most a limit's worth in all."""
+    cdef uint32_t n = fl_get_u32(v), i
+    cdef int64_t total = 0, ts, entries, newer = MAX_NOW_MS
+    if n == 0 or <uint64_t>n * RUN > value_size - 4:
+        return False
+    for i in range(n):
+        ts = fl_get_i64(v + 4 + RUN * i)
+        entries = fl_get_i64(v + 12 + RUN * i)
+        if not in_range(ts, 0, newer) or not in_range(entries, 1, C_MAX_LIMIT - total):
+            return False
+        newer = ts
+        total += entries
     return True

@@ -492,7 +492,9 @@ def rule_check_commands() -> list[Command]:
 def window_commands() -> list[Command]:
     """The `limits` library's windowed counters (windows/commands.py)."""
     def windowed(name, arity, handler, summary, arguments):
+        # a replica answers their reads (amount 0: a strategy's test and stats)
         return command(name, arity, ("write", "denyoom", "fast"), handler, keys=(1, 1, 1),
+                       replica_peeks=True,
                        acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.6.0",
                        summary=summary, arguments=arguments)
     amount = ("amount", "integer", {"optional": True})
