@@ -231,3 +231,74 @@ def test_a_standby_neither_moves_nor_imports_slots_and_bad_data_is_refused(clust
         with pytest.raises(redis.ResponseError, match="unusable slot data: not a fastlimit"):
             c.execute_command("CL.CLUSTER", "IMPORT", b"FLSNAP but not one")
         assert c.execute_command("DBSIZE") == 0
+
+
+class WindowSpender(Spender):
+    """Spender's load on the `limits` strategies' windowed counters: a
+    moving-window log and a fixed-window counter per key, one entry at a
+    time, counting what the log allowed."""
+
+    def run(self) -> None:
+        rc = redis.RedisCluster(host="127.0.0.1", port=self.port, socket_timeout=10)
+        deadline = time.monotonic() + 60
+        try:
+            i = 0
+            while time.monotonic() < deadline and (
+                    self.stop_after is None or time.monotonic() < self.stop_after):
+                key = self.keys[i % len(self.keys)]
+                i += 1
+                try:
+                    rc.execute_command("CL.FIXED", b"f:" + key, 60_000)
+                    if rc.execute_command("CL.MOVING", key, CAPACITY, 60_000)[0] == 1:
+                        self.allowed[key] += 1
+                    self.requests += 1
+                except redis.RedisError as e:     # none expected: MOVED is followed
+                    self.errors.append(e)
+                    return
+        finally:
+            rc.close()
+
+
+def test_a_reshard_carries_the_windowed_counters(cluster):
+    source, target = cluster.primaries
+    logs = keys_in(MOVING, 2, b"log")
+    assert all(r[0] == 1 for r in fill(source, logs, "CL.MOVING", 5, 60_000, 5))
+    counters = keys_in(MOVING, 2, b"fixed")
+    assert all(r == [7, 1_060_000] for r in fill(source, counters, "CL.FIXED", 60_000, 7))
+    sliding = keys_in(MOVING, 2, b"sliding")
+    assert all(r[0] == 1 for r in fill(source, sliding, "CL.SLIDING", 9, 60_000, 4))
+    bulk = keys_in(MOVING, 300, b"bulk")               # so that the copy takes many batches
+    fill(source, bulk, "CL.FIXED", 60_000)
+    before = count_in(source, MOVING)
+    assert before == 3 * len(logs) + len(bulk)
+    spent = keys_in(MOVING, 1, b"spent")[:16]
+    spender = WindowSpender(source.port, spent)
+    spender.start()
+    wait_for(lambda: spender.requests > 20, "the load to start")
+
+    final = move(source, f"{MOVING.start}-{MOVING.stop - 1}", "fl-1")
+    final = {k.decode(): v for k, v in (final.items() if isinstance(final, dict)
+                                        else zip(final[::2], final[1::2], strict=True))}
+    spender.stop_after = time.monotonic() + 0.5
+    spender.join(30)
+    assert not spender.errors and not spender.is_alive()
+    assert final["buckets"] >= before
+
+    with target.client() as t:
+        for key in logs:          # exhausted before the move, exhausted after
+            assert t.execute_command("CL.MOVING", key, 5, 60_000) == [0, 1_000_000, 5]
+        for key in counters:
+            assert t.execute_command("CL.FIXED", key, 60_000, 0) == [7, 1_060_000]
+        for key in sliding:
+            assert t.execute_command("CL.SLIDING", key, 9, 60_000, 0)[3] == 4
+        # every entry the load was allowed is in the new owner's log and counter
+        for key, n in spender.allowed.items():
+            assert n > 0
+            assert t.execute_command("CL.MOVING", key, CAPACITY, 60_000, 0)[2] == n
+            assert t.execute_command("CL.FIXED", b"f:" + key, 60_000, 0)[0] >= n
+    standby = cluster.nodes[1][1]
+    wait_for(lambda: count_in(standby, MOVING) == count_in(target, MOVING) >= before,
+             "the target's standby to have the moved windowed counters")
+    wait_for(lambda: count_in(source, MOVING) == 0, "the source to delete them")
+    wait_for(lambda: count_in(cluster.nodes[0][1], MOVING) == 0,
+             "the source's standby to forget them")

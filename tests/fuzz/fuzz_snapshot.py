@@ -1,6 +1,7 @@
 """The snapshot loader (server/snapshot.py's decode and restore, and the C
 loaders of _core.pyx and _rules.pyx they call): a snapshot file's bytes
-restored into an empty server that has some of the rules the file names.
+restored into an empty server that has some of the rules the file names
+(and its windowed counters' store: _windows.pyx's loaders).
 Most inputs get a valid checksum and end marker put on them (the first
 byte even), so the fuzzer reaches past the checksum into the metadata and
 the records; the others are decoded as they are.  SnapshotError is the
@@ -35,7 +36,8 @@ def one_input(data: bytes) -> None:
     if not data or data[0] & 1 == 0:
         raw = sealed(snapshot.MAGIC + raw)
     with harness.expect(snapshot.SnapshotError):
-        snapshot.restore(snapshot.decode(raw), SERVER.store, SERVER.rule_engine, SERVER.rules)
+        snapshot.restore(snapshot.decode(raw), SERVER.store, SERVER.rule_engine, SERVER.rules,
+                         SERVER.windows.store)
     SERVER.flush_buckets()
 
 

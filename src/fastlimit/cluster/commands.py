@@ -169,7 +169,7 @@ def cmd_cluster_countkeysinslot(conn, args):
     if not 0 <= slot < 16384:
         raise ReplyError("ERR Invalid slot")
     app = conn.core.app
-    return app.store.count_in_slot(slot) + app.rule_engine.count_in_slot(slot)
+    return sum(store.count_in_slot(slot) for store in app.stores)
 
 
 def cmd_cluster_getkeysinslot(conn, args):
@@ -180,8 +180,8 @@ def cmd_cluster_getkeysinslot(conn, args):
         raise ReplyError("ERR Invalid slot or number of keys")
     app = conn.core.app
     keys = SlotKeys(count)
-    app.store.keys_in_slot(keys, slot)
-    app.rule_engine.keys_in_slot(keys, slot)
+    for store in app.stores:
+        store.keys_in_slot(keys, slot)
     return keys.keys()
 
 

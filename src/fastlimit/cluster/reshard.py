@@ -93,7 +93,7 @@ class Reshard(Subsystem):
         self.mask: bytes | None = None       # the slots moving now
         self.pending: list[bytes] = []       # their changes drained, not sent yet
         self.status = MoveStatus()
-        self.deleting: list[SlotCursor] = []  # store's and engine's, of moved slots
+        self.deleting: list[SlotCursor] = []  # each of app.stores', of moved slots
         self.task: asyncio.Task | None = None
         self.moves = 0
 
@@ -112,7 +112,9 @@ class Reshard(Subsystem):
             return
         app = self.app
         for s in snapshot.parse_sections(memoryview(b"".join(parts))):
-            owner = app.store if s.name == b"check" else app.rule_engine
+            owner = (app.store if s.name == b"check" else
+                     app.windows.store if s.name.startswith(snapshot.WINDOWS_PREFIX) else
+                     app.rule_engine)
             self.pending += owner.filter_section(self.mask, s.name, s.value_size, s.data,
                                                  s.records)
 
@@ -122,9 +124,8 @@ class Reshard(Subsystem):
 
     def _start_tracking(self, mask: bytes) -> None:
         if not self._replication_tracks():
-            limit = self.app.settings.repl_buffer_limit
-            self.app.store.track_changes(limit)
-            self.app.rule_engine.track_changes(limit)
+            for store in self.app.stores:
+                store.track_changes(self.app.settings.repl_buffer_limit)
         self.mask = mask
         self.pending = []
 
@@ -132,8 +133,8 @@ class Reshard(Subsystem):
         self.mask = None
         self.pending = []
         if not self._replication_tracks():
-            self.app.store.untrack_changes()
-            self.app.rule_engine.untrack_changes()
+            for store in self.app.stores:
+                store.untrack_changes()
 
     def _take_changes(self) -> list[bytes]:
         """The moving slots' changes since the last call."""
@@ -142,13 +143,14 @@ class Reshard(Subsystem):
         if self._replication_tracks():
             app.replication.flush()        # its replicas get them too
         else:
-            self.changes_drained(app.store.drain_changes() + app.rule_engine.drain_changes())
+            self.changes_drained([part for store in app.stores
+                                  for part in store.drain_changes()])
         self._check_log()
         parts, self.pending = self.pending, []
         return parts
 
     def _check_log(self) -> None:
-        if self.app.store.changes_overflowed() or self.app.rule_engine.changes_overflowed():
+        if any(store.changes_overflowed() for store in self.app.stores):
             raise MoveError("the change log passed repl-buffer-limit during the move; "
                             "raise it or move fewer slots at a time")
 
@@ -218,7 +220,7 @@ class Reshard(Subsystem):
             await self._pause_and_flip(target, new_map, mask)
         finally:
             self._stop_tracking()
-        self.deleting = [SlotCursor(mask), SlotCursor(mask)]
+        self.deleting = [SlotCursor(mask) for _ in self.app.stores]
         self.status.state = "pushing"
         others = [a for a in cluster.other_nodes(old_map, new_map) if a != target]
         replies = await cluster.peers.call_each(others, "CL.CLUSTER", "SETMAP",
@@ -235,7 +237,7 @@ class Reshard(Subsystem):
         app = self.app
         batch: list[bytes] = []
         size = 0
-        for table in (app.store, app.rule_engine):
+        for table in app.stores:
             cursor = SlotCursor(mask)
             while not cursor.done:
                 parts = table.export_slots(cursor, STEP_MS, BATCH_BYTES)
@@ -334,7 +336,7 @@ class Reshard(Subsystem):
             snap = snapshot.decode(blob)
             renumber = snapshot.renumber_map(snap.rules, app.rules)
             snapshot.load_sections(snap.sections, app.store, app.rule_engine, renumber,
-                                   deletes=True)
+                                   deletes=True, windows=app.windows.store)
         except snapshot.SnapshotError as e:
             raise ReplyError(f"ERR unusable slot data: {e}") from None
         snapshot.advance_lease_generations(snap.lease_generations, app.rule_engine, renumber)
@@ -346,7 +348,7 @@ class Reshard(Subsystem):
         if not self.deleting:
             return
         app = self.app
-        for table, cursor in zip((app.store, app.rule_engine), self.deleting, strict=True):
+        for table, cursor in zip(app.stores, self.deleting, strict=True):
             if not cursor.done:
                 table.delete_slots(cursor, STEP_MS / 2)
                 return

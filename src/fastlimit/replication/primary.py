@@ -214,7 +214,7 @@ class Replication(Subsystem):
             fd = copy.fd
             snapshot.write_all(fd, rs.frame(rs.RULES, rules) +
                                rs.frame(rs.SNAPSHOT, rs.snapshot_payload(offset, b"")))
-            snapshot.write_to(fd, app.store, app.rule_engine, numbers, now)
+            snapshot.write_to(fd, app.store, app.rule_engine, numbers, now, app.windows.store)
             # the copy's length, known now, goes into its frame header
             size = os.lseek(fd, 0, os.SEEK_CUR) - len(rules) - 2 * rs.FRAME.size
             os.pwrite(fd, rs.FRAME.pack(rs.SNAPSHOT, size), len(rules) + rs.FRAME.size)
@@ -322,13 +322,11 @@ class Replication(Subsystem):
             return    # a replica relays its primary's batches: it has none of its own
         if app.reshard.tracking:
             return    # a slot move keeps the log on (and hands it back after)
-        if on:
-            limit = app.settings.repl_buffer_limit
-            app.store.track_changes(limit)
-            app.rule_engine.track_changes(limit)
-        else:
-            app.store.untrack_changes()
-            app.rule_engine.untrack_changes()
+        for store in app.stores:
+            if on:
+                store.track_changes(app.settings.repl_buffer_limit)
+            else:
+                store.untrack_changes()
 
     def _schedule_flush(self) -> None:
         if self._flush_handle is None and self.followers:
@@ -353,12 +351,12 @@ class Replication(Subsystem):
         if not self.followers or self.link is not None:
             return
         app = self.app
-        if app.store.changes_overflowed() or app.rule_engine.changes_overflowed():
+        if any(store.changes_overflowed() for store in app.stores):
             self._drop_all("the change log passed repl-buffer-limit")
             return
-        oldest = min(filter(None, (app.store.oldest_change_ms(),
-                                   app.rule_engine.oldest_change_ms())), default=None)
-        sections = app.store.drain_changes() + app.rule_engine.drain_changes()
+        oldest = min(filter(None, (store.oldest_change_ms() for store in app.stores)),
+                     default=None)
+        sections = [part for store in app.stores for part in store.drain_changes()]
         app.reshard.changes_drained(sections)    # a slot move sends its slots' part
         now = wall_ms()
         if not sections and now - self._last_batch_ms < HEARTBEAT_S * 1000:

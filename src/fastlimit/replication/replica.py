@@ -298,7 +298,8 @@ class PrimaryLink(RetryingLink):
             # the copy's buckets by their own rule numbers (a replica's
             # differ from the primary's that its stream carries)
             renumber = snapshot.renumber_map(copy.rules, app.rules)
-            snapshot.load_sections(copy.sections, app.store, app.rule_engine, renumber)
+            snapshot.load_sections(copy.sections, app.store, app.rule_engine, renumber,
+                                   windows=app.windows.store)
             snapshot.advance_lease_generations(copy.lease_generations, app.rule_engine,
                                                renumber)
             self.offset = offset
@@ -311,7 +312,7 @@ class PrimaryLink(RetryingLink):
         elif kind == rs.BATCH:
             stamp, generations, sections = rs.parse_batch(payload)
             snapshot.load_sections(sections, app.store, app.rule_engine, self.renumber,
-                                   deletes=True)
+                                   deletes=True, windows=app.windows.store)
             snapshot.advance_lease_generations(generations, app.rule_engine, self.renumber)
             records = sum(s.records for s in sections)
             self.repl.lag.add(wall_ms() - stamp, records)

@@ -74,6 +74,10 @@ class Server:
         # snapshot, so the counters it reserves find their buckets there.
         self.rls = RlsSubsystem(self, log)
         self.rls.load_at_start()
+        # the `limits` library's windowed counters (windows/): swept with the
+        # buckets, and carried as they are (snapshots, replication, maxmemory,
+        # slot moves), so made before the snapshot loads
+        self.windows = WindowsSubsystem(self.clock)
         self.replication = Replication(self, log)
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
@@ -82,8 +86,6 @@ class Server:
         # The users (and the aclfile: raises ConfigError, the server refuses
         # to start, if it cannot be used), before any connection.
         self.acl = Acl(self, log)
-        # the `limits` library's windowed counters (windows/), swept with the buckets
-        self.windows = WindowsSubsystem(self.store.clock)
         self.expiry = Expiry([self.store, self.rule_engine, self.windows.store],
                              self.core.load_meter)
         self.maxmemory = MaxMemory(self)
@@ -169,6 +171,14 @@ class Server:
 
     def bucket_count(self) -> int:
         return len(self.store) + len(self.rule_engine)
+
+    @property
+    def stores(self) -> tuple:
+        """Every store of counts, each with the same interface for what
+        carries them (dump/track_changes/drain_changes/set_bound/
+        export_slots...): CL.CHECK's buckets, the rules', the windowed
+        counters'."""
+        return (self.store, self.rule_engine, self.windows.store)
 
     def flush_buckets(self) -> None:
         self.replication.flushed_all()

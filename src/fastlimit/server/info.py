@@ -68,7 +68,7 @@ def _clients(core, app) -> dict:
 
 
 def _memory(core, app) -> dict:
-    tables = core.store.memory_bytes + core.rules.memory_bytes
+    tables = sum(store.memory_bytes for store in app.stores)
     rss = rss_bytes()
     app.peak_rss = max(app.peak_rss, rss)
     mm = app.maxmemory

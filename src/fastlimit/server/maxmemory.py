@@ -32,8 +32,8 @@ class MaxMemory(Subsystem):
         on = settings.maxmemory > 0
         if on != self.attached:
             bound = self.bound if on else None
-            self.server.store.set_bound(bound)
-            self.server.rule_engine.set_bound(bound)
+            for store in self.server.stores:
+                store.set_bound(bound)
             self.attached = on
 
     def tick(self) -> None:
@@ -46,9 +46,10 @@ class MaxMemory(Subsystem):
         self.used_memory()
 
     def counted(self) -> int:
-        """Bytes compared with maxmemory: both stores' tables."""
-        return self.bound.used if self.attached else (
-            self.server.store.memory_bytes + self.server.rule_engine.memory_bytes)
+        """Bytes compared with maxmemory: every store's tables (the
+        buckets', the rules', the windowed counters')."""
+        return self.bound.used if self.attached else sum(
+            store.memory_bytes for store in self.server.stores)
 
     def used_memory(self) -> int:
         """INFO's used_memory: the tables and the clients' buffers (which,

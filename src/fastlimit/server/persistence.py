@@ -81,7 +81,8 @@ class Snapshots(Subsystem):
             return
         app = self.app
         try:
-            loaded = restore(read(self.path), app.store, app.rule_engine, app.rules)
+            loaded = restore(read(self.path), app.store, app.rule_engine, app.rules,
+                             app.windows.store)
         except Exception as e:   # whatever is wrong with it, the server must start
             if not isinstance(e, (SnapshotError, OSError)):
                 self.log.exception("restoring snapshot %s failed unexpectedly", self.path)
@@ -91,7 +92,9 @@ class Snapshots(Subsystem):
             self.log.error("snapshot %s is unusable (%s); moved to %s, starting without it",
                            self.path, e, aside)
             return
-        self.log.info("loaded %d buckets from snapshot %s", loaded, self.path)
+        windowed = len(app.windows.store)      # it was empty: everything loads first
+        self.log.info("loaded %d buckets from snapshot %s (and %d windowed counters)",
+                      loaded - windowed, self.path, windowed)
 
     def save(self) -> None:
         """Writes the snapshot now, blocking (SAVE, shutdown)."""
@@ -101,7 +104,7 @@ class Snapshots(Subsystem):
         self.last_attempt = time.time()
         try:
             write(self.path, app.store, app.rule_engine, rule_numbers(app.rules),
-                  app.clock.now())
+                  app.clock.now(), app.windows.store)
         except BaseException:
             self._saved("err")
             raise
@@ -116,7 +119,8 @@ class Snapshots(Subsystem):
         app = self.app
         numbers, now = rule_numbers(app.rules), app.clock.now()
         self.last_attempt = time.time()
-        pid = fork_worker(lambda: write(self.path, app.store, app.rule_engine, numbers, now))
+        pid = fork_worker(lambda: write(self.path, app.store, app.rule_engine, numbers, now,
+                                        app.windows.store))
         self.child = pid
         self.log.info("background saving started by pid %d", pid)
         return True

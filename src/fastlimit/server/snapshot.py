@@ -5,9 +5,16 @@ A snapshot is written to a temporary file, fsync'ed, renamed over the old
 one and the directory fsync'ed, so a crash leaves the old snapshot or the
 new one, never a mix.  Layout (little-endian):
 
-    FLSNAP\\0\\1  <u32 meta length><meta: JSON {"created_ms", "rules"}>
+    FLSNAP\\0\\2  <u32 meta length><meta: JSON {"created_ms", "rules"}>
     sections: <u16 name length><name><u32 value size><u64 records><u64 bytes><records>
     <u32 CRC-32 of everything before it>  FLSNAPEND
+
+The magic's last byte is the format's version.  Version 2 added the
+windowed counters' sections ("windows:fixed", "windows:sliding",
+"windows:log:<k>": _windows.pyx, the `limits` library's strategies);
+version 1 files (buckets only) still load.  A server that reads only
+version 1 refuses a version 2 file instead of loading it without the
+windowed counts.
 
 Records are the engine's packed records (see _core.pxd), with absolute
 times, so refill over the downtime is right.  Rule buckets carry their
@@ -27,7 +34,10 @@ import traceback
 import zlib
 from dataclasses import dataclass
 
-MAGIC = b"FLSNAP\x00\x01"
+MAGIC = b"FLSNAP\x00\x02"          # what this version writes
+MAGIC_V1 = b"FLSNAP\x00\x01"       # buckets only, before the windowed counters
+READABLE = {MAGIC: 2, MAGIC_V1: 1}
+WINDOWS_PREFIX = b"windows:"        # the windowed counters' sections (_windows.pyx)
 BUCKET_VALUE_SIZE = 20      # a "check" record's value (see _core.pxd)
 FOOTER = b"FLSNAPEND"
 _SECTION = struct.Struct("<IQQ")
@@ -51,16 +61,18 @@ class Snapshot:
     rules: dict[int, tuple[str, str, str]]     # number -> (id, algorithm, scope)
     lease_generations: dict[int, int]          # concurrency rule number -> generation
     sections: list[Section]
+    version: int = 2
 
 
 def write(path: str, store, engine, rules: dict[int, tuple[str, str, str]],
-          now_ms: int) -> None:
-    """Writes a snapshot of store and engine to path, atomically."""
+          now_ms: int, windows=None) -> None:
+    """Writes a snapshot of store, engine and windows (the windowed
+    counters' store, if any) to path, atomically."""
     tmp = temp_path(path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         try:
-            write_to(fd, store, engine, rules, now_ms)
+            write_to(fd, store, engine, rules, now_ms, windows)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -116,7 +128,7 @@ def unlink_if_there(path: str) -> None:
 
 
 def write_to(fd: int, store, engine, rules: dict[int, tuple[str, str, str]],
-             now_ms: int) -> None:
+             now_ms: int, windows=None) -> None:
     """Writes a whole snapshot to an open file descriptor."""
     meta = json.dumps({"created_ms": now_ms,
                        "rules": {str(n): list(r) for n, r in rules.items()},
@@ -126,6 +138,8 @@ def write_to(fd: int, store, engine, rules: dict[int, tuple[str, str, str]],
     write_all(fd, head)
     crc = store.dump(fd, zlib.crc32(head))
     _, crc = engine.dump(fd, crc)
+    if windows is not None:
+        _, crc = windows.dump(fd, crc)
     write_all(fd, struct.pack("<I", crc) + FOOTER)
 
 
@@ -156,7 +170,10 @@ def decode(data) -> Snapshot:
     SnapshotError if unusable."""
     data = memoryview(data)
     trailer = 4 + len(FOOTER)
-    if len(data) < len(MAGIC) + 4 + trailer or data[:len(MAGIC)] != MAGIC:
+    if len(data) < len(MAGIC) + 4 + trailer or bytes(data[:len(MAGIC)]) not in READABLE:
+        if len(data) >= len(MAGIC) and bytes(data[:len(MAGIC) - 1]) == MAGIC[:-1]:
+            raise SnapshotError(f"snapshot format version {data[len(MAGIC) - 1]}: this "
+                                f"server reads versions 1 to {READABLE[MAGIC]}")
         raise SnapshotError("not a fastlimit snapshot (bad header)")
     if data[-len(FOOTER):] != FOOTER:
         raise SnapshotError("truncated (no end marker)")
@@ -184,7 +201,11 @@ def _parse(body: memoryview) -> Snapshot:
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise SnapshotError(f"unreadable metadata: {e}") from None
     pos += meta_len
-    return Snapshot(created, rules, generations, parse_sections(body, pos))
+    version = READABLE[bytes(body[:len(MAGIC)])]
+    sections = parse_sections(body, pos)
+    if version < 2 and any(s.name.startswith(WINDOWS_PREFIX) for s in sections):
+        raise SnapshotError("windowed counters in a version 1 snapshot")
+    return Snapshot(created, rules, generations, sections, version)
 
 
 def parse_sections(body: memoryview, pos: int = 0) -> list[Section]:
@@ -237,15 +258,19 @@ def rule_numbers(registry) -> dict[int, tuple[str, str, str]]:
     return registry.carried()
 
 
-def restore(snapshot: Snapshot, store, engine, registry) -> int:
-    """Loads a verified snapshot; returns the buckets loaded.  Buckets of
-    rules that are gone, or whose algorithm or key scope changed, are left
-    out."""
+def restore(snapshot: Snapshot, store, engine, registry, windows=None) -> int:
+    """Loads a verified snapshot; returns the buckets (and windowed
+    counters, given their store) loaded.  Buckets of rules that are gone,
+    or whose algorithm or key scope changed, are left out."""
     renumber = renumber_map(snapshot.rules, registry)
-    before = len(store) + len(engine)
-    load_sections(snapshot.sections, store, engine, renumber)
+
+    def count() -> int:
+        return len(store) + len(engine) + (len(windows) if windows is not None else 0)
+
+    before = count()
+    load_sections(snapshot.sections, store, engine, renumber, windows=windows)
     advance_lease_generations(snapshot.lease_generations, engine, renumber)
-    return len(store) + len(engine) - before
+    return count() - before
 
 
 def renumber_map(numbered: dict[int, tuple[str, str, str]], registry) -> list[int | None]:
@@ -263,12 +288,17 @@ def renumber_map(numbered: dict[int, tuple[str, str, str]], registry) -> list[in
 
 
 def load_sections(sections: list[Section], store, engine, renumber: list,
-                  deletes: bool = False) -> None:
+                  deletes: bool = False, windows=None) -> None:
     """Loads sections (of a snapshot, or of a replication batch, whose
-    tombstones delete when `deletes`); SnapshotError if malformed."""
+    tombstones delete when `deletes`); SnapshotError if malformed.  The
+    windowed counters' sections go to windows (left out without one)."""
     for s in sections:
         try:
-            if s.name == b"check":
+            if s.name.startswith(WINDOWS_PREFIX):
+                if windows is not None and not windows.load_section(
+                        s.name, s.value_size, s.data, s.records, deletes):
+                    raise ValueError("no such windowed counter table")
+            elif s.name == b"check":
                 if s.value_size != BUCKET_VALUE_SIZE:
                     raise ValueError(f"value size {s.value_size}, not {BUCKET_VALUE_SIZE}")
                 store.load(s.data, s.records, deletes)

@@ -101,8 +101,11 @@ def cmd_debug(conn, args):
         return _debug_shed_level(conn, args)
     if sub == "sweep":
         budget = float(integer(args[2], "budget-ms")) if len(args) > 2 else 100.0
+        # CL.CHECK's buckets and the windowed counters (the rules' tables
+        # are the server's sweep's alone)
         removed, scanned = conn.core.store.sweep(budget_ms=budget)
-        return [removed, scanned]
+        w_removed, w_scanned = conn.core.app.windows.store.sweep(budget_ms=budget)
+        return [removed + w_removed, scanned + w_scanned]
     raise ReplyError(f"ERR unknown subcommand '{args[1].decode(errors='replace')}'. "
                      "Try DEBUG HELP.")
 
