@@ -102,7 +102,10 @@ cdef class HttpConnection:
     cdef uint32_t decide(self, int endpoint, dict doc, CheckResult* r)
     cdef uint32_t limit(self, dict doc, CheckResult* r)
     cdef uint32_t apply(self, dict doc, CheckResult* r)
-    cdef str home_refusal(self, int home)
+    cdef uint32_t elsewhere(self, list args, bytes client, bytes resource, int64_t cost,
+                            CheckResult* r, check) except? 0
+    cdef bytes decision_bytes(self, list reply, uint32_t binding, bint enforce, bint keep)
+    cdef str home_refusal(self)
     cdef void bucket(self, dict doc, CheckResult* r)
     cdef void route(self, bytes key)
     cdef int asked_priority(self, dict doc) except -2
@@ -115,6 +118,7 @@ cdef class HttpConnection:
     cdef void begin_response(self, int status, bytes content_type, bint keep)
     cdef void finish_response(self)
     cdef void send_python(self, response, bint keep, bytes method)
+    cdef void queue_task(self, coroutine)
     cdef object waiting_task(self)
     cdef void emit(self, bytes data)
     cdef void fail(self, int status, str title, str detail)

@@ -10,7 +10,7 @@ from fastlimit._resp cimport Arg
 from fastlimit._rules cimport FL_SPLIT_MAX
 from fastlimit._load cimport (FL_PRIO_UNSET, FL_PRIO_NORMAL, FL_SHED_REMAINING,
                               FL_SHED_RETRY_MS)
-from fastlimit._load import priority_value
+from fastlimit._load import PRIORITIES, priority_value
 from fastlimit._protocol import HOME_ELSEWHERE, SLICE_BUDGET_S, credentials, peer_text
 from fastlimit._rules import HomeElsewhere
 from fastlimit._resp cimport (Writer, writer_init, writer_free, writer_reset, write_raw,
@@ -90,6 +90,26 @@ class Refused(Exception):
     def __init__(self, error):
         super().__init__(error)
         self.error = error
+
+
+class Forwarded(Exception):
+    """A check another region answers (README, "Home rules"): `answer`
+    awaits its reply; `binding` the home rule it names in the response."""
+
+    def __init__(self, answer, binding):
+        super().__init__("forwarded to the key's home region")
+        self.answer = answer
+        self.binding = binding
+
+
+async def forwarded_response(HttpConnection conn, answer, uint32_t binding, bint enforce,
+                             bint keep):
+    """The response to a forwarded check, once its home region answered."""
+    try:
+        reply = await answer
+    except Exception as e:      # the home's error reply, as this front words errors
+        return conn.shared.front.encode(conn.shared.front.refused(str(e)), keep, False)
+    return conn.decision_bytes(reply, binding, enforce, keep)
 
 
 cdef class HttpShared:
@@ -669,8 +689,23 @@ cdef class HttpConnection:
         cdef CheckResult r
         cdef uint32_t binding
         doc = self.json_body()
-        binding = self.decide(endpoint, doc, &r)
+        try:
+            binding = self.decide(endpoint, doc, &r)
+        except Forwarded as f:
+            self.queue_task(forwarded_response(self, f.answer, f.binding, enforce, keep))
+            return
         self.write_decision_response(&r, binding, enforce, keep)
+
+    cdef bytes decision_bytes(self, list reply, uint32_t binding, bint enforce, bint keep):
+        """A decision's response as bytes, apart from this connection's
+        output (a forwarded check's, sent in its turn)."""
+        cdef CheckResult r
+        cdef size_t mark = self.out.len
+        r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = reply[:5]
+        self.write_decision_response(&r, binding, enforce, keep)
+        data = PyBytes_FromStringAndSize(self.out.buf + mark, self.out.len - mark)
+        self.out.len = mark
+        return data
 
     cdef uint32_t decide(self, int endpoint, dict doc, CheckResult* r):
         """One check's decision into r; returns the binding rule's number
@@ -699,17 +734,36 @@ cdef class HttpConnection:
                             PyBytes_GET_SIZE(tier) if tier is not None else 0,
                             cost, asked, self.user_priority(), self.core.clock.now_ms(), r, &n)
         if error is HOME_ELSEWHERE:
-            raise Refused(self.home_refusal(self.core.rules.home_region))
+            args = [b"CL.LIMIT", client, resource, b"COST", b"%d" % cost]
+            if tier is not None:
+                args += [b"TIER", tier]
+            if asked != FL_PRIO_UNSET:
+                args += [b"PRIORITY", PRIORITIES[asked].encode()]
+            return self.elsewhere(args, client, resource, cost, r, lambda: self.core.rules.limit(
+                client, resource, tier, cost))
         if error is not None:
             raise Refused(error)
         return self.core.rules.binding_rule
 
-    cdef str home_refusal(self, int home):
-        """A home rule's check whose key lives in another region: named,
-        for the caller to ask it (this front does not forward checks)."""
-        name = self.core.app.regions.names[home]
-        return (f"HOME {name}: the check's key lives in region {name}, which answers it "
-                "(the HTTP front does not forward checks; the RESP front does)")
+    cdef uint32_t elsewhere(self, list args, bytes client, bytes resource, int64_t cost,
+                            CheckResult* r, check) except? 0:
+        """A check whose key lives in another region, run again in Python
+        (check()) to be answered as regions/subsystem.py answer_elsewhere
+        says: at once (the home is unreachable), or raising Forwarded
+        with the wait for the home's reply."""
+        registry = self.core.app.rules
+        try:
+            five = check()
+        except HomeElsewhere as e:
+            answer = self.core.app.regions_sync.answer_elsewhere(e, args, client, resource,
+                                                                 cost, False)
+            if type(answer) is not list:
+                raise Forwarded(answer, next(
+                    (num for num in e.rules if registry.rule_for_num(num) is not None
+                     and registry.rule_for_num(num).regions == "home"), 0))
+            five = answer
+        r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = five
+        return self.core.rules.binding_rule if r.remaining != FL_SHED_REMAINING else 0
 
     cdef uint32_t apply(self, dict doc, CheckResult* r):
         """CL.APPLY <id>[,<id>...] <key> [RESOURCE r] [COST n]."""
@@ -733,24 +787,22 @@ cdef class HttpConnection:
         self.route(key)
         if self.core.readonly and cost != 0:
             raise Refused("READONLY You can't write against a read only replica.")
+        cdef bytes resource_bytes = utf8(resource) if resource else b""
         try:
             shed = self.core.shed_rules(nums, asked, self.user_priority())
             if shed is not None:
                 r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = shed
                 return 0
-            five = self.core.rules.apply(nums, key, cost, utf8(resource) if resource else b"")
-        except HomeElsewhere as e:
-            if not e.down:
-                raise Refused(self.home_refusal(e.home)) from None
-            # the home is unreachable: the failure policy, uncounted (as CL.LIMIT's)
-            five = (int(not e.fail_closed), -1, FL_SHED_REMAINING,
-                    FL_SHED_RETRY_MS if e.fail_closed else 0, 0)
+            args = [b"CL.APPLY", ",".join(ids).encode(), key, b"RESOURCE", resource_bytes,
+                    b"COST", b"%d" % cost]
+            if asked != FL_PRIO_UNSET:
+                args += [b"PRIORITY", PRIORITIES[asked].encode()]
+            return self.elsewhere(args, key, resource_bytes, cost, r,
+                                  lambda: self.core.rules.apply(nums, key, cost, resource_bytes))
         except ValueError as e:
             raise Refused(f"ERR {e}") from None
         except MemoryError:
             raise Refused("OOM out of memory: the bucket could not be stored") from None
-        r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms = five
-        return self.core.rules.binding_rule
 
     cdef void bucket(self, dict doc, CheckResult* r):
         """CL.CHECK <key> <capacity> <refill_per_sec> [COST n] [PERIOD ms]."""
@@ -823,6 +875,9 @@ cdef class HttpConnection:
                 self.write_decision(&r, binding)
             except BadField as e:
                 write_bytes(w, self.shared.front.batch_error(e.status, e.detail, e.field))
+            except Forwarded as f:     # a batch is answered at once, whole
+                f.answer.close()
+                write_bytes(w, self.shared.front.batch_error(421, self.home_refusal(), None))
             except Refused as e:
                 write_bytes(w, self.shared.front.batch_error(
                     ERROR_STATUS.get(e.error.partition(" ")[0], 500), e.error, None))
@@ -920,13 +975,24 @@ cdef class HttpConnection:
         write_raw(w, b"\r\n\r\n", 4)
         write_raw(w, BODY.buf, BODY.len)
 
+    cdef str home_refusal(self):
+        """A batch's check whose key lives in another region."""
+        name = self.core.app.regions.names[self.core.rules.home_region]
+        return (f"HOME {name}: the check's key lives in region {name}, which answers it; "
+                "a batch does not wait on another region: send this check alone")
+
     cdef void send_python(self, response, bint keep, bytes method):
         """A Python handler's Response, or an awaitable of one: sent in
         request order (what follows it waits)."""
         if type(response) is self.shared.response_type:
             self.emit(self.shared.front.encode(response, keep, method == b"HEAD"))
             return
-        task = asyncio.ensure_future(self.shared.front.finish(response, keep, method == b"HEAD"))
+        self.queue_task(self.shared.front.finish(response, keep, method == b"HEAD"))
+
+    cdef void queue_task(self, coroutine):
+        """A response that waits (a coroutine of its bytes): sent in request
+        order, and what follows it waits behind it."""
+        task = asyncio.ensure_future(coroutine)
         if self.pending is None:
             self.pending = []
             self.update_reading()

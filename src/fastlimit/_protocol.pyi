@@ -158,6 +158,7 @@ class ServerCore:
     def set_routing(self, served: Sequence[int] | None, shard_of_slot: Sequence[int] | None,
                     moved_to: list[str | None] | None) -> None:
         """Cluster routing per slot (None for all: standalone)."""
+    def route_error(self, key: bytes) -> str | None: ...
     def serves_slot(self, slot: int) -> bool:
         """Whether a keyed command for slot runs here."""
 

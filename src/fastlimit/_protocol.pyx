@@ -285,6 +285,11 @@ cdef class ServerCore:
     cdef str route_key(self, const char* key, size_t n):
         return slot_route_error(self, key, n)
 
+    def route_error(self, bytes key):
+        """The error a command on key gets here in cluster mode (MOVED,
+        ASK, TRYAGAIN...), or None where it runs here."""
+        return slot_route_error(self, key, len(key))
+
     def pause_slots(self, mask):
         return pause_served_slots(self, mask)
 

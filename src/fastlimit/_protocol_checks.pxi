@@ -375,6 +375,8 @@ cdef str check_limit(ServerCore core, const char* client, size_t clen, const cha
         if rc == FL_EHOME:
             return HOME_ELSEWHERE
         if rc == FL_EHOMEDOWN:
+            if rules.home_allowing:     # a local allowance, maybe: rules/commands.py decides
+                return HOME_ELSEWHERE
             home_unreachable(rules.home_fail_closed, r)
             return None
         return "OOM out of memory: the bucket could not be stored"

@@ -203,6 +203,7 @@ cdef class RuleEngine:
     cdef readonly int home_region
     cdef readonly bint home_fail_closed
     cdef public bint home_local
+    cdef public bint home_allowing   # a home rule has a home_allowance (registry.py)
     cdef dict home_tables         # rule number -> the bytes its home_prefixes point into
 
     cdef int sample_buckets(self, const char* client, size_t clen, const char* resource,

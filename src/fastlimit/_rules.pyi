@@ -44,6 +44,7 @@ class RuleEngine:
     def debit(self, num: int, suffix: bytes, cost: int, now_ms: int | None = ...) -> int: ...
     # regions: home rules
     home_local: bool
+    home_allowing: bool
     @property
     def home_region(self) -> int: ...
     @property
@@ -112,6 +113,8 @@ class HomeElsewhere(ValueError):
     home: int
     down: bool
     fail_closed: bool
-    def __init__(self, home: int, down: bool, fail_closed: bool) -> None: ...
+    rules: list[int]
+    def __init__(self, home: int, down: bool, fail_closed: bool,
+                 rules: list[int] | None = ...) -> None: ...
 
 def home_index(key: bytes, regions: int) -> int: ...

@@ -559,14 +559,15 @@ class HomeElsewhere(ValueError):
     """A home rule's key lives in region `home` (an index of the regions),
     which answers the check; `down`: that region is unreachable now;
     `fail_closed`: whether the check's rules deny when it cannot be
-    answered (on_failure)."""
+    answered (on_failure); `rules`: the numbers of the rules checked."""
 
-    def __init__(self, int home, bint down, bint fail_closed):
+    def __init__(self, int home, bint down, bint fail_closed, list rules=None):
         super().__init__(f"the check's home region ({home}) is "
                          + ("unreachable" if down else "another region"))
         self.home = home
         self.down = down
         self.fail_closed = fail_closed
+        self.rules = rules or []      # the check's rule numbers (home_allowance)
 
 
 cpdef int home_index(bytes key, int regions) except -1:
@@ -800,6 +801,7 @@ cdef class RuleEngine:
         self.home_rules = 0
         self.home_region = -1
         self.home_local = False
+        self.home_allowing = False
         self.home_tables = {}
         self.spend_limit = DEFAULT_SPEND_LOG_BYTES
 
@@ -1579,7 +1581,8 @@ cdef class RuleEngine:
         if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
             raise ValueError(self.split_error(rc))
         if rc == FL_EHOME or rc == FL_EHOMEDOWN:
-            raise HomeElsewhere(self.home_region, rc == FL_EHOMEDOWN, self.home_fail_closed)
+            raise HomeElsewhere(self.home_region, rc == FL_EHOMEDOWN, self.home_fail_closed,
+                                [self.order[i] for i in range(n)])
         if rc != FL_OK:
             raise_for(rc)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)

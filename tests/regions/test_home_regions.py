@@ -119,6 +119,36 @@ def test_an_unreachable_home_leaves_the_answer_to_the_failure_policy(fleet):
     assert ap.execute_command("CL.LIMIT", "user:1", "api")[:3] == [1, LIMIT, LIMIT - 1]
 
 
+def test_an_unreachable_home_leaves_a_small_local_allowance(fleet):
+    servers, proxies = fleet
+    set_rule(servers, dict(RULE, home="eu", home_allowance=5))
+    set_rule(servers, dict(RULE, match={"resource": "login"}, home="eu",
+                           on_failure="closed"), "login")
+    ap = servers["ap"].client()
+    assert ap.execute_command("CL.LIMIT", "user:1", "api", "COST", 2)[:3] == [1, LIMIT,
+                                                                              LIMIT - 2]
+    for (a, b), p in proxies.items():
+        if "eu" in (a, b):
+            p.stall()
+    wait_until(lambda: ap.info("regions")["region_partitioned"] == 1, what="eu unreachable")
+    # counted here against 5 of the rule's 30 tokens, in every form of the check
+    replies = [ap.execute_command("CL.LIMIT", "user:1", "api") for _ in range(3)]
+    replies.append(ap.execute_command("CL.APPLY", "api", "user:1", "COST", 2))
+    assert [r[:3] for r in replies] == [[1, 5, 4], [1, 5, 3], [1, 5, 2], [1, 5, 0]]
+    assert ap.execute_command("CL.LIMIT", "user:1", "api")[:3] == [0, 5, 0]
+    status, _, body = http_post(servers["ap"].extra_port, "/v1/check",
+                                {"client_key": "user:1", "resource": "api"})
+    assert status == 200 and (body["allowed"], body["limit"]) == (False, 5), body
+    # a check of a home rule with no allowance: the failure policy, uncounted
+    assert ap.execute_command("CL.LIMIT", "user:1", "login") == [0, -1, -2, 1000, 0]
+    assert ap.info("regions")["region_checks_allowance"] == 6
+    for p in proxies.values():
+        p.restore()
+    wait_until(lambda: ap.info("regions")["region_partitioned"] == 0, what="eu back")
+    # the home's count again: the allowance spent nothing of it
+    assert ap.execute_command("CL.LIMIT", "user:1", "api")[:3] == [1, LIMIT, LIMIT - 3]
+
+
 def test_a_home_slower_than_the_timeout_leaves_the_answer_to_the_failure_policy(fleet):
     servers, proxies = fleet
     set_rule(servers, dict(RULE, home="eu"))
@@ -146,25 +176,46 @@ def test_a_check_asked_of_its_home_waits_one_round_trip(fleet):
         assert w.read_reply() == b"+PONG\r\n"
 
 
-def test_other_fronts_and_multi(fleet):
+def http_post(port: int, path: str, doc: dict) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, body=json.dumps(doc))
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_multi_cannot_wait_on_the_home(fleet):
     servers, _ = fleet
     set_rule(servers, dict(RULE, home="eu"))
-    ap = servers["ap"]
     with pytest.raises(redis.ResponseError, match="waits on its home region"):
-        pipe = ap.client().pipeline(transaction=True)
+        pipe = servers["ap"].client().pipeline(transaction=True)
         pipe.execute_command("CL.LIMIT", "user:1", "api")
         pipe.execute()
-    for path, doc in (("/v1/check", {"client_key": "user:1", "resource": "api"}),
-                      ("/v1/limits/check", {"rule_id": "api", "key": "user:1"})):
-        conn = http.client.HTTPConnection("127.0.0.1", ap.extra_port, timeout=10)
-        try:
-            conn.request("POST", path, body=json.dumps(doc))
-            resp = conn.getresponse()
-            body = json.dumps(json.loads(resp.read()))
-        finally:
-            conn.close()
-        assert resp.status == 421, (path, body)
-        assert "HOME eu: the check's key lives in region eu" in body, (path, body)
+
+
+def test_the_http_front_asks_the_home_too(fleet):
+    servers, _ = fleet
+    set_rule(servers, dict(RULE, home="eu"))
+    port = servers["ap"].extra_port
+    status, headers, body = http_post(port, "/v1/check?enforce=1",
+                                      {"client_key": "user:1", "resource": "api", "cost": 3})
+    assert status == 200 and body["allowed"] and body["remaining"] == LIMIT - 3, body
+    assert body["rule"] == "api" and headers["RateLimit"].startswith('"api";r=27'), (body,
+                                                                                  headers)
+    status, _, body = http_post(port, "/v1/limits/check",
+                                {"rule_id": "api", "key": "user:1", "cost": LIMIT})
+    assert status == 200 and not body["allowed"] and body["remaining"] == LIMIT - 3, body
+    assert servers["eu"].client().info("regions")["region_checks_served"] == 2
+    # a batch is answered at once: its checks homed elsewhere are refused, named
+    status, _, body = http_post(port, "/v1/check/batch", {"checks": [
+        {"client_key": "user:1", "resource": "api"}, {"client_key": "user:1",
+                                                      "resource": "other"}]})
+    refused = body["results"][0]["error"]
+    assert status == 200 and refused["status"] == 421, body
+    assert "HOME eu: the check's key lives in region eu" in refused["detail"], body
+    assert body["results"][1]["allowed"] is True
 
 
 def test_cl_regioncheck_checks_what_it_is_asked(fleet):

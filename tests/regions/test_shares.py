@@ -85,6 +85,14 @@ def test_the_document_keeps_regions_and_shares():
     (dict(TB, regions="home", home_prefixes={"a": "e u"}), "home_prefixes: must be an object"),
     (dict(TB, regions="home", home_prefixes={"a" * 257: "eu"}),
      "home_prefixes: must be an object"),
+    (dict(TB, regions="global", home_allowance=1), "home_allowance: only a home rule has"),
+    (dict(TB, regions="home", home_allowance=0), "home_allowance: must be an integer from 1 "
+                                                 "to 10"),
+    (dict(TB, regions="home", capacity=10, home_allowance=11),
+     "home_allowance: must be an integer from 1 to 10"),
+    (dict(TB, regions="home", home_allowance=True), "home_allowance: must be an integer"),
+    ({"capacity": 1000, "refill": 1, "period_ms": 4_000_000_000, "regions": "home",
+      "home_allowance": 1}, "home_allowance: a region's share makes the refill period"),
     (dict(TB, shares=[1, 2]), "shares: must be an object of at most 64 regions"),
     (dict(TB, shares={}), "shares: must be an object"),
     (dict(TB, shares={"eu": 0}), "shares: must be an object"),
@@ -103,6 +111,24 @@ def test_document_errors(doc, error):
     with pytest.raises(RuleError) as e:
         parse_rule("r", doc)
     assert str(e.value).startswith(f"invalid rule 'r': {error}"), str(e.value)
+
+
+@pytest.mark.parametrize("doc, numbers", [
+    (dict(TB, capacity=100, refill_per_second=10), {"capacity": 5, "refill": 1,
+                                                    "period_ms": 2000}),
+    ({"algorithm": "fixed_window", "limit": 60, "window_ms": 60_000}, {"limit": 5,
+                                                                       "window_ms": 60_000}),
+    ({"algorithm": "gcra", "burst": 9, "count": 10, "period_ms": 1000},
+     {"burst": 4, "count": 1, "period_ms": 200}),
+])
+def test_a_home_allowance_is_that_many_of_the_rules_tokens_and_that_share_of_its_rate(
+        doc, numbers):
+    rule = parse_rule("r", dict(doc, regions="home", home_allowance=5))
+    spec = rule.allowance_spec()
+    assert {k: spec[k] for k in numbers} == numbers
+    assert "home" not in spec and spec["algorithm"] == rule.algorithm
+    assert parse_rule("r", rule.to_json()) == rule and '"home_allowance":5' in rule.to_json()
+    assert parse_rule("r", dict(doc, regions="home")).allowance_spec() is None
 
 
 def test_a_region_the_shares_do_not_name_cannot_enforce_the_rule():

@@ -7,6 +7,7 @@ import pytest
 
 from fastlimit._core import Clock
 from fastlimit._rules import RuleEngine
+from fastlimit.regions.shares import Regions
 from fastlimit.rules.model import RuleError, parse_rule
 from fastlimit.rules.registry import SOURCE_RESERVED, RuleRegistry
 
@@ -48,3 +49,28 @@ def test_every_reservation_change_is_announced(registry):
 def test_no_rule_id_can_take_a_reserved_name():
     with pytest.raises(RuleError, match="invalid rule id"):
         parse_rule("@rls/fixed_window/0/60", RULE)
+
+
+def test_a_home_allowance_holds_a_reservation_while_its_rule_has_one():
+    engine = RuleEngine(clock=Clock(manual=True))
+    reg = RuleRegistry(engine, regions=Regions("ap", ("ap", "eu")))
+    reg.start()
+    home = dict(RULE, regions="home", home="eu")
+    reg.set("api", dict(home, home_allowance=4))
+    allowance = reg.number_of("@home-allowance:api")
+    assert allowance is not None and engine.home_allowing
+    assert reg.carried()[allowance] == ("@home-allowance:api", "token_bucket", "home-allowance")
+    assert reg.allowances([reg.num_for("api")]) == [allowance]
+    # counted whatever the key's home: the allowance is a rule of this region
+    assert engine.apply([allowance], b"user:1", 4)[:3] == (1, 4, 0)
+    reg.set("api", dict(home, home_allowance=2))             # resized: the same number
+    assert reg.number_of("@home-allowance:api") == allowance
+    reg.set("other", dict(home, match={"resource": "other"}))
+    assert reg.allowances([reg.num_for("api"), reg.num_for("other")]) is None
+    reg.set("api", {"match": RULE["match"], "algorithm": "fixed_window", "limit": 10,
+                    "window_ms": 1000, "regions": "home", "home_allowance": 1})
+    assert reg.number_of("@home-allowance:api") not in (None, allowance)
+    reg.set("api", home)
+    reg.delete("other")
+    assert reg.number_of("@home-allowance:api") is None and not engine.home_allowing
+    assert reg.reserved_rows() == []

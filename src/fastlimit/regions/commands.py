@@ -48,6 +48,10 @@ def cmd_cl_regioncheck(conn, args):
     name = bytes(args[2]).lower()
     if name not in HOME_CHECKS:
         raise ReplyError("ERR CL.REGIONCHECK runs CL.LIMIT or CL.APPLY")
+    key = args[3] if name == b"cl.limit" else args[4] if len(args) > 4 else b""
+    moved = conn.core.route_error(bytes(key))     # a cluster's: another shard's key
+    if moved is not None:
+        raise ReplyError(moved)
     rules = conn.core.rules
     rules.home_local = True
     try:
@@ -56,3 +60,4 @@ def cmd_cl_regioncheck(conn, args):
         rules.home_local = False
     regions.checks_served += 1
     return reply
+

@@ -17,10 +17,12 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 
 import hiredis
 
 from fastlimit.regions.shares import PeerAddress
+from fastlimit.regions.wire import encode_batches
 from fastlimit.replication.replica import FailureLog, RetryingLink, resp_command
 from fastlimit.server.subsystem import info_text
 
@@ -257,10 +259,21 @@ class PeerLink(RetryingLink):
             self.expect.append(seq)
         self.unsent = 0
 
-    def call(self, args: list[bytes], answered) -> None:
+    def send_spends(self, spends: Mapping[tuple[int, bytes], int], names: Mapping[int, str],
+                    route: Callable[[int, bytes], bytes]) -> int:
+        """The spends, cut into batches (wire.py) and queued; how many.
+        (route is a cluster's: cluster_peer.py.)"""
+        queued = 0
+        for batch in encode_batches(spends, names):
+            self.enqueue(batch)
+            queued += 1
+        return queued
+
+    def call(self, args: list[bytes], answered, route_key: bytes | None = None) -> None:
         """Sends a command whose answer goes to answered(reply) (a reply
         error included); answered(None) at once if the link is not up.
-        Not sent again after a reconnect: the caller's round ends."""
+        Not sent again after a reconnect: the caller's round ends.
+        (route_key is a cluster's: cluster_peer.py.)"""
         if self.transport is None or self.state != "up":
             answered(None)
             return

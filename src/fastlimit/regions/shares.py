@@ -46,16 +46,20 @@ def rebalance_floor(regions: int) -> int:
 
 @dataclass(frozen=True)
 class PeerAddress:
-    """Where a peer region's tier is reached: its host and port, or with a
-    service the sentinels that know its primary (region-peers)."""
+    """Where a peer region's tier is reached: its host and port; or with a
+    service the sentinels that know its primary; or, for a cluster, seeds
+    that answer CLUSTER SLOTS (region-peers)."""
     host: str
     port: int
     service: str | None = None
-    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinels: tuple[tuple[str, int], ...] = ()     # or a cluster's seeds
+    cluster: bool = False
 
     def __str__(self) -> str:
         def one(host: str, port: int) -> str:
             return f"{f'[{host}]' if ':' in host else host}:{port}"
+        if self.cluster:
+            return "cluster:" + ",".join(one(h, p) for h, p in self.sentinels)
         if self.service is None:
             return one(self.host, self.port)
         return f"sentinel:{self.service}@" + ",".join(one(h, p) for h, p in self.sentinels)
@@ -106,6 +110,16 @@ def share_spec(spec: dict, weight: int, total: int) -> dict:
     else:                               # windows and concurrency: a limit
         out["limit"] = _tokens(spec["limit"], weight, total)
     return out
+
+
+def tokens_of(spec: dict) -> int:
+    """The most an engine spec's bucket holds: what share_spec shares."""
+    algorithm = spec["algorithm"]
+    if algorithm == "token_bucket":
+        return spec["capacity"]
+    if algorithm == "gcra":
+        return spec["burst"] + 1
+    return spec["limit"]
 
 
 def share_count(count: int, weight: int, total: int) -> int:

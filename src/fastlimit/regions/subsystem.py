@@ -10,7 +10,8 @@
   their partition policy until every peer answers again;
 - home rules: a check whose key lives in another region is asked of it
   (ask_home, over the link; CL.REGIONCHECK there), and while that region
-  is unreachable answered by the rules' failure policy;
+  is unreachable counted here against the rules' home allowances, or
+  answered by their failure policy (answer_elsewhere);
 - rebalanced static rules: every region-rebalance-ms this region's demand
   goes to the coordinator (the first region), which sends the rounds of
   new shares (rebalance.py); the shares are held through the registry;
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
+from fastlimit._cluster import keyslot
+from fastlimit._load import SHED_REMAINING, SHED_RETRY_MS
 from fastlimit._resp import ReplyError
+from fastlimit._rules import HomeElsewhere
+from fastlimit.regions.cluster_peer import ClusterPeer
 from fastlimit.regions.links import PeerLink
 from fastlimit.regions.rebalance import Coordinator
 from fastlimit.regions.shares import rebalance_floor
@@ -32,11 +37,10 @@ from fastlimit.regions.wire import (
     decode_batch,
     decode_demand,
     decode_shares,
-    encode_batches,
     encode_demand,
     encode_shares,
+    route_key,
 )
-from fastlimit.server.config import ConfigError
 from fastlimit.server.subsystem import Subsystem
 
 # Sender runs whose last batch is remembered (regions x restarts and links
@@ -52,7 +56,7 @@ class RegionsSubsystem(Subsystem):
         self.rules = server.rules
         self.engine = server.rule_engine
         self.origin = self.regions.name.encode() if self.regions else b""
-        self.links: list[PeerLink] = []     # made by apply_settings
+        self.links: list[PeerLink | ClusterPeer] = []     # made by apply_settings
         self.incarnations = 0               # links made: each numbers its batches anew
         self.started = False
         self.partitioned = False
@@ -66,6 +70,7 @@ class RegionsSubsystem(Subsystem):
         self.tokens_debited = 0
         self.tokens_overdrawn = 0     # spent there, found empty here: the overshoot
         self.batches_sent = 0
+        self.spends_misrouted = 0     # a cluster's: for a key another shard serves
         self._timer: asyncio.TimerHandle | None = None
         # rebalancing: the coordinator's plan (on the first region only),
         # each rule's checks counted at the last round, the last shrink here
@@ -84,6 +89,7 @@ class RegionsSubsystem(Subsystem):
         self.checks_asked = 0
         self.checks_unanswered = 0
         self.checks_served = 0
+        self.checks_allowance = 0       # counted here while their home was unreachable
 
     # ---- the subsystem's calls ----------------------------------------------------------
 
@@ -91,11 +97,7 @@ class RegionsSubsystem(Subsystem):
         """region-peers: a link per peer region; one whose address changed,
         or that is no longer listed, is stopped (its queue with it)."""
         wanted = settings.region_peers
-        if wanted and settings.cluster_enabled:
-            raise ConfigError("region-peers in cluster mode: a region's links carry each key's "
-                              "spends and checks to one tier, not to the shard of its slot",
-                              "region-peers")
-        kept = []
+        kept: list[PeerLink | ClusterPeer] = []
         for link in self.links:
             if wanted.get(link.name) == link.address:
                 kept.append(link)
@@ -104,12 +106,21 @@ class RegionsSubsystem(Subsystem):
         have = {link.name for link in kept}
         for name, address in wanted.items():
             if name not in have:
-                self.incarnations += 1
-                link = PeerLink(self, name, address, self.incarnations)
+                link = ClusterPeer(self, name, address, self.incarnation) if address.cluster \
+                    else PeerLink(self, name, address, self.incarnation())
                 kept.append(link)
                 if self.started:
                     link.start()
         self.links = kept
+        # rebalancing needs one coordinator and one demand per region: not
+        # with shards on either side (a rebalanced rule keeps its static share)
+        self.rules.set_rebalancing(not settings.cluster_enabled and not any(
+            address.cluster for address in wanted.values()))
+
+    def incarnation(self) -> int:
+        """A new link's number: each numbers its batches anew."""
+        self.incarnations += 1
+        return self.incarnations
 
     async def start(self) -> None:
         self.started = True
@@ -123,7 +134,8 @@ class RegionsSubsystem(Subsystem):
         for timer in (self._timer, self._rebalance_timer):
             if timer is not None:
                 timer.cancel()
-        tasks = [t for t in (link.stop() for link in self.links) if t is not None]
+        tasks: list[asyncio.Future] = [t for t in (link.stop() for link in self.links)
+                                       if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _schedule(self) -> None:
@@ -137,11 +149,15 @@ class RegionsSubsystem(Subsystem):
             spends = self.engine.drain_spends()
             if spends and self.links and self.app.replication.link is None:   # a primary
                 # rule ids, and the Envoy service's counters' reserved names
-                names = {num: name for num, (name, _, _) in self.rules.carried().items()}
-                for batch in encode_batches(spends, names):
-                    self.batches_sent += 1
-                    for link in self.links:
-                        link.enqueue(batch)
+                carried = self.rules.carried()
+                names = {num: name for num, (name, _, _) in carried.items()}
+                per_resource = {num for num, (_, _, scope) in carried.items()
+                                if scope == "client+resource"}
+
+                def route(num: int, key: bytes) -> bytes:
+                    return route_key(key, num in per_resource)
+                for link in self.links:
+                    self.batches_sent += link.send_spends(spends, names, route)
             for link in self.links:
                 link.tick()
             self._check_partition()
@@ -178,7 +194,7 @@ class RegionsSubsystem(Subsystem):
         next round."""
         try:
             rules = [rule.id for rule in self.rules.list() if rule.rebalance]
-            if rules and self.app.replication.link is None:     # a primary
+            if rules and self.rules.rebalancing and self.app.replication.link is None:
                 demand = self._demand(rules)
                 if self.coordinator is not None:
                     self.coordinator.note_demand(self.regions.name, demand)
@@ -201,7 +217,7 @@ class RegionsSubsystem(Subsystem):
             self.checks_seen[rule_id] = checks
         return demand
 
-    def _link_to(self, name: str) -> PeerLink | None:
+    def _link_to(self, name: str) -> PeerLink | ClusterPeer | None:
         return next((link for link in self.links if link.name == name), None)
 
     def _coordinate(self, rules: list[str]) -> None:
@@ -281,11 +297,38 @@ class RegionsSubsystem(Subsystem):
 
     # ---- home rules ------------------------------------------------------------------------
 
-    async def ask_home(self, home: int, args: list[bytes], unanswered: list) -> list:
+    def answer_elsewhere(self, e: HomeElsewhere, args: list[bytes], client: bytes,
+                         resource: bytes, cost: int, detail: bool) -> list | Awaitable[list]:
+        """A check (CL.LIMIT or CL.APPLY, args) whose key lives in another
+        region: that region's reply (an awaitable of it, ask_home); while
+        it is unreachable, counted here against the home allowances of
+        the check's home rules when each has one, else the failure
+        policy's answer, uncounted.  A reply: five integers, with detail
+        the rules' steps."""
+        unanswered: list = [int(not e.fail_closed), -1, SHED_REMAINING,
+                            SHED_RETRY_MS if e.fail_closed else 0, 0]
+        if detail:
+            unanswered.append([])
+        if not e.down:
+            return self.ask_home(e.home, args, unanswered)
+        nums = self.rules.allowances(e.rules)
+        if nums is None:
+            return unanswered
+        result = self.engine.apply(nums, client, cost, resource, detail=detail)
+        self.checks_allowance += 1
+        if not detail:
+            return list(result)
+        five, steps = result
+        return [*five, self.app.rules_detail(steps)]
+
+    async def ask_home(self, home: int, args: list[bytes], unanswered,
+                       route_key: bytes | None = None):
         """A check (CL.LIMIT or CL.APPLY and its arguments) asked of region
         home, over its link: its reply, or `unanswered` (the failure
         policy's) if the link is down or the answer takes longer than
-        region-home-timeout-ms.  An error the home answers is this one's."""
+        region-home-timeout-ms.  An error the home answers is this one's.
+        In a cluster the shard of route_key (else the check's client key)
+        answers."""
         assert self.regions is not None
         link = self._link_to(self.regions.names[home])
         answer: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -293,8 +336,9 @@ class RegionsSubsystem(Subsystem):
             if not answer.done():      # not after a timeout gave up on it
                 answer.set_result(reply)
 
-        if link is not None:
-            link.call([b"CL.REGIONCHECK", self.origin, *args], answered)
+        if link is not None:      # a cluster's shard by the check's client key
+            link.call([b"CL.REGIONCHECK", self.origin, *args], answered, route_key or (
+                args[1] if args[0].upper() == b"CL.LIMIT" else args[2]))
         else:
             answered(None)
         try:
@@ -328,8 +372,13 @@ class RegionsSubsystem(Subsystem):
         self.applied[(name, run)] = seq
         while len(self.applied) > APPLIED_RUNS:
             del self.applied[next(iter(self.applied))]
+        cluster = self.app.settings.cluster_enabled
         for rule_id, key, cost in spends:
             num = self.rules.number_of(rule_id)
+            if cluster and num is not None and not self.app.core.serves_slot(keyslot(
+                    route_key(key, self.rules.per_resource(num)))):
+                self.spends_misrouted += 1      # its shard moved: the sender asks again
+                continue
             try:
                 taken = self.engine.debit(num, key, cost) if num is not None else 0
             except (MemoryError, ValueError, ReplyError):     # no room: counted as overdrawn
@@ -359,12 +408,14 @@ class RegionsSubsystem(Subsystem):
             "region_batches_sent": self.batches_sent,
             "region_batches_received": self.batches_received,
             "region_spends_received": self.spends_received,
+            "region_spends_misrouted": self.spends_misrouted,
             "region_tokens_debited": self.tokens_debited,
             "region_tokens_overdrawn": self.tokens_overdrawn,
             "region_home_rules": sum(rule.regions == "home" for rule in rules),
             "region_checks_asked": self.checks_asked,
             "region_checks_unanswered": self.checks_unanswered,
             "region_checks_served": self.checks_served,
+            "region_checks_allowance": self.checks_allowance,
             "region_rebalanced_rules": sum(rule.rebalance for rule in rules),
             "region_share_version": self.share_version,
             "region_coordinator": r.names[0] if r else "",
@@ -378,7 +429,7 @@ class RegionsSubsystem(Subsystem):
             static = sorted((rule for rule in rules if rule.regions == "static"),
                             key=lambda rule: rule.id)
             for i, rule in enumerate(static):
-                if rule.rebalance:
+                if rule.rebalance and self.rules.rebalancing:
                     weight, total = self.rules.held_shares.get(rule.id, self.floor), 1000
                 else:
                     weight, total = r.weights(rule.shares)    # the registry took it here

@@ -67,6 +67,15 @@ def encode_batches(spends: Mapping[tuple[int, bytes], int],
         yield _batch(head, body, count)
 
 
+def route_key(key: bytes, per_resource: bool) -> bytes:
+    """The key a spend's bucket key (less its rule number) is routed by in
+    a cluster: its client key, as CL.LIMIT's (a per-resource bucket's key
+    is <u16 client length><client><resource>)."""
+    if not per_resource or len(key) < 2:
+        return key
+    return key[2:2 + _U16.unpack_from(key)[0]]
+
+
 def _batch(head: list[bytes], body: list[bytes], count: int) -> bytes:
     return b"".join([_U16.pack(len(head)), *head, _U32.pack(count), *body])
 
@@ -144,3 +153,4 @@ def _document(data: bytes) -> dict:
     if not isinstance(doc, dict) or len(doc) > MAX_RULES:
         raise WireError(f"a document is an object of at most {MAX_RULES} rules")
     return doc
+

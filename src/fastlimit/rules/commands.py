@@ -29,7 +29,7 @@ change and it is in force here (rules/follower.py).
 
 from __future__ import annotations
 
-from fastlimit._load import SHED_REMAINING, SHED_RETRY_MS, priority_value
+from fastlimit._load import priority_value
 from fastlimit._protocol import READONLY_ERROR, Awaited
 from fastlimit._resp import ReplyError, parse_integer
 from fastlimit._rules import HomeElsewhere
@@ -195,8 +195,9 @@ def cmd_apply(conn, args):
         raise ReplyError(f"ERR {e}") from None
     if shed is not None:
         return [*shed, []] if detail else list(shed)
-    return _checked(conn, args, detail, lambda: conn.core.rules.apply(
-        nums, args[2], cost, options.get("resource", b""), detail=detail))
+    resource = options.get("resource", b"")
+    return _checked(conn, args, detail, (args[2], resource, cost), lambda: conn.core.rules.apply(
+        nums, args[2], cost, resource, detail=detail))
 
 
 def cmd_limit(conn, args):
@@ -210,25 +211,21 @@ def cmd_limit(conn, args):
     if conn.core.readonly and cost != 0:
         raise ReplyError(READONLY_ERROR)
     detail = options.get("detail", False)
-    return _checked(conn, args, detail, lambda: conn.core.rules.limit(
+    return _checked(conn, args, detail, (args[1], args[2], cost), lambda: conn.core.rules.limit(
         args[1], args[2], options.get("tier"), cost, detail=detail))
 
 
-def _checked(conn, args, detail: bool, check):
+def _checked(conn, args, detail: bool, counted: tuple[bytes, bytes, int], check):
     """The reply of a rules check (CL.LIMIT, CL.APPLY): its five integers,
     with DETAIL the rules' steps; one whose key lives in another region
-    is that region's answer (an Awaited reply), or the failure policy's
-    while it is unreachable."""
+    is answered as regions/subsystem.py answer_elsewhere says (that
+    region's reply, an Awaited one), counted (client key, resource,
+    cost) against the home allowances while it is unreachable."""
     try:
         result = check()
     except HomeElsewhere as e:
-        unanswered: list = [int(not e.fail_closed), -1, SHED_REMAINING,
-                            SHED_RETRY_MS if e.fail_closed else 0, 0]
-        if detail:
-            unanswered.append([])
-        if e.down:
-            return unanswered
-        return Awaited(conn.core.app.regions_sync.ask_home(e.home, list(args), unanswered))
+        answer = conn.core.app.regions_sync.answer_elsewhere(e, list(args), *counted, detail)
+        return answer if isinstance(answer, list) else Awaited(answer)
     except ValueError as e:
         raise ReplyError(f"ERR {e}") from None
     if not detail:

@@ -37,6 +37,7 @@ from fastlimit.regions.shares import (
     REGION_SCOPES,
     Regions,
     share_spec,
+    tokens_of,
 )
 
 E6, E9, E15, E18 = 10**6, 10**9, 10**15, 10**18
@@ -57,7 +58,7 @@ SCOPES = ("client", "client+resource")
 MATCH_FIELDS = ("resource", "tier", "client")
 COMMON_FIELDS = ("match", "algorithm", "mode", "on_failure", "key", "split", "split_epoch",
                  "split_history", "priority", "regions", "shares", "partition", "rebalance",
-                 "home", "home_prefixes")
+                 "home", "home_prefixes", "home_allowance")
 MAX_SPLIT_EPOCH = 255               # the high byte of a bucket key's rule number
 SPLIT_HISTORY = 3                   # earlier splits whose buckets a new split inherits
 
@@ -151,6 +152,11 @@ class Rule:
     # keys starting with a prefix live in its region (longest first); the
     # others where "home" (or their hash) says: ((prefix, region), ...)
     home_prefixes: tuple[tuple[str, str], ...] = ()
+    # While a key's home region is unreachable, its checks here are
+    # counted against this many of the rule's tokens (and that share of its
+    # rate) instead of being answered by on_failure; 0: none (README,
+    # "Home rules").
+    home_allowance: int = 0
 
     @property
     def params(self) -> dict[str, int]:
@@ -188,6 +194,8 @@ class Rule:
             doc["home"] = self.home
         if self.home_prefixes:
             doc["home_prefixes"] = dict(self.home_prefixes)
+        if self.home_allowance:
+            doc["home_allowance"] = self.home_allowance
         return doc
 
     def to_json(self) -> str:
@@ -248,6 +256,16 @@ class Rule:
                 self.regions == "global" and partitioned and self.partition == "share")):
             spec = share_spec(spec, *regions.weights(self.shares))
         return spec
+
+    def allowance_spec(self) -> dict | None:
+        """A home rule's local allowance as an engine spec of its own: the
+        rule's home_allowance tokens of its limit and that share of its
+        rate, counted here whatever the key's home; None without one."""
+        if not self.home_allowance:
+            return None
+        local = replace(self, regions="regional", home=None, home_prefixes=(),
+                        home_allowance=0).engine_spec()
+        return share_spec(local, self.home_allowance, tokens_of(local))
 
     def resplit(self, old: Rule) -> Rule:
         """This rule replacing `old` on the same buckets: a changed split
@@ -387,7 +405,23 @@ class _RuleParser:
                     regions=self.region_scope(algorithm),
                     shares=self.shares(), partition=self.partition(),
                     rebalance=self.rebalance(), home=self.home(),
-                    home_prefixes=self.home_prefixes())
+                    home_prefixes=self.home_prefixes(),
+                    home_allowance=self.home_allowance())
+
+    def home_allowance(self) -> int:
+        if "home_allowance" not in self.doc:
+            return 0
+        if self.doc.get("regions") != "home":
+            raise self.fail("home_allowance", "only a home rule has a home_allowance "
+                                              "(\"regions\": \"home\")")
+        base = self.base_spec()
+        tokens = tokens_of(base)
+        allowance = self.integer("home_allowance", 1, tokens, 0)
+        try:
+            share_spec(base, allowance, tokens)
+        except ValueError as e:
+            raise self.fail("home_allowance", str(e)) from None
+        return allowance
 
     def home_prefixes(self) -> tuple[tuple[str, str], ...]:
         if "home_prefixes" not in self.doc:

@@ -62,6 +62,9 @@ SOURCE_RESERVED = "reserved"
 # No rule id starts with it (model.RULE_ID).
 RESERVED_PREFIX = "@"
 STAT_FIELDS = ("allowed", "denied", "shadow_denied")
+# A home rule's allowance's reserved name is this and the rule's id.
+ALLOWANCE = RESERVED_PREFIX + "home-allowance:"
+ALLOWANCE_SCOPE = "home-allowance"
 # The number vet() indexes rules under while it looks (never an engine's).
 VETTED = 0
 
@@ -108,6 +111,9 @@ class RuleRegistry:
         # rebalanced static rules: the share each holds here, in thousandths
         # (regions/rebalance.py); a rule not in it holds the floor
         self.held_shares: dict[str, int] = {}
+        # whether they are rebalanced at all (not where either side is a
+        # cluster: regions/subsystem.py); if not, each holds its static share
+        self.rebalancing = True
         self.store = store
         self.rules_file = rules_file
         self.now_ms = now_ms
@@ -125,6 +131,9 @@ class RuleRegistry:
         self._stats_base: dict[str, Counter] = {}
         # name -> (number, algorithm, scope): see "Reserved numbers".
         self._reserved: dict[str, tuple[int, str, str]] = {}
+        # home rules' local allowances (README, "Home rules"): the rule's
+        # number -> its allowance's, reserved as ALLOWANCE + the rule's id
+        self._allowances: dict[int, int] = {}
         # Called after every published change (replication sends the rules).
         self.on_change = None
         # Reads of the rules file begun (here or in a thread): one made in
@@ -499,7 +508,7 @@ class RuleRegistry:
         be a rule is refused now rather than at a partition, and while
         partitioned carries the whole rule's numbers, which other regions'
         spends are debited against."""
-        if rule.rebalance and self.regions is not None:
+        if rule.rebalance and self.regions is not None and self.rebalancing:
             floor = rebalance_floor(len(self.regions.names))
             rule.engine_spec(self.regions, held=floor)      # the floor must hold a token
             return rule.engine_spec(self.regions, held=self.held_shares.get(rule.id, floor))
@@ -517,7 +526,8 @@ class RuleRegistry:
         one they can, which is always safe; the floor always can."""
         self.held_shares[rule_id] = thousandths
         entry = self._entries.get(rule_id)
-        if entry is None or not entry.rule.rebalance or self.regions is None:
+        if entry is None or not entry.rule.rebalance or self.regions is None or \
+                not self.rebalancing:
             return
         floor = rebalance_floor(len(self.regions.names))
         for held in range(thousandths, floor - 1, -1):
@@ -528,6 +538,21 @@ class RuleRegistry:
             self.held_shares[rule_id] = held
             self.engine.define(entry.num, spec)
             return
+
+    def set_rebalancing(self, on: bool) -> None:
+        """Rebalanced rules follow the coordinator's shares, or (off) hold
+        their static shares; their buckets are kept."""
+        if on == self.rebalancing:
+            return
+        self.rebalancing = on
+        for entry in self._entries.values():
+            if entry.rule.rebalance:
+                self.engine.define(entry.num, self._spec(entry.rule))
+
+    def per_resource(self, num: int) -> bool:
+        """Whether the buckets of rule num are per client and resource."""
+        entry = self._entry_by_num.get(num)
+        return entry is not None and entry.rule.scope == "client+resource"
 
     def repartition(self, partitioned: bool) -> None:
         """Global rules under their partition policy, or whole again: the
@@ -568,10 +593,45 @@ class RuleRegistry:
         for change in changes:
             if change.retired is not None:
                 self.engine.forget(change.retired)
+            self._hold_allowance(change)
         self.version += 1
         self.last_change_ms = self.now_ms()
         if self.on_change is not None:
             self.on_change()
+
+    def _hold_allowance(self, change: Change) -> None:
+        """A home rule's allowance: its own engine number, reserved under
+        the rule's id while the rule has one (its buckets kept across a
+        change of the allowance's size), forgotten with it.  The spec was
+        validated with the rule, so defining it cannot fail."""
+        name = ALLOWANCE + change.rule_id
+        if change.old is not None:
+            self._allowances.pop(change.old.num, None)
+        spec = change.new.rule.allowance_spec() if change.new is not None else None
+        held = self._reserved.get(name)
+        if held is not None and (spec is None or held[1] != spec["algorithm"]):
+            self.engine.forget(held[0])
+            self.release(name)
+        if spec is not None:
+            assert change.new is not None
+            num = self.reserve(name, spec["algorithm"], ALLOWANCE_SCOPE)
+            self.engine.define(num, spec)
+            self._allowances[change.new.num] = num
+        self.engine.home_allowing = bool(self._allowances)
+
+    def allowances(self, nums: builtins.list[int]) -> builtins.list[int] | None:
+        """The rule numbers of a check whose home region is unreachable,
+        each home rule's replaced by its allowance's; None if a home rule
+        among them has none (the failure policy answers)."""
+        out = []
+        for num in nums:
+            entry = self._entry_by_num.get(num)
+            if entry is not None and entry.rule.regions == "home":
+                num = self._allowances.get(num, 0)
+                if not num:
+                    return None
+            out.append(num)
+        return out
 
     def _carry_stats(self, rule_id: str, retired: int) -> None:
         base = self._stats_base.setdefault(rule_id, Counter())

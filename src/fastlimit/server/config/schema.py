@@ -334,8 +334,8 @@ class Settings:
         {}, Kind(parse_region_peers, show_region_peers), runtime=True,
         metavar="REGION=HOST:PORT", nargs="+", shown="none",
         help="where each other region's tier is reached (or sentinel:SERVICE@HOST:PORT,... "
-             "for one whose primary Sentinel watches): this tier links to each (default "
-             "{default})")
+             "for one whose primary Sentinel watches, cluster:HOST:PORT,... for one that is "
+             "a cluster): this tier links to each (default {default})")
     region_user: str | None = setting(
         None, OPTIONAL_TEXT, runtime=True, metavar="USER",
         help="the ACL user this tier's region links AUTH as at the peers (which needs "

@@ -383,7 +383,9 @@ def parse_xds_server(value) -> str | None:
 def parse_region_peers(value) -> dict[str, PeerAddress]:
     """``<region>=<host>:<port> ...`` ([v6]:port too), or for a region whose
     primary Sentinel watches ``<region>=sentinel:<service>@<host>:<port>[,...]``
-    (its sentinels): where each peer region's tier is reached."""
+    (its sentinels), or for a region whose tier is a cluster
+    ``<region>=cluster:<host>:<port>[,...]`` (seeds): where each peer
+    region's tier is reached."""
     if isinstance(value, dict):         # parsed already (Settings.validate)
         value = show_region_peers(value)
     peers: dict[str, PeerAddress] = {}
@@ -397,18 +399,24 @@ def parse_region_peers(value) -> dict[str, PeerAddress]:
 
 def _peer_address(text: str) -> PeerAddress:
     service = None
-    if text.startswith("sentinel:"):
+    cluster = text.startswith("cluster:")
+    if cluster:
+        text = text[len("cluster:"):]
+    elif text.startswith("sentinel:"):
         service, at, text = text[len("sentinel:"):].partition("@")
         if not at or not service:
             raise ConfigError("argument must be <region>=sentinel:<service>@<host>:<port>"
                               "[,<host>:<port>...]")
     addresses = []
-    for part in text.split(",") if service else [text]:
+    for part in text.split(",") if service or cluster else [text]:
         host, _, port = part.rpartition(":")
         if not _HOST.fullmatch(host):
             raise ConfigError("argument must be <region>=<host>:<port> (or "
-                              "<region>=sentinel:<service>@<host>:<port>,...) ...")
+                              "<region>=sentinel:<service>@<host>:<port>,... or "
+                              "<region>=cluster:<host>:<port>,...) ...")
         addresses.append((host.strip("[]"), parse_int(port, 1, 65535)))
+    if cluster:
+        return PeerAddress("", 0, None, tuple(addresses), cluster=True)
     if service:
         return PeerAddress("", 0, service, tuple(addresses))
     return PeerAddress(*addresses[0])
