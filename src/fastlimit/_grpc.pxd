@@ -116,6 +116,7 @@ cdef class GrpcShared:
     cdef readonly object front
     cdef public object app            # the server: app.rls.service decides
     cdef public object refusal        # the exception class the service refuses with
+    cdef public object elsewhere      # ... and says another region decides with (RlsHome)
     cdef public object loop
     cdef Limits limits
     cdef Totals totals
@@ -166,6 +167,7 @@ cdef class GrpcConnection:
     cdef object user_of(self, Stream* s)
     cdef bint may_check(self, Stream* s, object user, bytes domain) except -1
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1
+    cdef void send_decision(self, Stream* s, int overall, list statuses, list headers) except *
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1
     cdef void reply(self, Stream* s)
     cdef void fail(self, Stream* s, int status, const char* message, int http_status=*)

@@ -12,6 +12,7 @@ class GrpcShared:
     front: Any
     app: Any
     refusal: Any
+    elsewhere: Any
     loop: Any
     draining: bool
     connections: set[GrpcConnection]

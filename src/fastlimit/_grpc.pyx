@@ -10,6 +10,9 @@ from fastlimit._protocol cimport Command, ServerCore, record_call
 from fastlimit._protocol import acl_check, credentials, peer_text
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
 
+import asyncio
+import functools
+
 # gRPC status codes (grpc/doc/statuscodes.md)
 cdef enum:
     GRPC_OK = 0
@@ -467,6 +470,7 @@ cdef class GrpcShared:
         self.front = front
         self.app = None
         self.refusal = ()
+        self.elsewhere = ()
         self.loop = None
         self.limits.max_streams = 100
         self.limits.max_descriptors = 256
@@ -862,10 +866,44 @@ cdef class GrpcConnection:
         except shared.refusal as e:
             self.fail_text(s, GRPC_UNKNOWN, str(e))
             return work
+        except shared.elsewhere as e:     # another region decides: answered when it has
+            task = asyncio.ensure_future(shared.app.regions_sync.ask_home_rls(e.home, *request))
+            task.add_done_callback(functools.partial(self.home_answered, s.id, e.home))
+            return work
+        self.send_decision(s, overall, statuses, headers)
+        return work
+
+    def home_answered(self, int32_t stream_id, int home, task):
+        """The decision of a call another region made (RlsHome), sent on
+        its stream if the call is still waiting for it; UNAVAILABLE if that
+        region did not answer in time (Envoy's failure_mode_deny decides)."""
+        cdef Stream* s
+        if self.closed or self.c.session == NULL:
+            return
+        s = stream_of(self.c.session, stream_id)
+        if s == NULL or s.answered:       # reset, or failed at its deadline meanwhile
+            return
+        try:
+            decision = task.result()
+        except Exception as e:      # the home's error reply
+            self.fail_text(s, GRPC_UNKNOWN, str(e))
+        else:
+            if decision is None:
+                self.fail_text(s, GRPC_UNAVAILABLE, f"home region "
+                               f"{self.shared.app.regions.names[home]} did not answer")
+            else:
+                self.send_decision(s, decision[0], decision[1], decision[2])
+        self.flush()
+
+    cdef void send_decision(self, Stream* s, int overall, list statuses, list headers) except *:
+        """The RateLimitResponse of a decision, unless the client stopped
+        waiting for it."""
+        cdef uint8_t* frame
+        cdef size_t frame_length
         if s.client_deadline_ns and fl_mono_ns() >= s.client_deadline_ns:
             # never an answer the client has stopped waiting for
             self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
-            return work
+            return
         writer_reset(&MSG)
         if write_raw(&MSG, "\0\0\0\0\0", 5) != 0:
             raise MemoryError()
@@ -879,7 +917,6 @@ cdef class GrpcConnection:
         if buf_append(&self.c, &s.reply, frame, MSG.len) != 0:
             raise MemoryError()
         self.reply(s)
-        return work
 
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1:
         cdef Reader service

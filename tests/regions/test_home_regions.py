@@ -225,7 +225,18 @@ def test_cl_regioncheck_checks_what_it_is_asked(fleet):
         assert w.call("CL.REGIONCHECK", "xx", "CL.LIMIT", "u", "api").startswith(
             b"-ERR CL.REGIONCHECK from 'xx', which is not another")
         assert w.call("CL.REGIONCHECK", "ap", "CL.RESET", "u", "api") == \
-            b"-ERR CL.REGIONCHECK runs CL.LIMIT or CL.APPLY\r\n"
+            b"-ERR CL.REGIONCHECK runs CL.LIMIT, CL.APPLY or RLS\r\n"
+        assert w.call("CL.REGIONCHECK", "ap", "RLS", "web", "{") == \
+            b"-ERR CL.REGIONCHECK: unreadable request: Expecting property name enclosed in " \
+            b"double quotes: line 1 column 2 (char 1)\r\n"
+        assert w.call("CL.REGIONCHECK", "ap", "RLS", "web", '{"h":-1,"d":[]}') == \
+            b"-ERR CL.REGIONCHECK: unreadable request: hits are an integer from 0\r\n"
+        assert w.call("CL.REGIONCHECK", "ap", "RLS", "web", '{"h":0,"d":[[[[1,2]],null,null]]}') \
+            == b"-ERR CL.REGIONCHECK: unreadable request: a descriptor entry is a pair of " \
+               b"strings\r\n"
+        # a domain this tier does not know: the reference's answer, no limit
+        assert w.call("CL.REGIONCHECK", "ap", "RLS", "web", '{"h":0,"d":[[[["a","b"]],null,null]]}'
+                      ) == b"*3\r\n:1\r\n*1\r\n*6\r\n:1\r\n:-1\r\n:0\r\n$0\r\n\r\n:0\r\n:0\r\n*0\r\n"
         assert w.call("CL.REGIONCHECK", "ap", "CL.LIMIT", "u", "api").startswith(b"*5\r\n:1")
 
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 import http.client
 import json
 
+import grpc
 import pytest
+import rls_messages as rls
+from grpcserver import GrpcServer
+from proxy import Proxy
 from servers import ExtraPortServer, started_servers
-from wire import wait_until
+from wire import free_port, wait_until
+
+from fastlimit._rules import home_index
 
 REGIONS = ("ap", "eu", "us")
 
@@ -78,13 +84,115 @@ def test_a_global_limit_counts_every_regions_hits(tiers):
 
 @pytest.mark.parametrize("text, error", [
     (YAML % (9, "everywhere"), "invalid regions 'everywhere' (one of regional, static, "
-                               "global)"),
-    (YAML % (9, "home"), "invalid regions 'home' (one of regional, static, global)"),
+                               "global, home)"),
     (YAML.replace("regions: %s}", "regions: global, algorithm: token_bucket, split: 2}") % 9,
      "a global limit cannot be split"),
+    (YAML.replace("regions: %s}", "regions: home, algorithm: token_bucket, split: 2}") % 9,
+     "a home limit cannot be split"),
+    (YAML.replace("regions: %s}", "regions: %s, home: eu}") % (9, "global"),
+     "home names a region (1 to 64 of A-Z a-z 0-9 _ -) of a limit with regions: home"),
+    (YAML.replace("regions: %s}", "regions: %s, home: mars}") % (9, "home"),
+     "web.user: home 'mars' is not one of the regions (ap eu us)"),
     (YAML % (2, "static"), "web.user: a region's share (1/3 of 2) holds no token"),
 ])
 def test_configuration_errors_refuse_to_start(tiers, text, error):
     with pytest.raises(RuntimeError) as e:
         tiers("eu", text)
     assert error in str(e.value)
+
+
+# ---- home limits: counted in the descriptor's home region, asked from every front ----------
+
+HOME_YAML = """domain: web
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5, regions: home, home: eu}
+  - key: ip
+    rate_limit: {unit: hour, requests_per_unit: 5, regions: home}
+"""
+
+
+class GrpcTier(GrpcServer):
+    """A tier with its gRPC front and /json on an HTTP port too."""
+
+    def __init__(self, *args: str):
+        self.http_port = free_port()
+        super().__init__(*args, "--http-port", str(self.http_port))
+
+    def json(self, domain: str, key: str, value: str) -> tuple[int, bytes]:
+        body = json.dumps({"domain": domain, "descriptors": [
+            {"entries": [{"key": key, "value": value}]}]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        try:
+            conn.request("POST", "/json", body=body)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def grpc(self, key: bytes, value: bytes) -> dict:
+        return self.should_rate_limit(rls.request(b"web", rls.descriptor([(key, value)])))
+
+
+@pytest.fixture
+def homes(tmp_path):
+    """eu and us, linked through proxies, on the manual clock."""
+    f = tmp_path / "rls.yaml"
+    f.write_text(HOME_YAML)
+    with started_servers(GrpcTier) as make:
+        tiers = {n: make("--manual-clock", "--rls-config", str(f), "--region", n, "--regions",
+                         "eu", "us", "--region-partition-ms", "1000",
+                         "--region-home-timeout-ms", "300",
+                         # a call asked of another region waits a cross-region round trip
+                         "--grpc-deadline-ms", "5000") for n in ("eu", "us")}
+        proxies = {n: Proxy(t.port) for n, t in tiers.items()}
+        tiers["eu"].client().config_set("region-peers", f"us=127.0.0.1:{proxies['us'].port}")
+        tiers["us"].client().config_set("region-peers", f"eu=127.0.0.1:{proxies['eu'].port}")
+        for t in tiers.values():
+            wait_until(lambda t=t: t.client().info("regions")["region_links_up"] == 1, 30,
+                       what="the links up")
+        yield tiers, proxies
+        for p in proxies.values():
+            p.close()
+
+
+def test_a_home_limit_is_counted_at_its_home_from_every_front(homes):
+    tiers, _ = homes
+    eu, us = tiers["eu"], tiers["us"]
+    answers = [us.grpc(b"user", b"alice")["overall"] for _ in range(3)]
+    answers += [json.loads(us.json("web", "user", "alice")[1])["overallCode"]
+                for _ in range(2)]
+    assert answers == [rls.OK, rls.OK, rls.OK, "OK", "OK"]
+    assert us.client().info("regions")["region_checks_asked"] == 5
+    assert eu.client().info("regions")["region_checks_served"] == 5
+    # eu counted them all: its own next request is the sixth
+    assert eu.grpc(b"user", b"alice")["overall"] == rls.OVER_LIMIT
+    assert us.client().execute_command("CL.RLS", "DESCRIBE", "web", "user=alice") == [
+        b"OVER_LIMIT", [5, b"HOUR", b""], 0, 3600]
+
+
+def test_without_a_home_each_descriptor_lives_where_its_hash_says(homes):
+    tiers, _ = homes
+    names = ("eu", "us")
+    values = [f"10.0.0.{i}" for i in range(8)]
+    homes_of = {v: names[home_index(b"3:web2:ip%d:%s" % (len(v), v.encode()), 2)]
+                for v in values}
+    assert set(homes_of.values()) == set(names)
+    for v in values:
+        for t in tiers.values():
+            assert t.grpc(b"ip", v.encode())["overall"] == rls.OK
+    served = {n: tiers[n].client().info("regions")["region_checks_served"] for n in names}
+    assert served == {n: sum(h == n for h in homes_of.values()) for n in names}
+
+
+def test_an_unreachable_home_fails_the_call_for_envoys_failure_mode(homes):
+    tiers, proxies = homes
+    proxies["eu"].stall()
+    us = tiers["us"]
+    with pytest.raises(grpc.RpcError) as e:
+        us.grpc(b"user", b"alice")
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "home region eu did not answer" in e.value.details()
+    status, body = us.json("web", "user", "alice")
+    assert status == 500 and b"home region eu unreachable" in body
+    proxies["eu"].restore()

@@ -5,6 +5,8 @@ CL.REGIONCHECK (a check whose key lives here)."""
 from __future__ import annotations
 
 from fastlimit._resp import ReplyError
+from fastlimit.regions.wire import WireError, decode_rls_request, encode_rls_reply
+from fastlimit.rls.service import RlsError
 from fastlimit.server.arguments import integer
 from fastlimit.server.commands.replies import OK
 
@@ -46,8 +48,10 @@ def cmd_cl_regioncheck(conn, args):
     regions = conn.core.app.regions_sync
     regions.peer_name(bytes(args[1]), "CL.REGIONCHECK")
     name = bytes(args[2]).lower()
+    if name == b"rls":
+        return _home_rls(conn, args)
     if name not in HOME_CHECKS:
-        raise ReplyError("ERR CL.REGIONCHECK runs CL.LIMIT or CL.APPLY")
+        raise ReplyError("ERR CL.REGIONCHECK runs CL.LIMIT, CL.APPLY or RLS")
     key = args[3] if name == b"cl.limit" else args[4] if len(args) > 4 else b""
     moved = conn.core.route_error(bytes(key))     # a cluster's: another shard's key
     if moved is not None:
@@ -61,3 +65,24 @@ def cmd_cl_regioncheck(conn, args):
     regions.checks_served += 1
     return reply
 
+
+def _home_rls(conn, args):
+    """CL.REGIONCHECK <origin> RLS <domain> <request>: another region's
+    Envoy request (wire.py) with a home limit whose descriptor lives here,
+    decided here whatever the homes of its other limits."""
+    if len(args) != 5:
+        raise ReplyError("ERR CL.REGIONCHECK <origin> RLS <domain> <request>")
+    try:
+        descriptors, hits = decode_rls_request(bytes(args[4]))
+    except WireError as e:
+        raise ReplyError(f"ERR CL.REGIONCHECK: {e}") from None
+    service = conn.core.app.rls.service
+    service.home_local = True
+    try:
+        decision = service.should_rate_limit(bytes(args[3]), descriptors, hits)
+    except RlsError as e:
+        raise ReplyError(f"ERR {e}") from None
+    finally:
+        service.home_local = False
+    conn.core.app.regions_sync.checks_served += 1
+    return encode_rls_reply(*decision)

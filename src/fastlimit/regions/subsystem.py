@@ -36,8 +36,10 @@ from fastlimit.regions.wire import (
     WireError,
     decode_batch,
     decode_demand,
+    decode_rls_reply,
     decode_shares,
     encode_demand,
+    encode_rls_request,
     encode_shares,
     route_key,
 )
@@ -320,6 +322,20 @@ class RegionsSubsystem(Subsystem):
             return list(result)
         five, steps = result
         return [*five, self.app.rules_detail(steps)]
+
+    async def ask_home_rls(self, home: int, domain: bytes, descriptors,
+                           hits_addend: int) -> tuple[int, list, list] | None:
+        """An Envoy request whose home limit lives in region home (RlsHome):
+        that region's decision, or None if it did not answer in time (the
+        front fails the call: Envoy's failure_mode_deny decides)."""
+        reply = await self.ask_home(home, [b"RLS", domain, encode_rls_request(
+            descriptors, hits_addend)], None, domain)
+        if reply is None:
+            return None
+        try:
+            return decode_rls_reply(reply)
+        except WireError as e:
+            raise ReplyError(f"ERR the home region's answer: {e}") from None
 
     async def ask_home(self, home: int, args: list[bytes], unanswered,
                        route_key: bytes | None = None):

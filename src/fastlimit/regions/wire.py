@@ -154,3 +154,76 @@ def _document(data: bytes) -> dict:
         raise WireError(f"a document is an object of at most {MAX_RULES} rules")
     return doc
 
+
+# ---- the Envoy service's requests asked of their home region ------------------------------
+#
+# CL.REGIONCHECK <origin> RLS <domain> <request>: the request's descriptors
+# and hits as JSON, each byte string as the Latin-1 text of its bytes (a
+# bijection): {"h": hits_addend, "d": [[[[key, value], ...], override or
+# null, hits or null], ...]}, override [requests_per_unit, unit].  The reply
+# is the decision as RESP: [overall, [[code, requests_per_unit (-1: no
+# limit), unit, name, remaining, reset_s], ...], [[name, value], ...]].
+
+def encode_rls_request(descriptors, hits_addend: int) -> bytes:
+    return json.dumps({"h": hits_addend, "d": [
+        [[[k.decode("latin-1"), v.decode("latin-1")] for k, v in entries],
+         list(override) if override is not None else None, hits]
+        for entries, override, hits in descriptors]}, separators=(",", ":")).encode()
+
+
+def decode_rls_request(data: bytes) -> tuple[list, int]:
+    """(descriptors, hits_addend) as should_rate_limit takes them."""
+    if len(data) > MAX_DOC_BYTES:
+        raise WireError(f"a request of {len(data)} bytes, over {MAX_DOC_BYTES}")
+    try:
+        doc = json.loads(data)
+        hits = doc["h"]
+        descriptors = [([(_latin1(k), _latin1(v)) for k, v in entries],
+                        _override(override), _count(d_hits, True))
+                       for entries, override, d_hits in doc["d"]]
+        return descriptors, _count(hits, False)
+    except (ValueError, RecursionError, TypeError, KeyError) as e:
+        raise WireError(f"unreadable request: {e}") from None
+
+
+def _latin1(text) -> bytes:
+    if not isinstance(text, str):
+        raise TypeError("a descriptor entry is a pair of strings")
+    return text.encode("latin-1")
+
+
+def _count(value, optional: bool):
+    if value is None and optional:
+        return None
+    if type(value) is not int or not 0 <= value < 2**64:
+        raise ValueError("hits are an integer from 0")
+    return value
+
+
+def _override(value) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    rpu, unit = value
+    return _count(rpu, False), _count(unit, False)
+
+
+def encode_rls_reply(overall: int, statuses, headers) -> list:
+    return [overall,
+            [[code, limit[0] if limit else -1, limit[1] if limit else 0,
+              limit[2] if limit else b"", remaining, reset]
+             for code, limit, remaining, reset in statuses],
+            [[name, value] for name, value in headers]]
+
+
+def decode_rls_reply(reply) -> tuple[int, list, list]:
+    """(overall, statuses, headers) as should_rate_limit gives them."""
+    try:
+        overall, statuses, headers = reply
+        out = [(code, (rpu, unit, name) if rpu >= 0 else None, remaining, reset)
+               for code, rpu, unit, name, remaining, reset in statuses]
+        if type(overall) is not int or not all(
+                type(x) is int for s in statuses for x in (s[0], s[1], s[2], s[4], s[5])):
+            raise ValueError("not integers")
+        return overall, out, [(bytes(n), bytes(v)) for n, v in headers]
+    except (ValueError, TypeError) as e:
+        raise WireError(f"unreadable decision: {e}") from None

@@ -13,9 +13,10 @@ The service is ``conn.core.app.rls.service`` (fastlimit.rls.service).
 
 from __future__ import annotations
 
+from fastlimit._protocol import Awaited
 from fastlimit._resp import ReplyError
 from fastlimit.rls.config import UNIT_NAMES, Node
-from fastlimit.rls.service import OVER_LIMIT, RlsError, walk_limits
+from fastlimit.rls.service import OVER_LIMIT, RlsError, RlsHome, walk_limits
 
 CODES = {1: b"OK", OVER_LIMIT: b"OVER_LIMIT"}
 
@@ -49,6 +50,20 @@ def cmd_rls_describe(conn, args):
             args[2], [(entries, None, 0)], 0)
     except RlsError as e:
         raise ReplyError(f"ERR {e}") from None
-    code, limit, remaining, reset = statuses[0]
+    except RlsHome as e:      # described by the region that counts it
+        return Awaited(_described_at_home(conn, e.home, args[2], entries))
+    return _described(statuses[0])
+
+
+def _described(status) -> list:
+    code, limit, remaining, reset = status
     shown = None if limit is None else [limit[0], UNIT_NAMES[limit[1]].encode(), limit[2]]
     return [CODES[code], shown, remaining, reset]
+
+
+async def _described_at_home(conn, home: int, domain: bytes, entries) -> list:
+    decision = await conn.core.app.regions_sync.ask_home_rls(home, domain,
+                                                             [(entries, None, 0)], 0)
+    if decision is None:
+        raise ReplyError(f"ERR home region {conn.core.app.regions.names[home]} unreachable")
+    return _described(decision[1][0])

@@ -13,10 +13,13 @@ Beyond the reference, in the same YAML (keys the reference would refuse):
     rate_limits: [{...}, ...]   several limits on one descriptor (beside or
                                 instead of rate_limit)
     counting: reference|atomic  per domain, at the top of the file
-    regions: regional|static|global   per limit, its scope among regions (README
-                                "Regions"; static: each region an equal share of
-                                requests_per_unit; global: every region's hits
-                                counted in every region; not with split)
+    regions: regional|static|global|home   per limit, its scope among regions
+                                (README "Regions"; static: each region an equal
+                                share of requests_per_unit; global: every region's
+                                hits counted in every region; home: counted in the
+                                descriptor's home region only; not with split)
+    home: <region>              a home limit's region for every descriptor (else
+                                the hash of the descriptor's key picks it)
 
 The loaded tree (Node) is what matcher.py walks: children by the
 reference's composite key (``key`` or ``key_value``), wildcard children
@@ -30,7 +33,7 @@ import stat
 from dataclasses import dataclass, field, replace
 
 from fastlimit._rules import MAX_SPLIT
-from fastlimit.regions.shares import Regions, share_count
+from fastlimit.regions.shares import REGION_NAME, Regions, share_count
 
 # RateLimitResponse.RateLimit.Unit: name -> (enum, seconds) as
 # utils.UnitToDivider has them (a month is 30 days, a year 365).
@@ -48,7 +51,7 @@ REFERENCE_KEYS = frozenset((
     "unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
     "value_to_metric", "share_threshold", "metadata"))
 EXTRA_KEYS = frozenset(("algorithm", "unit_multiplier", "rate_limits", "counting", "split",
-                        "regions"))
+                        "regions", "home"))
 VALID_KEYS = REFERENCE_KEYS | EXTRA_KEYS
 
 MAX_UINT32 = 2**32 - 1
@@ -59,9 +62,8 @@ MAX_UINT32 = 2**32 - 1
 MAX_WINDOW_S = (2**32 - 1) // 1000
 MAX_FIXED_WINDOW_S = 10 * 365 * 86400
 
-# A limit's scope among regions (README "Regions"); a home limit would need
-# the service to ask another region, which it does not (yet).
-RLS_REGION_SCOPES = ("regional", "static", "global")
+# A limit's scope among regions (README "Regions").
+RLS_REGION_SCOPES = ("regional", "static", "global", "home")
 
 
 class ConfigError(Exception):
@@ -87,6 +89,7 @@ class Limit:
     counter: tuple              # counter_key(): the engine rule it counts in
     split: int = 1              # sub-buckets of each of its buckets
     regions: str = "regional"   # its scope among regions (REGION_SCOPES)
+    home: str | None = None     # a home limit's region (None: the descriptor's hash)
 
     @property
     def current_limit(self) -> tuple[int, int, bytes]:
@@ -424,6 +427,7 @@ class _Loader:
         split = self.unmarshal("split", p.get("split"), int) if p.get("split") is not None \
             else 1
         regions = self.unmarshal("regions", p.get("regions"), str) or "regional"
+        home = self.unmarshal("home", p.get("home"), str) or None
         unit_enum, unit_s = UNITS.get(unit_text.upper(), (0, 0))
         if unlimited:
             if unit_enum:
@@ -450,13 +454,17 @@ class _Loader:
         if regions not in RLS_REGION_SCOPES:
             raise self.error(f"invalid regions '{regions}' (one of "
                              f"{', '.join(RLS_REGION_SCOPES)})")
-        if regions == "global" and split > 1:
-            raise self.error("a global limit cannot be split (its hits are counted per whole "
-                             "bucket)")
+        if regions in ("global", "home") and split > 1:
+            raise self.error(f"a {regions} limit cannot be split (its hits are counted per "
+                             "whole bucket)")
+        if home is not None and (regions != "home" or not REGION_NAME.fullmatch(home)):
+            raise self.error("home names a region (1 to 64 of A-Z a-z 0-9 _ -) of a limit "
+                             "with regions: home")
         return Limit(rpu, unit_enum, name.encode("utf-8"), unlimited, flags["shadow_mode"],
                      flags["quota_mode"], frozenset(r.encode("utf-8") for r in replaces),
                      algorithm, window_s, full_key, index,
-                     counter_key(algorithm, rpu, window_s, split, regions), split, regions)
+                     counter_key(algorithm, rpu, window_s, split, regions), split, regions,
+                     home)
 
     def check_split(self, split: int, algorithm: str, rpu: int, window_s: int) -> None:
         if split == 1:
@@ -487,6 +495,10 @@ def with_regions(config: RlsConfig, regions: Regions | None) -> RlsConfig:
 
 
 def _share_limits(node: Node, source: str, regions: Regions) -> None:
+    for limit in node.limits:
+        if limit.home is not None and limit.home not in regions.names:
+            raise ConfigError(f"{source}: {limit.full_key}: home '{limit.home}' is not one "
+                              f"of the regions ({' '.join(regions.names)})")
     if any(limit.regions == "static" and not limit.unlimited for limit in node.limits):
         node.limits = tuple(_shared(limit, source, regions) for limit in node.limits)
         node.counted = tuple(limit for limit in node.limits if not limit.unlimited)

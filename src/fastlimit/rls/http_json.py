@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable
 
-from fastlimit._resp import parse_integer
+from fastlimit._resp import ReplyError, parse_integer
 from fastlimit.rls.config import UNIT_NAMES
-from fastlimit.rls.service import OK, OVER_LIMIT, RlsError
+from fastlimit.rls.service import OK, OVER_LIMIT, RlsError, RlsHome
 from fastlimit.server.http.routes import Request, Response
 
 CODE_NAMES = {0: "UNKNOWN", OK: "OK", OVER_LIMIT: "OVER_LIMIT"}
@@ -287,16 +288,38 @@ def bad_request(reason: str) -> Response:
                     [("X-Content-Type-Options", "nosniff"), ("Fastlimit-Error", safe)])
 
 
-def rls_json(req: Request) -> Response:
+def rls_json(req: Request) -> Response | Awaitable[Response]:
     try:
         domain, descriptors, hits = parse_request(req.body)
         overall, statuses, headers = req.server.rls.service.should_rate_limit(
             domain, descriptors, hits)
     except (BadBody, RlsError) as e:
         return bad_request(str(e))
+    except RlsHome as e:
+        return _asked_of_home(req, e.home, domain, descriptors, hits)
+    return decision_response(overall, statuses, headers)
+
+
+def decision_response(overall: int, statuses, headers) -> Response:
     body = json.dumps(response_json(overall, statuses, headers), separators=(",", ":"),
                       ensure_ascii=False).encode("utf-8")
     return Response(HTTP_STATUS.get(overall, 500), body)
+
+
+async def _asked_of_home(req: Request, home: int, domain: bytes, descriptors,
+                         hits: int) -> Response:
+    """A request with a home limit of another region: that region's
+    decision, or 500 as the reference's when its store fails (Envoy's
+    failure_mode_deny decides) if it does not answer in time."""
+    try:
+        decision = await req.server.regions_sync.ask_home_rls(home, domain, descriptors, hits)
+    except ReplyError as e:
+        return Response(500, f"{e}\n".encode(), "text/plain; charset=utf-8")
+    if decision is None:
+        name = req.server.regions.names[home]
+        return Response(500, f"home region {name} unreachable\n".encode(),
+                        "text/plain; charset=utf-8")
+    return decision_response(*decision)
 
 
 ROUTES = [("POST", "/json", rls_json), ("GET", "/json", rls_json)]

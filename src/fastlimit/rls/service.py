@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastlimit._load import PRIORITIES, priority_value
+from fastlimit._rules import home_index
 from fastlimit.regions.shares import Regions
 from fastlimit.rls.config import (
     EMPTY,
@@ -74,6 +75,17 @@ SHED_HEADER = (b"x-fastlimit-shed", b"1")
 class RlsError(Exception):
     """A request the service refuses: sent as gRPC status UNKNOWN (2) with
     this message, as the reference does."""
+
+
+class RlsHome(Exception):
+    """A request with a home limit whose descriptor lives in another
+    region (`home`, an index of the regions), which answers the whole
+    request (README "Home rules"): the front asks it over the region link
+    (regions/subsystem.py ask_home_rls)."""
+
+    def __init__(self, home: int):
+        super().__init__(f"the request's home region ({home}) is another region")
+        self.home = home
 
 
 def engine_spec(algorithm: str, rpu: int, window_s: int, split: int = 1,
@@ -195,6 +207,11 @@ class RateLimitService:
         self.limit_stats: dict[tuple[bytes, str, int], LimitStats] = {}
         self._stats_of: dict[Limit, LimitStats] = {}
         self.unknown_domain = 0
+        # home limits: whether the configuration has any (else no request
+        # looks for its home), and whether requests run here whatever their
+        # home (one another region asked this one to answer)
+        self.has_home = False
+        self.home_local = False
 
     # ---- configuration ---------------------------------------------------------
 
@@ -245,6 +262,8 @@ class RateLimitService:
                 self.registry.release(reserved_name(spec))
                 del num_by_spec[spec]
         self.config, self._num_by_spec = prepared.config, num_by_spec
+        self.has_home = self.regions is not None and any(
+            limit.regions == "home" for limit, _ in prepared.counters.values())
         self.stats = prepared.stats
         self.limit_stats, self._stats_of = prepared.limit_stats, prepared.stats_of
 
@@ -291,6 +310,10 @@ class RateLimitService:
         if any(spent) and self.read_only():
             raise RlsError(READONLY)
         matched = self.limits_to_check(dom, descriptors)
+        if self.has_home and not self.home_local:
+            home = self.home_elsewhere(domain, descriptors, matched)
+            if home >= 0:
+                raise RlsHome(home)
         now_ms = self.clock.now()
         atomic = dom.counting == "atomic"
         results = []   # per descriptor: (status, limit or None)
@@ -337,6 +360,26 @@ class RateLimitService:
             stats.over_limit += 1
         headers = self.headers(results, overall) if self.response_headers else []
         return overall, statuses, headers
+
+    def home_elsewhere(self, domain: bytes, descriptors, matched) -> int:
+        """The region of the first home limit matched whose descriptor
+        lives in another region (its "home", else the descriptor key's
+        hash over the regions, as a home rule's client key), or -1."""
+        regions = self.regions
+        assert regions is not None
+        here = regions.names.index(regions.name)
+        for (entries, _, _), match in zip(descriptors, matched, strict=True):
+            if match is None or match is True:
+                continue
+            limits, shares = match
+            for limit in limits:
+                if limit.regions != "home":
+                    continue
+                home = regions.names.index(limit.home) if limit.home is not None else \
+                    home_index(bucket_key(domain, entries, shares), len(regions.names))
+                if home != here:
+                    return home
+        return -1
 
     def limits_to_check(self, dom, descriptors) -> list:
         """constructLimitsToCheck: per descriptor (limits, shares), None

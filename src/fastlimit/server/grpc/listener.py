@@ -10,7 +10,7 @@ import logging
 from typing import cast
 
 from fastlimit._grpc import GrpcConnection, GrpcShared
-from fastlimit.rls.service import RlsError
+from fastlimit.rls.service import RlsError, RlsHome
 from fastlimit.server.subsystem import Subsystem
 
 # How long a shutdown lets the calls already begun finish (each has its
@@ -26,6 +26,7 @@ class GrpcFront(Subsystem):
         self.shared = GrpcShared(server.core, self)
         self.shared.app = server
         self.shared.refusal = RlsError
+        self.shared.elsewhere = RlsHome
         self._servers: list[asyncio.AbstractServer] = []
 
     @property
