@@ -924,8 +924,11 @@ cdef class GrpcConnection:
         if decode_health_request(msg, n, &service) != 0:
             self.fail(s, GRPC_INTERNAL, "the HealthCheckRequest cannot be parsed")
             return 0
+        # the server (""), the service by its gRPC name, and "ratelimit",
+        # the name the reference registers (health checks written for it ask it)
         if service.p != service.end and not equals(
-                service.p, service.end - service.p, RLS_SERVICE_C, RLS_SERVICE_N):
+                service.p, service.end - service.p, RLS_SERVICE_C, RLS_SERVICE_N) and \
+                not equals(service.p, service.end - service.p, "ratelimit", 9):
             self.fail(s, GRPC_NOT_FOUND, "unknown service")
             return 0
         # HealthCheckResponse {1 status}, framed

@@ -124,6 +124,9 @@ def test_without_an_rls_layer_every_descriptor_is_ok(make_grpc_server):
 def test_health_check_serves_the_server_and_the_rls_and_knows_no_other(gs):
     assert gs.health() == 1
     assert gs.health(health_request(b"envoy.service.ratelimit.v3.RateLimitService")) == 1
+    assert gs.health(health_request(b"ratelimit")) == 1          # the reference's name
+    assert error_of(lambda: gs.health(health_request(b"ratelimitx"))) == (
+        grpc.StatusCode.NOT_FOUND, "unknown service")
     assert error_of(lambda: gs.health(health_request(b"other.Service"))) == (
         grpc.StatusCode.NOT_FOUND, "unknown service")
 
