@@ -214,6 +214,37 @@ def test_each_sequence_number_applies_once_per_run(make_server):
     assert c.info("regions")["region_batches_received"] == 4
 
 
+def test_what_arrived_survives_a_failover_and_a_restart(make_server, tmp_path):
+    """Which batches arrived is kept in the tables with their debits: a
+    standby promoted after its primary applied a batch, and a tier
+    restarted from its snapshot, skip a resend of it."""
+    port = free_port()
+    kept = ["--snapshot-file", str(tmp_path / "eu.snap"), "--rules-db", str(tmp_path / "eu.db")]
+    eu = make_server(*regions_args("eu"), "--port", str(port), *kept)
+    standby = make_server(*regions_args("eu"), "--replicaof", "127.0.0.1", str(port))
+    eu.client().execute_command("CL.RULE", "SET", "api", json.dumps(GLOBAL))
+    with Wire.to(port) as w:        # applied; its acknowledgement, say, lost
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 1, BATCH) == b":1\r\n"
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 2, BATCH) == b":2\r\n"
+    wait_until(lambda: limit_left(standby.client()) == LIMIT - 8, what="the debits replicated")
+    assert eu.client().execute_command("SAVE")
+    eu.stop()
+    standby.client().execute_command("REPLICAOF", "NO", "ONE")
+    with Wire.to(standby.port) as w:       # the sender sends both again
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 1, BATCH) == b":1\r\n"
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 2, BATCH) == b":2\r\n"
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 3, BATCH) == b":3\r\n"    # a new one
+    assert limit_left(standby.client()) == LIMIT - 12
+    restarted = make_server(*regions_args("eu"), "--port", str(port), *kept)
+    with Wire.to(port) as w:
+        assert w.call("CL.REGIONSYNC", "ap", "run1", 2, BATCH) == b":2\r\n"
+        assert w.call("CL.REGIONSYNC", "ap", "run1", "1" + "0" * 200, BATCH).startswith(b"-ERR")
+        assert w.call("CL.REGIONSYNC", "ap", "r" * 129, 1, BATCH) == \
+            b"-ERR CL.REGIONSYNC: a run id of at most 128 bytes\r\n"
+    assert limit_left(restarted.client()) == LIMIT - 8
+    assert restarted.client().info("regions")["region_batches_received"] == 0
+
+
 def test_a_tier_without_regions_refuses_region_batches(make_server):
     c = make_server("--manual-clock").client()
     assert c.execute_command("CL.RULE", "SET", "api", json.dumps(GLOBAL)) == b"OK"

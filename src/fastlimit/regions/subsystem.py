@@ -31,7 +31,7 @@ from fastlimit._rules import HomeElsewhere
 from fastlimit.regions.cluster_peer import ClusterPeer
 from fastlimit.regions.links import PeerLink
 from fastlimit.regions.rebalance import Coordinator
-from fastlimit.regions.shares import rebalance_floor
+from fastlimit.regions.shares import MAX_PERIOD_MS, rebalance_floor
 from fastlimit.regions.wire import (
     WireError,
     decode_batch,
@@ -43,11 +43,34 @@ from fastlimit.regions.wire import (
     encode_shares,
     route_key,
 )
+from fastlimit.rules.registry import RESERVED_PREFIX
 from fastlimit.server.subsystem import Subsystem
 
-# Sender runs whose last batch is remembered (regions x restarts and links
-# made again, with room to spare): a resend is recognised among them.
-APPLIED_RUNS = 256
+# Which batches arrived is kept in the tables, so that whatever carries the
+# buckets carries it with the debits it stands for, in the same replication
+# batch and the same snapshot: a promoted standby, or a tier restarted from
+# its snapshot, skips a resend of a batch it has the debits of.  One counter
+# per (origin region, sender's run) under a reserved number, its count the
+# last sequence number applied: an exact counter (limit 10^15) in the
+# engine's longest fixed window, which expires a run's counter 49.7 days
+# after its window began (and starts it over at the window's end: a resend
+# crossing that instant, once in 49.7 days, would be applied again).
+APPLIED = RESERVED_PREFIX + "region-applied"
+APPLIED_LIMIT = 10**15
+APPLIED_SPEC = {"algorithm": "fixed_window", "limit": APPLIED_LIMIT,
+                "window_ms": MAX_PERIOD_MS, "shadow": False, "scope": "client"}
+MAX_RUN_BYTES = 128     # a sender's run id and link incarnation
+
+
+def reserve_applied(rules) -> int | None:
+    """The engine number of the batches' counters, reserved (before the
+    snapshot loads, so that their buckets are found there) on a tier
+    with regions; None without."""
+    if rules.regions is None:
+        return None
+    num = rules.reserve(APPLIED, "fixed_window", "region-applied")
+    rules.engine.define(num, APPLIED_SPEC)
+    return num
 
 
 class RegionsSubsystem(Subsystem):
@@ -63,10 +86,8 @@ class RegionsSubsystem(Subsystem):
         self.started = False
         self.partitioned = False
         self.partitions = 0
-        # what arrived: by (origin region, its sender's run), the last sequence
-        # number applied (a resend is answered and skipped); at most
-        # APPLIED_RUNS runs, the oldest forgotten first
-        self.applied: dict[tuple[str, bytes], int] = {}
+        # what arrived: the counters of reserve_applied's number
+        self.applied_num = server.region_applied
         self.batches_received = 0
         self.spends_received = 0
         self.tokens_debited = 0
@@ -375,19 +396,24 @@ class RegionsSubsystem(Subsystem):
     def receive(self, origin: bytes, run: bytes, seq: int, batch: bytes) -> int:
         """A peer's batch (CL.REGIONSYNC): debited here once; returns seq,
         its acknowledgement."""
-        name = self.peer_name(origin, "CL.REGIONSYNC")
-        if seq <= self.applied.get((name, run), 0):
+        self.peer_name(origin, "CL.REGIONSYNC")
+        if len(run) > MAX_RUN_BYTES:
+            raise ReplyError(f"ERR CL.REGIONSYNC: a run id of at most {MAX_RUN_BYTES} bytes")
+        counter = origin + b"\0" + run
+        applied = self._applied(counter)
+        if seq <= applied:
             return seq
         try:
             spends = decode_batch(batch)
         except WireError as e:
             raise ReplyError(f"ERR CL.REGIONSYNC: {e}") from None
-        # at most once: applied before any spend is, so that a batch broken
-        # off halfway (memory) is never applied twice
-        self.applied.pop((name, run), None)
-        self.applied[(name, run)] = seq
-        while len(self.applied) > APPLIED_RUNS:
-            del self.applied[next(iter(self.applied))]
+        # at most once: marked before any spend is applied, so that a batch
+        # broken off halfway (memory) is never applied twice
+        try:
+            self.engine.apply([self.applied_num], counter, seq - applied)
+        except MemoryError:
+            raise ReplyError("OOM the batch cannot be marked applied: sent again later") \
+                from None
         cluster = self.app.settings.cluster_enabled
         for rule_id, key, cost in spends:
             num = self.rules.number_of(rule_id)
@@ -404,6 +430,10 @@ class RegionsSubsystem(Subsystem):
         self.batches_received += 1
         self.spends_received += len(spends)
         return seq
+
+    def _applied(self, counter: bytes) -> int:
+        """The last sequence number applied of a sender's run (0: none)."""
+        return APPLIED_LIMIT - self.engine.apply([self.applied_num], counter, 0)[2]
 
     # ---- INFO -------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from fastlimit.hotkeys.subsystem import HotKeysSubsystem
 from fastlimit.overload.subsystem import Overload
 from fastlimit.pubsub.subsystem import PubSub
 from fastlimit.regions.shares import tier_regions
-from fastlimit.regions.subsystem import RegionsSubsystem
+from fastlimit.regions.subsystem import RegionsSubsystem, reserve_applied
 from fastlimit.replication.primary import Replication
 from fastlimit.rls.subsystem import RlsSubsystem
 from fastlimit.rls.xds_client import RlsXdsSubsystem
@@ -78,6 +78,9 @@ class Server:
         # buckets, and carried as they are (snapshots, replication, maxmemory,
         # slot moves), so made before the snapshot loads
         self.windows = WindowsSubsystem(self.clock)
+        # which region batches arrived, kept in the tables (regions/): reserved
+        # before the snapshot loads, as the Envoy service's counters are
+        self.region_applied = reserve_applied(self.rules)
         self.replication = Replication(self, log)
         self.snapshots = Snapshots(settings.snapshot_file, self, log)
         self.snapshots.load_at_start()
