@@ -54,6 +54,22 @@ def test_a_round_commits_once_every_region_acknowledges():
     assert c.next_round(["api"], 100) is None                # no demand since: no change
 
 
+def test_an_unchanged_plan_is_put_in_force_again_for_a_region_that_restarted():
+    c = Coordinator(R3, 50)
+    c.note_demand("eu", {"api": 100})
+    first = c.next_round(["api"], 100)
+    for region in R3:
+        c.acknowledged(region, first.version)
+    steady = []
+    for _ in range(Coordinator.REFRESH):      # eu's demand is where its share is
+        c.note_demand("eu", {"api": 100})
+        c.note_demand("ap", {"api": 0})
+        steady.append(c.next_round(["api"], 0))
+    assert steady[:-1] == [None] * (Coordinator.REFRESH - 1)
+    assert steady[-1] is not None and steady[-1].shares == c.planned
+    assert steady[-1].version == first.version + 1
+
+
 def test_a_round_not_acknowledged_ends_after_its_patience():
     c = Coordinator(R3, 50)
     c.note_demand("eu", {"api": 1})

@@ -18,7 +18,9 @@ before (a region that restarted, a coordinator that restarted):
 A region that does not acknowledge within a few rounds aborts the round:
 the others keep what they hold, which is at most what they were granted.
 A region starts holding the floor, which is never more than what it was
-granted, until a commit says otherwise.
+granted, until a commit says otherwise; an unchanged plan is put in force
+again every REFRESH rounds, so a region that restarted gets its share
+back under steady demand too.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ class Coordinator:
 
     # rounds a region may take to acknowledge a shrink before the round ends
     PATIENCE = 5
+    # rounds without a change after which the plan is put in force again
+    # anyway: a region that restarted meanwhile holds the floor, and under
+    # steady demand no change would ever give it its share back
+    REFRESH = 10
 
     def __init__(self, names: tuple[str, ...], floor: int):
         self.names = names
@@ -73,6 +79,7 @@ class Coordinator:
         self.pending: Round | None = None
         self.commits = 0
         self.aborts = 0
+        self.unchanged = 0        # rounds since the last one put in force
 
     def note_demand(self, region: str, demand: dict[str, int]) -> None:
         for rule_id, checks in demand.items():
@@ -93,8 +100,10 @@ class Coordinator:
             shares[rule_id] = targets(current, self.demand.get(rule_id, {}), self.floor, step)
             changed = changed or shares[rule_id] != current
         self.demand = {}
-        if not changed:
+        self.unchanged += 1
+        if not changed and (self.unchanged < self.REFRESH or not self.planned):
             return None
+        self.unchanged = 0
         self.version += 1
         self.pending = Round(self.version, shares)
         return self.pending
