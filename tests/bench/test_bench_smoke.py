@@ -292,6 +292,21 @@ def check_soak(out: str, err: str) -> None:
     assert "Server alive at the end: True" in out
 
 
+def check_limits_storage(out: str, err: str) -> None:
+    rows = table(out, "| strategy | storage | hits/s |")
+    assert [(r[0], r[1]) for r in rows] == [
+        (s, side) for s in ("fixed window", "moving window", "sliding window counter")
+        for side in ("fastlimit", "redis")], rows
+    for r in rows:
+        assert figure(r[2]) > 0 and figure(r[4]) > 0, r
+        figures(r, (3,))
+    ratios = table(out, "| strategy | hits/s fastlimit ÷ redis |")
+    assert len(ratios) == 3
+    for r in ratios:
+        figures(r, (1, 2), dash_ok=True)
+    targets(out, 3)
+
+
 def check_check_cpu(out: str, err: str) -> None:
     (row,) = table(out, "| variant | server CPU per CL.CHECK (median) |")
     assert row[0] == "installed", row
@@ -339,6 +354,8 @@ SMOKES = [
     Smoke("keyflood.py", check_keyflood),
     Smoke("soak.py", check_soak, ["--seconds", "0.5"], output=False),
     Smoke("regions.py", check_regions),
+    # limits' strategies on fastlimit:// and on redis:// (300 hits a run)
+    Smoke("limits_storage.py", check_limits_storage),
     Smoke("check_cpu.py", check_check_cpu, ["--variant", "installed=installed"], output=False),
     Smoke("check_path.py", stderr_count(r"(\d+) CL\.CHECK run"), output=False),
     Smoke("grpc_path.py", stderr_count(r"(\d+) ShouldRateLimit calls \(decide\), 0 failed"),
