@@ -40,3 +40,23 @@ def shown_lines(shown: list[str]) -> list[str]:
     """What the README shows, as redis-cli prints it to a pipe: the bare
     values, without "1) (integer) "."""
     return [re.sub(r"^\d+\) \(integer\) ", "", line) for line in shown]
+
+
+def readme_python(heading: str) -> list[str]:
+    """The ```python blocks of the section under heading (up to the next
+    heading of its level or above), in order."""
+    text = README.read_text()
+    start = text.index(heading)
+    level = heading.split(" ", 1)[0]
+    body = start + len(heading)
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", text[body:],
+                                           re.MULTILINE)]
+    section = text[start:body + ends[0]] if ends else text[start:]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+def shown_prints(block: str) -> list[str]:
+    """What a python block says its print() lines print: the comment after
+    each."""
+    return [line.split("#", 1)[1].strip() for line in block.splitlines()
+            if line.startswith("print(") and "#" in line]
