@@ -233,6 +233,10 @@ TABLE = {
     "fastlimit_snapshot_last_save_success": (
         lambda i, labels: int(i["rdb_last_bgsave_status"] == "ok"), None),
     "fastlimit_snapshot_saves_total": (field("rdb_saves"), None),
+    "fastlimit_windows_keys": (field("windows_keys"), None),
+    # cluster mode only, so not shown by this server: CLUSTER INFO's
+    # cluster_slots_ok (Cluster.slots_served), which tests/cluster/ checks
+    "fastlimit_cluster_slots_served": (None, None),
 }
 
 # The families the traffic below must move (from their value before it);

@@ -490,6 +490,23 @@ def _snapshot(out: Exposition, persistence: dict) -> None:
                 [("", persistence.get("rdb_saves", 0))])
 
 
+def _cluster(out: Exposition, server) -> None:
+    """Cluster mode only: how many of the 16384 slots have a known primary
+    (fewer: some keys are answered by no one; readyz fails too)."""
+    cluster = server.cluster
+    if cluster.enabled:
+        out.gauge("fastlimit_cluster_slots_served",
+                  "Hash slots with a known primary (16384 when every key is served).",
+                  [("", cluster.slots_served())])
+
+
+def _windows(out: Exposition, server) -> None:
+    store = server.windows.store
+    out.gauge("fastlimit_windows_keys",
+              "Windowed counters held (the limits library's strategies: CL.FIXED, "
+              "CL.MOVING, CL.SLIDING).", [("", len(store))])
+
+
 def render(server, openmetrics: bool) -> bytes:
     """One scrape of `server` (fastlimit.server.app.Server)."""
     out = Exposition(openmetrics)
@@ -512,6 +529,8 @@ def render(server, openmetrics: bool) -> bytes:
     _regions(out, server)
     _replication(out, server, sections.get("replication", {}))
     _snapshot(out, sections.get("persistence", {}))
+    _windows(out, server)
+    _cluster(out, server)
     return out.body()
 
 
