@@ -37,6 +37,7 @@ from fastlimit.server import config as cfg
 from fastlimit.server.commands.table import build_table
 from fastlimit.server.expiry import Expiry
 from fastlimit.server.grpc.listener import GrpcFront
+from fastlimit.server.http.history import StatusHistory
 from fastlimit.server.http.listener import HttpFront
 from fastlimit.server.maxmemory import MaxMemory
 from fastlimit.server.persistence import Snapshots
@@ -103,6 +104,8 @@ class Server:
         self.cluster.load(settings)
         self.reshard = Reshard(self, log)
         self.http = HttpFront(self, log)
+        # the status page's past: totals a second, a minute (server/http/history.py)
+        self.status_history = StatusHistory(self)
         self.grpc = GrpcFront(self, log)
         self.tls = Tls(log)
         # in the order they start; they stop in the reverse order.  tls is
@@ -119,7 +122,7 @@ class Server:
             self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
             self.regions_sync, self.windows, self.cluster,
             self.reshard,
-            self.http, self.rls, self.rls_xds, self.grpc, self.tls]
+            self.http, self.status_history, self.rls, self.rls_xds, self.grpc, self.tls]
         # maxclients counts every front's connections (server/admission.py)
         self.core.budget += [self.http.shared.connections, self.grpc.shared.connections]
         self._apply_limits(settings)

@@ -228,6 +228,7 @@ READ_PAGE = """(() => {
   return {
     state: q('#conn-status').dataset.state,
     points: Number(q('#chart').dataset.points),
+    past: Number(q('#chart').dataset.past),
     chart_denied: Number(q('#chart').dataset.denied),
     chart_allowed: Number(q('#chart').dataset.allowed),
     denied_total: q('#denied-total').textContent,
@@ -291,7 +292,11 @@ def test_status_page_in_chromium_shows_a_burst_of_denials_with_no_console_error(
     assert problems == []
     assert seen["rows"] == [["burst", 25], ["calm", 0]]
     assert seen["rule_series"] == [["burst", 25]]
-    assert (seen["denied_total"], seen["chart_allowed"]) == ("25", 5)
+    # bob's 3 allowed checks are in the chart too when the server's history
+    # (shown from before the page opened) sampled the totals before them
+    assert seen["denied_total"] == "25"
+    assert before["chart_allowed"] in (0, 3)
+    assert seen["chart_allowed"] == before["chart_allowed"] + 5
     assert seen["buckets"] == str(int(c.info("fastlimit")["buckets"]))
     assert picked == ["burst", [{"id": "burst", "allowed": 5, "denied": 25, "shadow_denied": 0}]]
     with open(shot, "rb") as f:
@@ -381,3 +386,58 @@ def test_status_page_in_chromium_shows_the_overload_level_and_shed_counts(start)
     assert re.fullmatch(r"[\d,]+ \u00b5s|\d+\.\d ms", shedding["lag"]), shedding["lag"]
     assert shedding["rows"] == [["low", "5", "0"], ["normal", "2", "0"], ["critical", "0", "0"]]
     assert (calm["level"], calm["rows"]) == ("0", shedding["rows"])
+
+
+# ---- history: what happened before the page was opened ---------------------------------------
+
+def history_rows(server, since: int = 0) -> list[list[int]]:
+    h = stats(server, f"?since={since}")["history"]
+    assert h["fields"] == ["time_ms", "commands", "allowed", "denied", "shadow_denied"]
+    return h["seconds"]
+
+
+def test_stats_since_serve_the_servers_samples_of_its_totals(start):
+    server = start()
+    c = server.client()
+    c.execute_command("CL.RULE", "SET", "burst", rule("api", 5))
+    assert "history" not in stats(server)                 # only when asked
+    wait_until(lambda: history_rows(server), WAIT, "a first sample")
+    assert checks(c, "alice", "api", 8) == [1] * 5 + [0] * 3
+    rows = wait_until(lambda: [r for r in history_rows(server) if r[3] == 3], WAIT,
+                      "a sample after the denials")
+    first = history_rows(server)[0]
+    assert first[2:] in ([0, 0, 0], [5, 3, 0])
+    assert rows[-1][2:] == [5, 3, 0]
+    every = history_rows(server)
+    assert [r[0] for r in every] == sorted(r[0] for r in every)      # oldest first, one a second
+    assert all(b[0] - a[0] >= 900 for a, b in zip(every, every[1:], strict=False))
+    assert history_rows(server, every[-1][0]) == []
+    assert history_rows(server, every[0][0]) == every[1:]
+    minutes = stats(server, "?since=0")["history"]["minutes"]
+    assert 1 <= len(minutes) <= 2 and minutes[0] == every[0]
+    # fixed in size whatever happens: 600 seconds and 1,440 minutes of 5 numbers
+    assert c.info("memory")["status_history_bytes"] == (600 + 1440) * 5 * 8
+    for bad in ("-1", "x", "1.5", ""):
+        status, _, body = server.request("GET", f"/v1/stats?since={bad}")
+        assert status == 400 and b"since" in body, (bad, body)
+
+
+def test_status_page_in_chromium_shows_denials_from_before_it_was_opened(start):
+    server = start()
+    c = server.client()
+    c.execute_command("CL.RULE", "SET", "burst", rule("api", 5))
+    wait_until(lambda: history_rows(server), WAIT, "a first sample")
+    assert checks(c, "alice", "api", 30) == [1] * 5 + [0] * 25
+    wait_until(lambda: [r for r in history_rows(server) if r[3] == 25], WAIT,
+               "a sample after the denials")
+    with Chromium() as chromium:
+        page = open_page(chromium, f"http://127.0.0.1:{server.http_port}/")
+        # no poll can show them (they happened before its first one): the
+        # server's samples do, as soon as the page has loaded them
+        page.wait_for(f"({READ_PAGE}).past >= 1", WAIT)
+        seen = page.evaluate(READ_PAGE)
+        problems = console_problems(page.events)
+        page.close()
+    assert problems == []
+    assert (seen["chart_denied"], seen["chart_allowed"]) == (25, 5), seen
+    assert seen["denied_total"] == "25"

@@ -1,9 +1,11 @@
 """The status page (``GET /``) and the snapshot it polls (``GET /v1/stats``).
 
 ``/v1/stats`` is one compact JSON object, cheap enough to ask for every
-second: counters the engine already keeps, read as they are.  Rates and
-history are the reader's business (the page keeps the last minutes
-itself), so the server holds no state for it.  Every list in it is
+second: counters the engine already keeps, read as they are.  Rates are
+the reader's business (the page keeps the minutes since it opened);
+``?since=<ms>`` adds the samples of the totals taken after that time
+(history.py: one a second for 10 minutes, one a minute for 24 hours,
+fixed in size), so a page opened during an incident shows what led to it.  Every list in it is
 bounded: the rules by RULES_CAP (the most denied first), the commands by
 the command table, the replicas by the connections, the hot keys by
 HOT_KEYS_SHOWN (the tracker's estimate, hotkeys/); the overload block
@@ -49,7 +51,15 @@ def stats(req: Request) -> Response:
     except ReplyError:
         return problem(400, "invalid request", f"rules must be an integer from 0 to {RULES_CAP}",
                        code="ERR", field="rules")
-    return json_response(snapshot(req.server, cap))
+    out = snapshot(req.server, cap)
+    if "since" in req.query:
+        try:
+            since = integer(req.query["since"], "since", 0, 2**62)
+        except ReplyError:
+            return problem(400, "invalid request", "since must be a time in ms, 0 or more",
+                           code="ERR", field="since")
+        out["history"] = req.server.status_history.since(since)
+    return json_response(out)
 
 
 def snapshot(server, rules_cap: int = RULES_CAP) -> dict:

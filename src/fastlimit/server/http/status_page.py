@@ -3,8 +3,11 @@
 
 It polls ``v1/stats`` (status.py) once a second with the browser's own
 credentials for this origin, keeps the last ten minutes in the tab and
-draws them itself.  Elements a test or a script reads carry stable ids
-and data attributes: ``#chart[data-points][data-denied][data-allowed]``,
+draws them itself; at load it asks for the server's samples of the last
+ten minutes (``?since=``), so the chart starts with what happened before
+it was opened (``#chart[data-past]``: how many points came from them).
+Elements a test or a script reads carry stable ids and data attributes:
+``#chart[data-points][data-denied][data-allowed][data-past]``,
 ``#rule-chart[data-series][data-selected]`` (a rule picked by a click
 on its row, else the most denied), ``#top-denied tbody tr[data-rule]``
 (``data-denied``), ``#denied-total``, ``#allowed-total``, ``#ops``,
@@ -118,7 +121,8 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
       <span class="windows" id="windows">
         <button data-window="60">1 min</button><button data-window="300">5 min</button>
         <button data-window="600">10 min</button></span></h2>
-    <canvas id="chart" data-points="0" data-allowed="0" data-denied="0" data-shadow="0"></canvas>
+    <canvas id="chart" data-points="0" data-allowed="0" data-denied="0" data-shadow="0"
+            data-past="0"></canvas>
     <div class="legend"><span><i style="background:var(--allowed)"></i>allowed</span>
       <span><i style="background:var(--denied)"></i>denied</span>
       <span><i style="background:var(--shadow)"></i>shadow denied</span></div>
@@ -601,7 +605,51 @@ dt { color:var(--dim); } dd { margin:0; font-variant-numeric:tabular-nums; word-
   });
   window.addEventListener("resize", () => { if (latest) drawCharts(); });
   setWindow(windowS);
-  poll();
+
+  // The server's own samples of the totals (one a second, the last ten
+  // minutes: /v1/stats?since=) are the chart's past: what happened before
+  // the page was opened.  Rules' own series start with the page.
+  function seed(s) {
+    const h = s.history;
+    if (!h || !h.seconds) return;
+    const at = Object.fromEntries(h.fields.map((f, i) => [f, i]));
+    const rows = h.seconds.filter((r) => r[at.time_ms] > s.time_ms - KEEP_S * 1000);
+    for (let i = 1; i < rows.length; i++) {
+      const a = rows[i - 1], b = rows[i];
+      const step = (f) => Math.max(b[at[f]] - a[at[f]], 0);
+      history.push({ t: b[at.time_ms], dt: Math.max((b[at.time_ms] - a[at.time_ms]) / 1000, 0.001),
+                     allowed: step("allowed"), denied: step("denied"),
+                     shadow: step("shadow_denied"), rules: new Map(), past: true });
+    }
+    // from the last sample to this snapshot
+    const last = rows[rows.length - 1];
+    if (last && s.time_ms > last[at.time_ms]) {
+      const t = s.rules.totals;
+      history.push({ t: s.time_ms, dt: Math.max((s.time_ms - last[at.time_ms]) / 1000, 0.001),
+                     allowed: Math.max(t.allowed - last[at.allowed], 0),
+                     denied: Math.max(t.denied - last[at.denied], 0),
+                     shadow: Math.max(t.shadow_denied - last[at.shadow_denied], 0),
+                     rules: new Map(), past: true });
+    }
+    $("chart").dataset.past = history.length;
+  }
+  (async function start() {
+    try {
+      // since=0: every sample kept (the browser's clock may not be the server's)
+      const url = new URL("v1/stats?rules=" + TOP_RULES + "&since=0", location.href);
+      const res = await fetch(url, { cache: "no-store", credentials: "same-origin",
+                                     headers: { Accept: "application/json" } });
+      if (res.ok) {
+        const s = await res.json();
+        seed(s);
+        record(s);
+        latest = s;
+        render(s);
+        status("live", "live \u00b7 " + new Date(s.time_ms).toLocaleTimeString());
+      }
+    } catch (e) { /* the polls say what is wrong */ }
+    setTimeout(poll, POLL_MS);
+  })();
 })();
 </script>
 </body>
