@@ -221,7 +221,7 @@ def _snapshot_bytes(srv) -> bytes:
 
     with tempfile.TemporaryFile() as f:
         snapshot.write_to(f.fileno(), srv.store, srv.rule_engine,
-                          snapshot.rule_numbers(srv.rules), srv.clock.now())
+                          snapshot.rule_numbers(srv.rules), srv.clock.now(), srv.windows.store)
         f.seek(0)
         return f.read()
 
@@ -235,13 +235,23 @@ def _traffic() -> list[bytes]:
         resp("CL.THROTTLE", "t", "15", "30", "60")]
 
 
+def _window_traffic() -> list[bytes]:
+    """The limits storage's windowed counters: a counter, a sliding window,
+    and moving-window logs of one run and of several (a larger size class)."""
+    advance = resp("DEBUG", "CLOCK", "ADVANCE", "7")
+    return [resp("CL.FIXED", "LIMITS:f", "60000", "3"),
+            resp("CL.SLIDING", "LIMITS:s", "10", "60000", "2"),
+            resp("CL.MOVING", "LIMITS:m1", "10", "60000", "2"),
+            b"".join(advance + resp("CL.MOVING", "LIMITS:m5", "10", "60000") for _ in range(5))]
+
+
 def snapshot_seeds() -> list[bytes]:
     from fastlimit.server import snapshot
 
     trailer = 4 + len(snapshot.FOOTER)
     srv = _filled_server()
     seeds = []
-    for traffic in (_traffic()[:1], _traffic()[:4], _traffic()):
+    for traffic in (_traffic()[:1], _traffic()[:4], _traffic() + _window_traffic()):
         _run(srv, *traffic)
         whole = _snapshot_bytes(srv)
         seeds += [EVEN + whole[len(snapshot.MAGIC):-trailer], b"\x01" + whole]
@@ -253,20 +263,20 @@ def replstream_seeds() -> list[bytes]:
     from fastlimit.replication import stream as rs
 
     srv = _filled_server()
-    srv.store.track_changes(1 << 20)
-    srv.rule_engine.track_changes(1 << 20)
+    for store in srv.stores:
+        store.track_changes(1 << 20)
     registry = srv.rules
     rules = rs.frame(rs.RULES, rs.rules_payload(
         [(registry.num_for(rule_id), rule_id, doc, source, updated)
          for rule_id, doc, source, updated in registry.export()]))
     _run(srv, *_traffic()[:2])
     full = rs.frame(rs.SNAPSHOT, rs.snapshot_payload(0, _snapshot_bytes(srv)))
-    srv.store.drain_changes()
-    srv.rule_engine.drain_changes()
+    for store in srv.stores:
+        store.drain_changes()
     batches = []
-    for traffic in (_traffic()[2:5], _traffic()[5:]):
+    for traffic in (_traffic()[2:5], _traffic()[5:] + _window_traffic()):
         _run(srv, *traffic)
-        sections = srv.store.drain_changes() + srv.rule_engine.drain_changes()
+        sections = [part for store in srv.stores for part in store.drain_changes()]
         batches.append(rs.frame(rs.BATCH, rs.batch_head(1_700_000_000_000,
                                                         srv.rule_engine.lease_generations()),
                                 *sections))
