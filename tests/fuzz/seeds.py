@@ -64,6 +64,10 @@ def command_stream() -> list[bytes]:
         resp("CL.CHECK", "user:1", "10", "5") * 3,
         resp("CL.CHECK", "user:1", "10", "5", "COST", "3", "PERIOD", "60000"),
         resp("CL.THROTTLE", "user123", "15", "30", "60", "1"),
+        resp("CL.FIXED", "LIMITS:a", "60000", "2") + resp("CL.FIXED", "LIMITS:a", "60000", "0")
+        + resp("CL.MOVING", "LIMITS:m", "5", "1000", "2") + resp("CL.SLIDING", "LIMITS:s", "5",
+                                                                 "1000", "3")
+        + resp("CL.WINCLEAR", "LIMITS:a", "LIMITS:m") + resp("CL.WINFLUSH", "LIMITS:"),
         resp("CL.RULE", "SET", "orders", rule) + resp("CL.LIMIT", "user:7", "POST /orders",
                                                        "TIER", "free", "COST", "2", "DETAIL"),
         resp("CL.RULE", "SET", "export", conc) + resp("CL.ACQUIRE", "export", "user:7")
