@@ -139,6 +139,9 @@ def test_flushall_reaches_the_replica(make_server):
     spend(p, "f", keys=3, runs=3)
     wait_caught_up(p, r)
     assert r.info("memory")["windows_keys"] == 9
+    # they are keys as DBSIZE and INFO keyspace count them (no bucket here)
+    assert r.dbsize() == p.dbsize() == 9
+    assert p.info("keyspace")["db0"]["keys"] == 9
     p.flushall()
     wait_caught_up(p, r)
     assert r.info("memory")["windows_keys"] == 0

@@ -178,6 +178,10 @@ class Server:
     def bucket_count(self) -> int:
         return len(self.store) + len(self.rule_engine)
 
+    def key_count(self) -> int:
+        """DBSIZE's and INFO keyspace's: the buckets and the windowed counters."""
+        return self.bucket_count() + len(self.windows.store)
+
     @property
     def stores(self) -> tuple:
         """Every store of counts, each with the same interface for what

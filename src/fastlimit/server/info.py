@@ -73,7 +73,7 @@ def _memory(core, app) -> dict:
     app.peak_rss = max(app.peak_rss, rss)
     mm = app.maxmemory
     used = mm.used_memory()
-    keys = app.bucket_count()
+    keys = app.key_count()
     clients = {False: 0, True: 0}     # is a replica -> query buffers, argv and output
     for c in core.clients.values():
         clients[c.replica is not None] += c.input_memory + c.output_buffer_len
@@ -110,7 +110,7 @@ def _cpu(core, app) -> dict:
 
 
 def _keyspace(core, app) -> dict:
-    keys = app.bucket_count()
+    keys = app.key_count()
     return {"db0": f"keys={keys},expires={keys},avg_ttl=0"} if keys else {}
 
 

@@ -12,7 +12,7 @@ from fastlimit.server.snapshot import SnapshotError
 
 
 def cmd_dbsize(conn, args):
-    return conn.core.app.bucket_count()
+    return conn.core.app.key_count()
 
 
 def cmd_flushall(conn, args):
