@@ -187,3 +187,25 @@ def test_a_real_prometheus_raises_the_gateway_alerts_of_a_client_failing_open(
         gateway.stop()
     assert gateway.clients["orders"].stats.failed_open > 0
     time.sleep(0)
+
+
+def test_the_certificates_expiry_is_on_metrics_for_the_expiry_alerts(make_http_server, tmp_path):
+    from certs import EXPIRED_AT, make_certs
+    from metrics_text import named, samples
+
+    certs = make_certs(str(tmp_path))
+    server = make_http_server("--tls-cert-file", certs.expired_server.cert,
+                              "--tls-key-file", certs.expired_server.key,
+                              "--tls-ca-cert-file", certs.ca)
+    status, body = get(server.http_port, "/metrics")
+    assert status == 200
+    expiry = named(samples(body.decode()), "fastlimit_tls_certificate_expiry_timestamp_seconds")
+    assert expiry[frozenset({("setting", "tls-cert-file")})] == EXPIRED_AT.timestamp()
+    assert expiry[frozenset({("setting", "tls-ca-cert-file")})] > time.time() + 86400
+    assert len(expiry) == 2                 # no tls-client-cert-file here
+    # a renewed file is read again (CONFIG SET names it; the scrape reads the file)
+    server.client().config_set("tls-cert-file", certs.server.cert, "tls-key-file",
+                               certs.server.key)
+    status, body = get(server.http_port, "/metrics")
+    renewed = named(samples(body.decode()), "fastlimit_tls_certificate_expiry_timestamp_seconds")
+    assert renewed[frozenset({("setting", "tls-cert-file")})] > time.time()

@@ -58,4 +58,4 @@ def test_the_scrape_configuration_with_the_rules_beside_it(tmp_path):
     run = subprocess.run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "SUCCESS: 16 rules found" in run.stdout, run.stdout
+    assert "SUCCESS: 18 rules found" in run.stdout, run.stdout

@@ -15,6 +15,7 @@ replication link pass these contexts to the loop.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 from typing import Any, cast
 
@@ -187,6 +188,33 @@ def grpc_client_files(s) -> tuple[bytes | None, bytes | None, bytes | None]:
         raise TlsError(f"rls-xds-tls cannot use {what}-key-file-pass: gRPC reads no "
                        "encrypted key")
     return root, _read(key), _read(cert)
+
+
+# The certificate settings whose expiry /metrics shows (an alert's input).
+CERTIFICATE_SETTINGS = ("tls-cert-file", "tls-client-cert-file", "tls-ca-cert-file")
+_not_after: dict[tuple[str, int, int], float | None] = {}
+
+
+def certificate_not_after(path: str) -> float | None:
+    """When the first certificate of a PEM file stops being valid (its
+    notAfter, epoch seconds), or None when the file cannot be read as
+    one.  Read again only when the file changes (its mtime or size)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _not_after:
+        if len(_not_after) > 64:
+            _not_after.clear()
+        try:
+            # CPython's own PEM decoder (what ssl.get_server_certificate's
+            # callers use in tests): no third-party X.509 parser in the server
+            decoded = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]
+            _not_after[key] = float(ssl.cert_time_to_seconds(decoded["notAfter"]))
+        except (ssl.SSLError, OSError, KeyError, ValueError):
+            _not_after[key] = None
+    return _not_after[key]
 
 
 def _read(path: str) -> bytes:

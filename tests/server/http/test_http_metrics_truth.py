@@ -237,6 +237,9 @@ TABLE = {
     # cluster mode only, so not shown by this server: CLUSTER INFO's
     # cluster_slots_ok (Cluster.slots_served), which tests/cluster/ checks
     "fastlimit_cluster_slots_served": (None, None),
+    # with TLS certificate settings only (this server has none): the files'
+    # notAfter, checked against the certificates in tests/alerts/
+    "fastlimit_tls_certificate_expiry_timestamp_seconds": (None, None),
 }
 
 # The families the traffic below must move (from their value before it);

@@ -38,6 +38,7 @@ from fastlimit._protocol import LATENCY_BOUNDS, Command
 from fastlimit.hotkeys import report
 from fastlimit.rls.service import LIMIT_STAT_FIELDS, NEAR_LIMIT_RATIO
 from fastlimit.server.http.routes import Request, Response
+from fastlimit.server.tls import CERTIFICATE_SETTINGS, certificate_not_after
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -500,6 +501,21 @@ def _cluster(out: Exposition, server) -> None:
                   [("", cluster.slots_served())])
 
 
+def _tls(out: Exposition, server) -> None:
+    """When each configured certificate file's (first) certificate expires:
+    the file as it is now, which a reload (CONFIG SET, SIGHUP) would load."""
+    rows = []
+    for setting in CERTIFICATE_SETTINGS:
+        path = getattr(server.settings, setting.replace("-", "_"))
+        not_after = certificate_not_after(path) if path else None
+        if not_after is not None:
+            rows.append((f'setting="{setting}"', not_after))
+    if rows:
+        out.gauge("fastlimit_tls_certificate_expiry_timestamp_seconds",
+                  "When the certificate of each TLS setting stops being valid (notAfter).",
+                  rows)
+
+
 def _windows(out: Exposition, server) -> None:
     store = server.windows.store
     out.gauge("fastlimit_windows_keys",
@@ -531,6 +547,7 @@ def render(server, openmetrics: bool) -> bytes:
     _snapshot(out, sections.get("persistence", {}))
     _windows(out, server)
     _cluster(out, server)
+    _tls(out, server)
     return out.body()
 
 
