@@ -186,6 +186,16 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
                     const uint32_t* renumber, uint32_t renumber_len,
                     bint deletes, value_check valid) noexcept nogil
 
+# The cache lines n keys will need (their home slots, then the records in
+# them), requested together so that their misses overlap instead of coming
+# one after another as the keys' commands run (a pipelined read's CL.CHECKs:
+# _protocol.pyx prefetch_checks); n at most PREFETCH_MAX.  The keys' hashes
+# go to `hashes`, for bucket_check.
+cdef enum:
+    PREFETCH_MAX = 64
+cdef void table_prefetch(Table* t, const char* const* keys, const size_t* lens,
+                         int n, uint64_t* hashes) noexcept nogil
+
 # ---- Change logs ------------------------------------------------------------
 cdef enum:
     NOTE_HEADER = 10
@@ -296,7 +306,8 @@ cdef extern from "fl_native.h":
     const int64_t MAX_NOW_MS         # 4 * 10**12 (year 2096): expiry seconds fit a u32
 
 cdef const char* bucket_params_error(const BucketParams* bp) noexcept nogil
-cdef int bucket_check(Table* t, const char* key, size_t keylen,
+# h: the key's table hash when known (table_prefetch's), else 0
+cdef int bucket_check(Table* t, const char* key, size_t keylen, uint64_t h,
                       const BucketParams* bp, int64_t now_ms, bint commit,
                       CheckResult* out) noexcept nogil
 cdef int bucket_reset(Table* t, const char* key, size_t keylen) noexcept nogil

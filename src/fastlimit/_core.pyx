@@ -903,6 +903,16 @@ cdef inline uint64_t noted_hash(const char* note) noexcept nogil:
     return (<uint64_t>fl_get_u32(note + 2) << 32) | fl_get_u32(note + 6)
 
 
+cdef void table_prefetch(Table* t, const char* const* keys, const size_t* lens,
+                         int n, uint64_t* hashes) noexcept nogil:
+    cdef int j
+    for j in range(n):
+        hashes[j] = fl_siphash13(keys[j], lens[j], t.seed)
+        prefetch_slot_or_record(t, hashes[j], False)
+    for j in range(n):
+        prefetch_slot_or_record(t, hashes[j], True)
+
+
 cdef inline void prefetch_slot_or_record(Table* t, uint64_t h, bint record) noexcept nogil:
     """Requests the cache line of a hash's home slot, or of the record in
     that slot (after the slot's line arrived)."""
@@ -1226,7 +1236,7 @@ cdef inline int64_t ms_until(int64_t tokens, uint32_t rem, int64_t target,
     return <int64_t>((need + per_ms - 1) // per_ms)
 
 
-cdef int bucket_check(Table* t, const char* key, size_t keylen,
+cdef int bucket_check(Table* t, const char* key, size_t keylen, uint64_t h,
                       const BucketParams* bp, int64_t now_ms, bint commit,
                       CheckResult* out) noexcept nogil:
     """One check of the reference token bucket (see the brief), with
@@ -1262,7 +1272,9 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen,
 
     if keylen > FL_MAX_KEY_LEN:
         return FL_EKEYLEN
-    table_lookup(t, key, keylen, &p)
+    if h == 0:      # unknown (a hash that is 0 is found again: the same)
+        h = fl_siphash13(key, keylen, t.seed)
+    lookup_hashed(t, h, key, keylen, &p)
     if record_live(t, &p, now_ms):
         v = probe_value(t, &p)
         tokens = fl_get_i64(v)
@@ -1537,7 +1549,7 @@ cdef class BucketStore:
     cdef int check_c(self, const char* key, size_t keylen,
                      const BucketParams* bp, int64_t now_ms,
                      CheckResult* out) noexcept:
-        return bucket_check(&self.table, key, keylen, bp, now_ms, True, out)
+        return bucket_check(&self.table, key, keylen, 0, bp, now_ms, True, out)
 
     def check(self, bytes key, int64_t capacity, int64_t refill_per_sec,
               int64_t cost=1, int64_t period_ms=1000, now_ms=None):

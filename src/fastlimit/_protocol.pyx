@@ -20,7 +20,7 @@ from fastlimit._load cimport (LoadMeter, fl_load, fl_load_sheds, fl_load_hold, f
                               FL_SHED_RETRY_MS, FL_LOAD_DRAIN_NS)
 from fastlimit._core cimport (BucketParams, CheckResult, bucket_check, MAX_CAPACITY,
                               bucket_params_error, fl_mono_ns, FL_OK, FL_EKEYLEN,
-                              FL_EOOM)
+                              FL_EOOM, PREFETCH_MAX, Table, table_prefetch)
 from fastlimit._core import OOM_ERROR
 from fastlimit._resp cimport (Parser, ParseLimits, Arg, Writer, parser_init,
                               parser_free, parser_reserve, parser_release,
@@ -86,6 +86,124 @@ def _mark_retrieved(task):
 cdef Writer OUT
 if writer_init(&OUT, 16384) != 0:
     raise MemoryError()
+
+
+# ---- prefetching a pipelined read's buckets (bench/README.md, "Memory") ----------
+#
+# With many buckets nearly every check misses the CPU caches twice (its hash
+# slot, then its record), one miss after another.  Before a read's commands
+# run, the keys of the CL.CHECKs at its start are found and their cache
+# lines requested together (table_prefetch), so the misses overlap and the
+# commands then find their buckets in the cache.  It changes nothing of what
+# runs: a line requested for nothing costs a little bandwidth.  Only for a
+# table larger than the caches (PREFETCH_MIN_SLOTS), where it pays.
+
+cdef enum:
+    # 2 MB of slots, some 20 MB of buckets: past what the caches hold (on
+    # smaller tables the scan and the hashes cost more than the misses)
+    PREFETCH_MIN_SLOTS = 1 << 18
+
+
+cdef inline bint table_is_large(const Table* t) noexcept nogil:
+    return <size_t>t.shards[0].nslots * t.nshards >= PREFETCH_MIN_SLOTS
+
+
+# The prefetched keys, in the order their commands come, with their hashes,
+# so that each check uses its hash instead of hashing again
+# (next_prefetched_hash).  Valid only during the run_commands that made
+# them: the keys point into its buffer, and it clears them when it ends.
+cdef const char* PREFETCHED[PREFETCH_MAX]
+cdef uint64_t PREFETCHED_HASH[PREFETCH_MAX]
+cdef int PREFETCHED_N = 0
+cdef int PREFETCHED_AT = 0
+
+
+cdef void prefetch_checks(Table* t, const char* buf, size_t n) noexcept nogil:
+    """Requests the buckets of the CL.CHECKs that begin buf; one command
+    alone waits for its miss either way."""
+    global PREFETCHED_N, PREFETCHED_AT
+    cdef size_t lens[PREFETCH_MAX]
+    cdef int found = scan_check_keys(buf, n, PREFETCHED, lens)
+    PREFETCHED_AT = 0
+    if found > 1:
+        table_prefetch(t, PREFETCHED, lens, found, PREFETCHED_HASH)
+        PREFETCHED_N = found
+
+
+cdef inline uint64_t prefetched_hash(const char* key) noexcept nogil:
+    """The hash of key if it is the next prefetched one (the read's
+    commands run in order, so their keys come at increasing addresses);
+    else 0, and the check hashes it itself."""
+    global PREFETCHED_AT
+    if PREFETCHED_N == 0:
+        return 0
+    while PREFETCHED_AT < PREFETCHED_N and PREFETCHED[PREFETCHED_AT] < key:
+        PREFETCHED_AT += 1      # its command did not check it (an error, a split...)
+    if PREFETCHED_AT < PREFETCHED_N and PREFETCHED[PREFETCHED_AT] == key:
+        PREFETCHED_AT += 1
+        return PREFETCHED_HASH[PREFETCHED_AT - 1]
+    return 0
+
+
+cdef inline void forget_prefetched() noexcept nogil:
+    global PREFETCHED_N, PREFETCHED_AT
+    PREFETCHED_N = PREFETCHED_AT = 0
+
+
+cdef int scan_check_keys(const char* buf, size_t n, const char** keys,
+                         size_t* lens) noexcept nogil:
+    """The keys of the CL.CHECKs among the complete commands that begin
+    buf, at most PREFETCH_MAX; the scan stops at anything but a RESP
+    array (an inline command) and at an incomplete command."""
+    cdef int found = 0
+    cdef size_t pos = 0
+    cdef int64_t count, length, i
+    cdef bint check
+    while found < PREFETCH_MAX and pos < n and buf[pos] == c'*':
+        count = scan_length(buf, n, &pos)
+        if count < 2 or count > 16:
+            break
+        check = False
+        for i in range(count):
+            if pos >= n or buf[pos] != c'$':
+                return found
+            length = scan_length(buf, n, &pos)
+            if length < 0 or <size_t>length + 2 > n - pos:
+                return found
+            if i == 0:
+                check = length == 8 and is_cl_check(buf + pos)
+            elif i == 1 and check:
+                keys[found] = buf + pos
+                lens[found] = <size_t>length
+                found += 1
+            pos += <size_t>length + 2
+    return found
+
+
+cdef inline int64_t scan_length(const char* buf, size_t n, size_t* pos) noexcept nogil:
+    """The decimal after buf[*pos] ('*' or '$') up to its CRLF, *pos past
+    it; -1 if it is not one (or runs past n or 9 digits)."""
+    cdef size_t i = pos[0] + 1
+    cdef int64_t value = 0
+    cdef int digits = 0
+    while i < n and c'0' <= buf[i] <= c'9' and digits < 9:
+        value = value * 10 + (buf[i] - c'0')
+        i += 1
+        digits += 1
+    if digits == 0 or i + 1 >= n or buf[i] != c'\r' or buf[i + 1] != c'\n':
+        return -1
+    pos[0] = i + 2
+    return value
+
+
+cdef inline bint is_cl_check(const char* p) noexcept nogil:
+    """Whether the 8 bytes at p are CL.CHECK in any case."""
+    cdef const char* name = b"cl.check"
+    cdef int i
+    for i in range(8):
+        if (p[i] | 0x20) != name[i]:
+            return False
+    return True
 
 cdef enum:
     INBUF_KEEP = 65536    # a larger idle input buffer is released
@@ -514,6 +632,7 @@ cdef class Connection:
             self.abort()
         finally:
             writer_reset(&OUT)
+            forget_prefetched()
             self.busy = False
 
     def run_slices(self):
@@ -565,6 +684,8 @@ cdef class Connection:
         cdef int64_t t_prev, t_now, ran_before
         lim.unauthenticated = not self.authenticated
         self.batch_len = n
+        if table_is_large(&self.core.store.table):
+            prefetch_checks(&self.core.store.table, buf, n if n < TURN_BYTES else TURN_BYTES)
         self.now_ms = self.core.clock.now_ms()
         t_prev = fl_mono_ns()
         self.last_interaction = t_prev / 1e9   # CLOCK_MONOTONIC, as time.monotonic()
@@ -599,6 +720,7 @@ cdef class Connection:
                 self.more_input = True
                 break    # the rest waits for this connection's next turn
         parser_release(&self.parser)
+        forget_prefetched()     # its keys point into buf (and process() on an error)
         if self.close_after_reply or pos >= n:
             self.inlen = 0
             self.parser.need = 0

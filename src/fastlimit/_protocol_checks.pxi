@@ -263,7 +263,8 @@ cdef str check_bucket(ServerCore core, const char* key, size_t keylen, const Buc
 
 cdef inline str check_one_bucket(ServerCore core, const char* key, size_t keylen,
                                  const BucketParams* bp, int64_t now_ms, CheckResult* r):
-    cdef int rc = bucket_check(&core.store.table, key, keylen, bp, now_ms, not core.readonly, r)
+    cdef int rc = bucket_check(&core.store.table, key, keylen, prefetched_hash(key), bp,
+                               now_ms, not core.readonly, r)
     if rc != FL_OK:    # one test on the way of an answer
         if rc == FL_EKEYLEN:
             return "ERR key is longer than 65535 bytes"

@@ -685,7 +685,7 @@ cdef inline int algorithm_step(Table* tables, const RuleSpec* r, const char* key
         bp.cost = cost
         if cost > MAX_LIMIT:
             bp.cost = bp.capacity + 1   # can never pass; keeps the maths in range
-        return bucket_check(&tables[r.algorithm], key, keylen, &bp, now_ms, commit, out)
+        return bucket_check(&tables[r.algorithm], key, keylen, 0, &bp, now_ms, commit, out)
     if r.algorithm == ALG_FIXED_WINDOW:
         return fixed_window_check(&tables[r.algorithm], key, keylen, r, cost, now_ms, commit,
                                   out)
