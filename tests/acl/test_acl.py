@@ -205,7 +205,7 @@ def test_ratelimit_users_check_their_own_keys_only(server):
         assert ops.execute_command("CONFIG", "GET", "hz") == [b"hz", b"10"]
         cat = {c.decode() for c in admin.execute_command("ACL", "CAT", "ratelimit")}
         assert cat == {"cl.check", "cl.limit", "cl.apply", "cl.acquire", "cl.release",
-                       "cl.throttle"}
+                       "cl.throttle", "cl.fixed", "cl.moving", "cl.sliding"}
         assert {"cl.reset", "cl.rule|set", "cl.rule|del", "flushall", "config|set", "debug",
                 "shutdown", "replicaof", "cl.cluster|setmap"} <= {
             c.decode() for c in admin.execute_command("ACL", "CAT", "dangerous")}

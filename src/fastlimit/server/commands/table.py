@@ -511,8 +511,10 @@ def window_commands() -> list[Command]:
                  "Sliding window counter: [allowed, previous, previous_ttl_ms, current, "
                  "current_ttl_ms].",
                  [("key", "key"), ("limit", "integer"), ("window_ms", "integer"), amount]),
+        # a change, as CL.RESET: not in @ratelimit, which is the checks only
         command("cl.winclear", -2, ("write", "fast"), windows.cmd_winclear, keys=(1, -1, 1),
-                acl=("@write", "@fast", "@ratelimit"), group="ratelimit", since="0.6.0",
+                acl=("@write", "@admin", "@fast", "@dangerous"), group="ratelimit",
+                since="0.6.0",
                 summary="Forgets windowed counters; replies how many records went.",
                 arguments=[("key", "key", {"multiple": True})]),
         command("cl.winflush", 2, ("write",), windows.cmd_winflush,
