@@ -121,13 +121,16 @@ def test_after_a_reshard_checks_follow_moved_and_spends_the_new_map(regions):
     set_rule(eu, us, {"match": {"resource": "api"}, "algorithm": "fixed_window",
                       "limit": LIMIT, "window_ms": 600_000, "regions": "home", "home": "eu"})
     c = us.client()
-    # us's map still names shard 0: it answers MOVED, the link follows it once
+    refreshes = c.info("regions")["peer0"]["map_refreshes"]
+    # us's map still names shard 0 (unless its 5-second refresh came since the
+    # move: a slow build): shard 0 answers MOVED, the link follows it once
     assert c.execute_command("CL.LIMIT", key, "api", "COST", 5)[:3] == [1, LIMIT, LIMIT - 5]
     assert eu.primaries[1].client().info("regions")["region_checks_served"] == 1
     assert eu.primaries[0].client().info("regions")["region_checks_served"] == 0
-    assert c.info("regions")["peer0"]["moved"] == 1
+    moved = c.info("regions")["peer0"]["moved"]
+    assert moved == 1 or (moved == 0 and refreshes >= 2)
     # and asks the map again: a global rule's spends go to the new shard
-    wait_until(lambda: c.info("regions")["peer0"]["map_refreshes"] >= 2, 20,
+    wait_until(lambda: c.info("regions")["peer0"]["map_refreshes"] >= refreshes + moved, 20,
                what="the map asked again")
     set_rule(eu, us, {"match": {"resource": "api"}, "algorithm": "fixed_window",
                       "limit": LIMIT, "window_ms": 600_000, "regions": "global"})

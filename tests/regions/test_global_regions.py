@@ -126,6 +126,7 @@ def test_a_hopping_user_seen_everywhere_gets_exactly_the_limit(fleet):
         assert info["region_tokens_overdrawn"] == 0, name
 
 
+@pytest.mark.untraced      # a bound in real time, with one sync interval of slack
 @pytest.mark.parametrize("fleet", [0.0, 0.04, 0.1], indirect=True,
                          ids=["no-delay", "40ms", "100ms"])
 def test_a_fast_hopping_user_stays_within_the_stated_bound(fleet):

@@ -18,6 +18,9 @@ from fastlimit._protocol import Connection, ServerCore
 from fastlimit._rules import RuleEngine
 from fastlimit.server.commands.table import build_table
 
+# 300,000 buckets per case: volume, which line tracing would make minutes
+pytestmark = pytest.mark.untraced
+
 FILLED = 300_000      # past PREFETCH_MIN_SLOTS' 2^18 slots
 
 

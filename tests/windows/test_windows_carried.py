@@ -225,7 +225,7 @@ def test_debug_sweep_drops_ended_windows(r):
     # one read: the background sweep cannot run between these
     pipe = r.pipeline(transaction=False)
     pipe.execute_command("DEBUG", "CLOCK", "SET", T0 + WINDOW + 1000)
-    pipe.execute_command("DEBUG", "SWEEP", 100)
+    pipe.execute_command("DEBUG", "SWEEP", 10_000)    # the whole sweep, even traced
     pipe.execute_command("INFO", "memory")
     pipe.execute_command("DEBUG", "CLOCK", "SET", T0)
     _, (removed, scanned), memory, _ = pipe.execute()
