@@ -250,6 +250,7 @@ class RegionsSubsystem(Subsystem):
         if round_ is None:
             return
         doc, version = encode_shares(round_.shares), round_.version
+        self.share_version = version        # the coordinator's own, as a region's
         for link in self.links:
             link.call([b"CL.REGIONSHARES", self.origin, b"%d" % version, b"shrink", doc],
                       lambda reply, name=link.name: self._answered(name, version, doc, reply))
