@@ -168,7 +168,10 @@ def test_a_real_prometheus_raises_the_gateway_alerts_of_a_client_failing_open(
         except AssertionError:
             raise AssertionError(f"alerts: {prometheus.alerts()}\ntargets: "
                                  f"{prometheus.api('targets')}\n{prometheus.log()}") from None
-        # pending: their `for` (minutes) has not passed; the expressions hold
+        # pending: their `for` (minutes) has not passed; the expressions hold.
+        # The gateway's alerts only: a slow (debug, traced) server may meanwhile
+        # raise one of its own (shedding, a scrape that timed out)
+        alerts = [a for a in alerts if a["labels"]["alertname"].startswith("FastlimitGateway")]
         assert {(a["labels"]["alertname"], a["labels"]["client"]) for a in alerts} == {
             ("FastlimitGatewayFailingOpen", "orders"), ("FastlimitGatewayBreakerOpen", "orders"),
             ("FastlimitGatewayErrors", "orders")}, alerts
