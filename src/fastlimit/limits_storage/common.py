@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import urllib.parse
+from typing import Any
 
+from limits._storage_scheme import parse_storage_uri
 from limits.errors import ConfigurationError
 
 DEFAULT_PORT = 6380
@@ -37,6 +39,25 @@ def redis_url(uri: str) -> str:
     if port is None:
         netloc += f":{DEFAULT_PORT}"
     return urllib.parse.urlunsplit((scheme, netloc, parsed.path, parsed.query, parsed.fragment))
+
+
+def sentinel_for(sentinel_class, uri: str, service_name: str | None,
+                 sentinel_kwargs: dict[str, Any], options: dict[str, Any]) -> Any:
+    """The Sentinel (sync or asyncio: sentinel_class) that a
+    fastlimit+sentinel:// URI names, its credentials going to the sentinels
+    and to the primary; ConfigurationError without a service or an
+    address."""
+    parsed = parse_storage_uri(uri)
+    service = (parsed.path or "").strip("/") or service_name
+    if not service:
+        raise ConfigurationError("'service_name' not provided")
+    if not parsed.locations:
+        raise ConfigurationError(f"no host:port in {uri!r}")
+    auth = {k: v for k, v in (("username", parsed.username),
+                              ("password", parsed.password)) if v}
+    sentinel = sentinel_class(parsed.locations, sentinel_kwargs={**auth, **sentinel_kwargs},
+                              **{**auth, **options})
+    return sentinel, service
 
 
 def ms(seconds: float) -> int:

@@ -16,7 +16,14 @@ from limits.storage.base import (
     TimestampedSlidingWindow,
 )
 
-from fastlimit.limits_storage.common import PREFIX, PairedRead, ms, redis_url, weighted
+from fastlimit.limits_storage.common import (
+    PREFIX,
+    PairedRead,
+    ms,
+    redis_url,
+    sentinel_for,
+    weighted,
+)
 
 
 class FastlimitStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport,
@@ -157,15 +164,6 @@ class FastlimitSentinelStorage(FastlimitStorage):
         super().__init__(uri, key_prefix=key_prefix, wrap_exceptions=wrap_exceptions, **options)
 
     def connect(self, uri: str, options: dict[str, Any]) -> Any:
-        parsed = parse_storage_uri(uri)
-        service = (parsed.path or "").strip("/") or self.service_name
-        if not service:
-            raise ConfigurationError("'service_name' not provided")
-        if not parsed.locations:
-            raise ConfigurationError(f"no host:port in {uri!r}")
-        auth = {k: v for k, v in (("username", parsed.username),
-                                  ("password", parsed.password)) if v}
-        self.sentinel = redis.sentinel.Sentinel(
-            parsed.locations, sentinel_kwargs={**auth, **self.sentinel_kwargs},
-            **{**auth, **options})
+        self.sentinel, service = sentinel_for(redis.sentinel.Sentinel, uri, self.service_name,
+                                              self.sentinel_kwargs, options)
         return self.sentinel.master_for(service)
