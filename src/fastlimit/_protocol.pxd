@@ -164,6 +164,11 @@ cdef class ServerCore:
     cdef fl_load* load
     cdef object held                  # collections.deque of Connection
     cdef bint drain_scheduled
+    # A takeover's flip (takeover/): while paused no client command runs;
+    # each connection keeps its input, held, in pause_waiters until
+    # resume_clients().  A replica link is not paused: it carries the flip.
+    cdef readonly bint paused
+    cdef dict pause_waiters           # connection id -> Connection
 
     cdef str route_key(self, const char* key, size_t n)
 
@@ -244,6 +249,7 @@ cdef class Connection:
     cdef void hold_back(self)
     cdef void queue_turn(self)
     cdef void hold_input(self)
+    cdef void wait_for_resume(self)
     cdef void process(self, const char* buf, size_t n)
     cdef void run_commands(self, const char* buf, size_t n)
     cdef void protocol_error(self)

@@ -161,6 +161,14 @@ class ServerCore:
     def route_error(self, key: bytes) -> str | None: ...
     def serves_slot(self, slot: int) -> bool:
         """Whether a keyed command for slot runs here."""
+    @property
+    def paused(self) -> bool: ...
+    def pause_clients(self) -> None:
+        """No client command runs from now on (a takeover's flip)."""
+    def resume_clients(self) -> None:
+        """Ends the pause; the connections run what they read meanwhile."""
+    @property
+    def pause_waiting_clients(self) -> int: ...
 
 class Connection:
     """One client connection; an asyncio protocol (it has the callbacks,

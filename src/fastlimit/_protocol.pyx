@@ -334,6 +334,7 @@ cdef class ServerCore:
         self.load_meter = LoadMeter()
         self.load = &self.load_meter.l
         self.held = collections.deque()
+        self.pause_waiters = {}
 
     cpdef bint full(self) except -1:
         """Whether maxclients connections are open, every front's and the
@@ -421,6 +422,28 @@ cdef class ServerCore:
     def slot_waiting_clients(self):
         return len(self.slot_waiters)
 
+    # ---- a takeover's pause: every client at a command boundary -----------------
+
+    def pause_clients(self):
+        """From now on no client command runs: what a connection reads
+        waits in its buffer (see Connection.wait_for_resume).  Commands
+        already read in this turn ran with their read."""
+        self.paused = True
+
+    def resume_clients(self):
+        """Ends the pause; each waiting connection runs what it read, on
+        its own turn."""
+        cdef Connection conn
+        self.paused = False
+        waiters, self.pause_waiters = self.pause_waiters, {}
+        loop = asyncio.get_running_loop()
+        for conn in waiters.values():
+            loop.call_soon(conn.next_turn)
+
+    @property
+    def pause_waiting_clients(self):
+        return len(self.pause_waiters)
+
     property max_bulk_len:
         def __get__(self):
             return self.limits.max_bulk_len
@@ -505,6 +528,11 @@ cdef class Connection:
 
     def data_received(self, bytes data):
         self.read_this_turn += PyBytes_GET_SIZE(data)
+        if self.core.paused and self.replica is None and not self.closed:
+            if self.append_input(data):
+                self.more_input = True
+                self.wait_for_resume()
+            return
         if self.core.load.level and self.priority < FL_PRIO_CRITICAL \
                 and self.replica is None and not self.closed:
             # Saturated: critical connections are read first, this one
@@ -534,6 +562,9 @@ cdef class Connection:
         self.read_this_turn = 0
         if self.closed:
             return
+        if self.core.paused and self.replica is None:
+            self.wait_for_resume()
+            return
         if self.more_input and self.sliced is None:
             self.more_input = False
             self.process(self.inbuf, self.inlen)
@@ -562,6 +593,12 @@ cdef class Connection:
         if not core.drain_scheduled:
             core.drain_scheduled = True
             asyncio.get_running_loop().call_soon(core.drain_held)
+
+    cdef void wait_for_resume(self):
+        """Paused (ServerCore.pause_clients): reads nothing more and runs
+        nothing until resume_clients() gives it its next turn."""
+        self.hold_input()
+        self.core.pause_waiters[self.id] = self
 
     cdef void hold_input(self):
         self.input_held = True
