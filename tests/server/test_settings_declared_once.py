@@ -80,7 +80,9 @@ def test_the_help_lists_every_setting_with_its_declared_default():
     options = out.split("\noptions:\n")[1]
     entries = {entry.split()[0]: " ".join(entry.split())
                for entry in re.split(r"\n(?=  -)", options)}
-    assert set(entries) == {"-h,", "--config"} | {f"--{name}" for name in cfg.SETTINGS}
+    # --config and --takeover name what to start from, once: not settings
+    assert set(entries) == {"-h,", "--config", "--takeover"} | {f"--{name}"
+                                                                 for name in cfg.SETTINGS}
     for name, spec in cfg.SETTINGS.items():
         assert entries[f"--{name}"].endswith(" ".join(help_text(spec).split())), name
         if spec.default is not None or spec.shown is not None:

@@ -433,14 +433,19 @@ class Replication(Subsystem):
         if self.link is not None and (self.link.host, self.link.port) == (host, port):
             return False
         was_up = self.link is not None and self.link.state == "connected"
+        self.follow_link(PrimaryLink(self, host, port, time.monotonic() if was_up else None))
+        self.app.settings.replicaof = (host, port)
+        return True
+
+    def follow_link(self, link: PrimaryLink) -> None:
+        """Becomes a replica over link: REPLICAOF's, or a takeover's link
+        to the server it replaces (takeover/heir.py)."""
         self.stop_following()
         self._drop_all("this server became a replica")
         self.app.core.readonly = True
-        self.app.settings.replicaof = (host, port)
-        self.link = PrimaryLink(self, host, port, time.monotonic() if was_up else None)
-        self.link.start()
-        self.log.warning("following primary %s:%d", host, port)
-        return True
+        self.link = link
+        link.start()
+        self.log.warning("following primary %s:%d", link.host, link.port)
 
     def promote(self) -> None:
         """REPLICAOF NO ONE: keeps every bucket and starts taking writes,

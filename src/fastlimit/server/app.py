@@ -44,6 +44,7 @@ from fastlimit.server.persistence import Snapshots
 from fastlimit.server.resp.listener import RespFront
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.server.tls import Tls
+from fastlimit.takeover.subsystem import Takeover
 from fastlimit.windows.subsystem import WindowsSubsystem
 
 log = logging.getLogger("fastlimit")
@@ -52,6 +53,10 @@ log = logging.getLogger("fastlimit")
 class Server:
     def __init__(self, settings: cfg.Settings):
         self.settings = settings
+        # First: with --takeover, the running server's offer (its listeners;
+        # its buckets follow once the loop runs), or the refusal that stops
+        # this start before anything is loaded.
+        self.takeover = Takeover(self, log)
         self.clock = Clock(manual=settings.manual_clock)
         self.store = BucketStore(shards=settings.shards, clock=self.clock)
         self.rule_engine = RuleEngine(clock=self.clock, shards=settings.shards)
@@ -122,7 +127,9 @@ class Server:
             self.replication, self.snapshots, self.pubsub, self.hotkeys, self.overload,
             self.regions_sync, self.windows, self.cluster,
             self.reshard,
-            self.http, self.status_history, self.rls, self.rls_xds, self.grpc, self.tls]
+            self.http, self.status_history, self.rls, self.rls_xds, self.grpc, self.tls,
+            # last: a heir's start ends with its flip, every listener open by then
+            self.takeover]
         # maxclients counts every front's connections (server/admission.py)
         self.core.budget += [self.http.shared.connections, self.grpc.shared.connections]
         self._apply_limits(settings)
@@ -279,11 +286,11 @@ class Server:
         loop = asyncio.get_running_loop()
         servers: list[asyncio.AbstractServer] = []
         for host in self.settings.bind:
-            server = await loop.create_server(
-                self.protocol_factory(loop, make, counters, tls), host, port,
-                reuse_address=True, backlog=511)
-            servers.append(server)
-            port = port or server.sockets[0].getsockname()[1]
+            listening = await self.takeover.listen(
+                loop, self.protocol_factory(loop, make, counters, tls), front.lower(), host,
+                port, tls is not None, serve=True)
+            servers += listening
+            port = port or listening[0].sockets[0].getsockname()[1]
         setattr(self.settings, cfg.attr_name(name), port)
         log.info("%s on %s port %d", front, " ".join(self.settings.bind), port)
         return servers, port

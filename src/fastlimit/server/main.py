@@ -20,9 +20,10 @@ def main(argv=None) -> None:
     from fastlimit.rls.config import ConfigError as RlsConfigError
     from fastlimit.rules.model import RuleError
     from fastlimit.server.app import run
+    from fastlimit.takeover.heir import TakeoverError
     try:
         run(settings)
-    except (OSError, RuleError, MapError, RlsConfigError, cfg.ConfigError) as e:
+    except (OSError, RuleError, MapError, RlsConfigError, cfg.ConfigError, TakeoverError) as e:
         logging.getLogger("fastlimit").error("cannot start: %s", e)
         sys.exit(1)
 

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastlimit-server",
         description="Rate-limiting counter server that speaks the Redis protocol.")
     p.add_argument("--config", metavar="FILE", help="TOML config file (command line wins)")
+    p.add_argument("--takeover", metavar="SOCKET",
+                   help="take over from the server whose takeover-socket this is: its "
+                        "listeners and buckets, then it exits")
     for name, spec in SETTINGS.items():
         p.add_argument(f"--{name}", **flag_options(spec))
     return p
@@ -55,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def from_args(argv=None) -> Settings:
     args = build_parser().parse_args(argv)
     settings = Settings()
+    settings.takeover_from = args.takeover
     given = load_file(args.config, settings) if args.config else set()
     for name in SETTINGS:
         value = getattr(args, attr_name(name))

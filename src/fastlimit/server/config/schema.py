@@ -205,6 +205,9 @@ class Settings:
         help="how much is logged, to stderr")
     # Not a setting: the file --config named (CONFIG REWRITE writes it).
     config_file: str | None = None
+    # Not a setting: --takeover's socket, where the running server this one
+    # replaces hands over (takeover/); once, at start.
+    takeover_from: str | None = None
     rules_db: str | None = setting(
         DEFAULT_RULES_DB, OPTIONAL_TEXT, runtime=False, metavar="PATH",
         help=_port_named_help("rules-db", "SQLite file the named rules are kept in",
@@ -285,6 +288,10 @@ class Settings:
         256 * MEGABYTE, memory(1024), runtime=True,
         help="unsent replication output per replica (beyond its full copy) past which it is "
              "dropped and resyncs")
+    takeover_socket: str | None = setting(
+        None, OPTIONAL_TEXT, runtime=False, metavar="PATH",
+        help="a Unix socket where a new fastlimit-server started with --takeover PATH takes "
+             "over this one's listeners and buckets (README, 'Upgrades without a restart')")
     rules_cache_size: int = setting(
         16 * MEGABYTE, memory(0, 2**40), runtime=True,
         help="bytes the CL.LIMIT match cache may hold (default {default}; 0: no cache)")

@@ -21,6 +21,7 @@ from fastlimit._protocol import Connection
 from fastlimit.server import config as cfg
 
 ListenerKey = tuple[str, int, bool]     # host, port, TLS
+RESP_FRONT = "resp"     # these listeners' name in a takeover (takeover/)
 
 
 class RespFront:
@@ -39,14 +40,14 @@ class RespFront:
         tls-port on every bind address, not accepting yet."""
         app, settings = self.server, self.server.settings
         for host in settings.bind:
-            server = await self._listen(loop, host, app.port or 0)
+            servers = await self._listen(loop, host, app.port or 0)
             if not app.port:
-                app.port = server.sockets[0].getsockname()[1]
-            self._listeners[(host, app.port, False)] = [server]
+                app.port = servers[0].sockets[0].getsockname()[1]
+            self._listeners[(host, app.port, False)] = [*servers]
         if settings.tls_port:   # the same protocol, behind the loop's TLS
             for host in settings.bind:
-                server = await self._listen(loop, host, settings.tls_port, app.tls.server)
-                self._listeners[(host, settings.tls_port, True)] = [server]
+                servers = await self._listen(loop, host, settings.tls_port, app.tls.server)
+                self._listeners[(host, settings.tls_port, True)] = [*servers]
             self.log.info("TLS on %s port %d", " ".join(settings.bind), settings.tls_port)
 
     async def start_serving(self) -> None:
@@ -63,12 +64,13 @@ class RespFront:
         for server in self._servers:
             await server.wait_closed()
 
-    async def _listen(self, loop, host: str, port: int, tls=None) -> asyncio.Server:
-        server = await loop.create_server(
-            self.factory(loop, tls), host, port,
-            reuse_address=True, backlog=511, start_serving=False)
-        self._servers.append(server)
-        return server
+    async def _listen(self, loop, host: str, port: int, tls=None) -> list[asyncio.Server]:
+        """Not accepting yet; on the sockets a server taken over from
+        handed over for host:port, if any (takeover/)."""
+        servers = await self.server.takeover.listen(
+            loop, self.factory(loop, tls), RESP_FRONT, host, port, tls is not None, serve=False)
+        self._servers += servers
+        return servers
 
     def factory(self, loop, tls) -> Callable[[], asyncio.BaseProtocol]:
         # Connection has asyncio.Protocol's callbacks but is a cdef class,
@@ -128,6 +130,7 @@ class RespFront:
                 continue
             server = await loop.create_server(
                 self.factory(loop, tls), sock=sock, backlog=511)
+            app.takeover.noted(RESP_FRONT, key[0], key[2], server)
             self._servers.append(server)
             cast(list, servers).append(server)
 

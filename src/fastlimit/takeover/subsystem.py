@@ -1,0 +1,317 @@
+"""Takeover as a subsystem: every listener of the server opens through it
+(so a heir finds the inherited sockets, and a donor knows what to hand
+over), the takeover-socket where a heir asks, and the heir's takeover
+itself ("copy, pause, flip", as cluster/reshard.py moves slots):
+
+1. Copy.  ``--takeover <socket>``: the heir takes the donor's offer
+   before anything else starts (heir.ask_to_take_over), opens its
+   listeners on the inherited sockets without accepting, and follows the
+   donor as a replica (heir.HandoverLink): the full copy, then the stream,
+   while the donor serves.
+2. Pause.  Once in sync it says ready; the donor pauses every client at
+   a command boundary, flushes its last changes down the link and says up
+   to which offset (donor.py).
+3. Flip.  The heir applies the stream to that offset, promotes itself
+   keeping the donor's replication id and offset (the same data set at
+   the same offset, as Redis keeps them across a restart that loads
+   them), starts accepting on every listener, and says flipped; the
+   donor closes its clients after their last complete reply and exits 0.
+
+The pause lasts from the donor's pause to the heir's accepting; it is
+measured (INFO server, takeover_pause_ms).  Before the flip, a failure
+anywhere leaves the donor serving (donor.Donation.end) and the heir exits
+with the reason.  Client connections are closed at the flip, not passed:
+a later version of the handover protocol (wire.py) may carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastlimit.server.subsystem import Subsystem
+from fastlimit.takeover import wire
+from fastlimit.takeover.donor import PAUSE_TIMEOUT_S, Donation
+from fastlimit.takeover.heir import (
+    HandoverLink,
+    Inheritance,
+    ListenerKey,
+    TakeoverError,
+    ask_to_take_over,
+)
+
+TAKEOVER_FRONT = "takeover"      # the takeover-socket's own key among the listeners
+
+
+@dataclass
+class Listener:
+    key: ListenerKey
+    server: asyncio.Server
+
+
+class Takeover(Subsystem):
+    def __init__(self, app, log):
+        self.app = app
+        self.log = log
+        self.listeners: list[Listener] = []     # every listener opened, closed ones too
+        self.unix_server: asyncio.Server | None = None
+        self.donation: Donation | None = None
+        # The heir's: what the donor handed over, until the flip.
+        self.inheritance: Inheritance | None = None
+        self.inherited: dict[ListenerKey, list[socket.socket]] = {}
+        self.from_pid = 0
+        self.pause_ms: float | None = None
+        self.total_ms: float | None = None
+        if app.settings.takeover_from:
+            self.inheritance = ask_to_take_over(app.settings.takeover_from)
+            self.inherited = self.inheritance.sockets
+
+    @property
+    def inheriting(self) -> bool:
+        """A heir before its flip: it accepts on no listener yet."""
+        return self.inheritance is not None
+
+    # ---- the listeners ------------------------------------------------------------------
+
+    async def listen(self, loop: asyncio.AbstractEventLoop, factory: Callable, front: str,
+                     host: str, port: int, tls: bool, serve: bool) -> list[asyncio.Server]:
+        """A front's listeners on host:port: on the sockets a donor handed
+        over for them, else bound here; accepting when serve, unless a
+        takeover is under way (its flip starts them)."""
+        socks = self.inherited.pop((front, host, port, tls), None)
+        if socks:
+            servers = [await loop.create_server(factory, sock=sock, backlog=511,
+                                                start_serving=False) for sock in socks]
+        else:
+            servers = [await loop.create_server(factory, host, port, reuse_address=True,
+                                                backlog=511, start_serving=False)]
+        for server in servers:
+            self.noted(front, host, tls, server)
+            if serve and not self.inheriting:
+                await server.start_serving()
+        return servers
+
+    def noted(self, front: str, host: str, tls: bool, server: asyncio.Server) -> None:
+        """A listener to hand over in a takeover (and to start at the flip)."""
+        port = server.sockets[0].getsockname()[1] if server.sockets else 0
+        self.listeners.append(Listener((front, host, port, tls), server))
+
+    def open_listeners(self) -> list[tuple[ListenerKey, int]]:
+        """Every listening socket still open, with the takeover-socket's
+        last: (whose, descriptor)."""
+        self.listeners = [lst for lst in self.listeners if lst.server.sockets]
+        out = [(lst.key, sock.fileno()) for lst in self.listeners for sock in lst.server.sockets]
+        if self.unix_server is not None:
+            path = self.app.settings.takeover_socket
+            out += [((TAKEOVER_FRONT, path, 0, False), sock.fileno())
+                    for sock in self.unix_server.sockets]
+        return out
+
+    def stop_accepting(self) -> None:
+        """This process's listeners close (the sockets live on in the
+        heir's, which accepts on them)."""
+        for listener in self.listeners:
+            listener.server.close()
+        if self.unix_server is not None:
+            self.unix_server.close()
+
+    # ---- the donor's side ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.inheritance is not None:
+            await self._take_over(self.inheritance)
+        await self._listen_for_heirs()
+        self._close_unclaimed()
+
+    async def _listen_for_heirs(self) -> None:
+        path = self.app.settings.takeover_socket
+        if not path:
+            return
+        socks = self.inherited.pop((TAKEOVER_FRONT, path, 0, False), None)
+        sock = socks[0] if socks else _bound_unix_socket(path)
+        self.unix_server = await asyncio.get_running_loop().create_unix_server(
+            lambda: Donation(self), sock=sock)
+        self.log.info("takeover socket %s: a new process may take over from this one", path)
+
+    def refusal(self, donation: Donation) -> str | None:
+        """Why this server cannot hand over now, or None: then donation
+        is the takeover under way."""
+        if self.donation is not None:
+            return f"a takeover by pid {self.donation.heir_pid} is under way"
+        if self.app.replication.link is not None:
+            return "this server is a replica: a takeover hands over a primary"
+        if self.app.cluster.enabled:
+            return "cluster mode: a takeover of a cluster node is not supported yet"
+        self.donation = donation
+        return None
+
+    def donation_ended(self, donation: Donation) -> None:
+        if self.donation is donation:
+            self.donation = None
+
+    # ---- the heir's side ----------------------------------------------------------------
+
+    async def _take_over(self, inheritance: Inheritance) -> None:
+        """Copy, pause, flip (see the module docstring); TakeoverError, the
+        donor serving on, if it fails before the flip."""
+        loop = asyncio.get_running_loop()
+        control = Control(inheritance.reader)
+        await loop.create_unix_connection(lambda: control, sock=inheritance.control)
+        progress = asyncio.Event()
+        link = HandoverLink(self.app.replication, inheritance.donor_pid, inheritance.link,
+                            progress)
+        control.progress = progress
+        self.app.replication.follow_link(link)
+        try:
+            await self._until(lambda: link.state == "connected", link, control, None,
+                              "the full copy")
+            control.send("ready", offset=link.offset)
+            paused = await self._until(lambda: control.message("paused"), link, control,
+                                       None, "the pause")
+            await self._until(lambda: link.offset >= paused["offset"], link, control,
+                              PAUSE_TIMEOUT_S, "the stream's last offset")
+            self._flip(link)
+            for listener in self.listeners:
+                await listener.server.start_serving()
+        except TakeoverError as e:
+            control.send("failed", reason=str(e))
+            control.close()
+            raise
+        self.pause_ms = round((time.monotonic() - paused["paused_at"]) * 1000, 3)
+        self.total_ms = round((time.monotonic() - inheritance.asked_at) * 1000, 3)
+        control.send("flipped", pause_ms=self.pause_ms)
+        control.close()
+        self.from_pid, self.inheritance = inheritance.donor_pid, None
+        self.log.warning("took over from pid %d: pause %.3f ms, %.1f ms in all, %d buckets",
+                         self.from_pid, self.pause_ms, self.total_ms, self.app.bucket_count())
+
+    async def _until(self, done: Callable, link: HandoverLink, control: Control,
+                     timeout: float | None, what: str):
+        """Waits for done() to be true (its value), as frames and messages
+        arrive; TakeoverError if the link or the donor fails first, or after
+        timeout seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not (value := done()):
+            failure = link.broken or control.failure
+            if failure is not None:
+                raise TakeoverError(f"waiting for {what}: {failure}")
+            left = None if deadline is None else deadline - loop.time()
+            try:
+                await asyncio.wait_for(link.progress.wait(), left)
+            except TimeoutError:
+                raise TakeoverError(f"{what} did not come within {timeout:g} s") from None
+            link.progress.clear()
+        return value
+
+    def _flip(self, link: HandoverLink) -> None:
+        """The heir becomes the primary, with the donor's replication id
+        and offset: the same data set at the same offset."""
+        repl = self.app.replication
+        replid = link.master_replid
+        repl.promote()
+        repl.replid = replid
+
+    def _close_unclaimed(self) -> None:
+        """The sockets handed over that no listener here took (a front
+        this configuration turns off): closed, nobody accepts on them."""
+        for socks in self.inherited.values():
+            for sock in socks:
+                sock.close()
+        self.inherited = {}
+
+    async def stop(self) -> None:
+        if self.donation is not None:
+            self.donation.end("this server is shutting down")
+        if self.unix_server is not None:
+            self.unix_server.close()
+
+    def info_sections(self, sections, named):
+        if "server" not in sections:
+            return {}
+        started_ms = (time.time() - (time.monotonic() - self.app.started)) * 1000
+        return {"server": {
+            "process_started_ms": int(started_ms),
+            "takeover_from_pid": self.from_pid,
+            "takeover_pause_ms": self.pause_ms if self.pause_ms is not None else -1,
+            "takeover_total_ms": self.total_ms if self.total_ms is not None else -1,
+            "takeover_state": ("heir" if self.inheriting else
+                               "donor" if self.donation is not None else "none")}}
+
+
+class Control(asyncio.Protocol):
+    """The heir's end of the takeover-socket, after the offer: the
+    donor's messages, and whether it went away."""
+
+    def __init__(self, reader: wire.Reader):
+        self.reader = reader
+        self.transport: asyncio.Transport | None = None
+        self.received: dict[str, dict] = {}
+        self.failure: str | None = None
+        self.progress: asyncio.Event | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.data_received(b"")       # what came with the offer
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        try:
+            while (message := self.reader.next()) is not None:
+                if message["kind"] == "failed":
+                    self.failure = f"the running server gave up: {message.get('reason')}"
+                self.received[message["kind"]] = message
+        except wire.WireError as e:
+            self.failure = str(e)
+        self._woken()
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+        self.failure = self.failure or "the running server closed the takeover socket"
+        self._woken()
+
+    def _woken(self) -> None:
+        if self.progress is not None:
+            self.progress.set()
+
+    def message(self, kind: str) -> dict | None:
+        return self.received.get(kind)
+
+    def send(self, kind: str, **fields) -> None:
+        if self.transport is not None:
+            self.transport.write(wire.encode(kind, **fields))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _bound_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at path, for this server's owner only: a
+    socket left there by a server that is gone is replaced, one that
+    answers is not (OSError)."""
+    if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)
+            else:
+                raise OSError(f"takeover-socket {path}: another server listens there")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old_mask = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old_mask)
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock

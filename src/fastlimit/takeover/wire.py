@@ -1,0 +1,153 @@
+"""The handover's messages between the running server (the donor) and the
+process taking over from it (the heir), on the donor's takeover-socket:
+framing, the compatibility check and the passing of descriptors; no
+asyncio.
+
+A message is ``<u32 length><JSON object>`` whose ``kind`` says what it is;
+descriptors passed with SCM_RIGHTS ride with the message that names them.
+In order:
+
+    hello     heir -> donor   its protocol and snapshot format versions, pid
+    refused   donor -> heir   why not (an incompatible version, a takeover
+                              already running...); nothing moved
+    offer     donor -> heir   its versions and pid, and descriptors: its
+                              listening sockets (``listeners`` says whose,
+                              in the descriptors' order) and, last, one end
+                              of a socket pair on which the heir follows it
+                              as a replica (replication/)
+    ready     heir -> donor   the full copy is loaded, the stream followed
+    paused    donor -> heir   no client command runs here any more; the
+                              stream's last offset, and when the pause began
+    flipped   heir -> donor   it serves; the donor closes its clients, exits
+    failed    either          why the takeover stops (before the flip)
+
+A later protocol version may add kinds (client connections passed at a
+command boundary: a message carrying their descriptors and state); a
+kind that a side does not know is an error that stops the takeover,
+which the version check rules out beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from collections.abc import Sequence
+
+from fastlimit.server import snapshot
+
+# The version of this handover protocol; a heir and a donor hand over only
+# when they speak the same one.
+PROTOCOL = 1
+KINDS = frozenset({"hello", "refused", "offer", "ready", "paused", "flipped", "failed"})
+HEADER = struct.Struct("<I")
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 253            # the kernel's SCM_MAX_FD
+
+
+class WireError(Exception):
+    """A message that cannot be read, or a peer that went away."""
+
+
+def versions() -> dict[str, int]:
+    """What this build speaks: the handover protocol, and the snapshot
+    format its full copies are written in."""
+    return {"protocol": PROTOCOL, "snapshot_format": snapshot.READABLE[snapshot.MAGIC]}
+
+
+def incompatibility(theirs: dict) -> str | None:
+    """Why a peer with these versions cannot hand over with this one, or
+    None when it can: the same handover protocol, and a snapshot format
+    this build reads."""
+    mine = versions()
+    if theirs.get("protocol") != mine["protocol"]:
+        return (f"handover protocol version {theirs.get('protocol')!r} on the other side, "
+                f"{mine['protocol']} here")
+    if theirs.get("snapshot_format") not in snapshot.READABLE.values():
+        return (f"snapshot format version {theirs.get('snapshot_format')!r} on the other "
+                f"side; this build reads {sorted(snapshot.READABLE.values())}")
+    return None
+
+
+def encode(kind: str, **fields) -> bytes:
+    assert kind in KINDS, kind
+    body = json.dumps({"kind": kind, **fields}).encode()
+    return HEADER.pack(len(body)) + body
+
+
+class Reader:
+    """Splits a byte stream into messages: feed() adds what arrived,
+    next() takes the first complete message (None until there is one)."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+
+    def next(self) -> dict | None:
+        if len(self.buf) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(self.buf)
+        if length > MAX_MESSAGE:
+            raise WireError(f"a message of {length} bytes is over the limit")
+        if len(self.buf) < HEADER.size + length:
+            return None
+        body = bytes(self.buf[HEADER.size:HEADER.size + length])
+        del self.buf[:HEADER.size + length]
+        return decode(body)
+
+
+def decode(body: bytes) -> dict:
+    try:
+        message = json.loads(body)
+    except ValueError as e:
+        raise WireError(f"unreadable message: {e}") from None
+    if not isinstance(message, dict) or message.get("kind") not in KINDS:
+        raise WireError(f"unknown message {str(message)[:80]!r}")
+    return message
+
+
+# ---- blocking sends and reads, for the socket's two ends ------------------------------
+
+def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
+    """data on sock (blocking or not: a message fits in a Unix socket's
+    buffer), with fds passed alongside its first byte."""
+    if len(fds) > MAX_FDS:
+        raise WireError(f"{len(fds)} descriptors to pass; at most {MAX_FDS} go at once")
+    sent = socket.send_fds(sock, [data], list(fds)) if fds else sock.send(data)
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def receive(sock: socket.socket, reader: Reader, timeout: float) -> tuple[dict, list[int]]:
+    """The next message on a blocking sock within timeout seconds, and
+    the descriptors that came with it; WireError if the peer closes first."""
+    sock.settimeout(timeout)
+    fds: list[int] = []
+    while True:
+        message = reader.next()
+        if message is not None:
+            return message, fds
+        try:
+            data, more, flags, _ = socket.recv_fds(sock, 65536, MAX_FDS)
+        except TimeoutError:
+            close_fds(fds)
+            raise WireError(f"no answer within {timeout:g} s") from None
+        fds += more
+        if flags & socket.MSG_CTRUNC:
+            close_fds(fds)
+            raise WireError("descriptors were cut off (the open file limit?)")
+        if not data:
+            close_fds(fds)
+            raise WireError("the other side closed the takeover socket")
+        reader.feed(data)
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            socket.close(fd)
+        except OSError:
+            pass
+

@@ -1,0 +1,379 @@
+"""A new process takes over a running one (src/fastlimit/takeover/): the
+listening sockets and every bucket move, the old one exits 0, and a
+takeover that fails before the flip leaves the old one serving.  Real
+processes on real sockets; the manual clock (never moved), so that a
+bucket's state is the same wherever and whenever it is read."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from servers import ServerProcess, process_state
+from wire import Wire, command, free_port, wait_until
+
+from fastlimit.takeover import wire as handover
+
+BUCKETS = 100_000
+CAPACITY = 100
+LOAD_CAPACITY = 10**12       # never empty: every check of the load is allowed
+
+
+class Node(ServerProcess):
+    """A server on a fixed port with a takeover-socket, the old one or,
+    given takeover_from, the new one taking over from it."""
+
+    def __init__(self, port: int, path: str, *args: str, takeover_from: bool = False):
+        extra = ["--takeover", path] if takeover_from else []
+        super().__init__("--manual-clock", "--port", str(port), "--takeover-socket", path,
+                         *extra, *args)
+        self.port = port
+
+
+@pytest.fixture
+def path(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("tk") / "takeover.sock")
+
+
+@pytest.fixture
+def nodes():
+    """Starts Nodes; stops those still running after the test."""
+    started: list[Node] = []
+
+    def make(*args, **kw) -> Node:
+        node = Node(*args, **kw)
+        started.append(node)
+        return node.start()
+
+    yield make
+    for node in started:
+        node.stop()
+
+
+def fill(r: redis.Redis, n: int) -> None:
+    """n buckets, each spent by a cost of its own (1..CAPACITY-1)."""
+    for start in range(0, n, 10_000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(start + 10_000, n)):
+            pipe.execute_command("CL.CHECK", f"b:{i}", CAPACITY, 1, "COST", 1 + i % (CAPACITY - 1))
+        pipe.execute()
+
+
+def peek_all(r: redis.Redis, n: int) -> list:
+    out: list = []
+    for start in range(0, n, 10_000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(start + 10_000, n)):
+            pipe.execute_command("CL.CHECK", f"b:{i}", CAPACITY, 1, "COST", 0)
+        out += pipe.execute()
+    return out
+
+
+def remaining(r: redis.Redis, key: str, capacity: int) -> int:
+    return r.execute_command("CL.CHECK", key, capacity, 1, "COST", 0)[2]
+
+
+class Load(threading.Thread):
+    """Runs work() in a loop until stopped; work may raise
+    ConnectionError at the flip (the old process closes its clients)."""
+
+    def __init__(self, work):
+        super().__init__(daemon=True)
+        self.work = work
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        try:
+            while not self.done.is_set():
+                self.work()
+        except BaseException as e:     # the test asserts there were none
+            self.errors.append(e)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(30)
+        assert not self.is_alive()
+        assert not self.errors, self.errors
+
+
+class PipelinedChecks:
+    """redis-py, pipelined: batches of CL.CHECK on keys of its own.  A
+    batch cut by the flip may have run in part: what it spent is known
+    within its size."""
+
+    def __init__(self, port: int, name: str, keys: int = 50, batch: int = 200):
+        self.port, self.name, self.keys, self.batch = port, name, keys, batch
+        # No retry: a batch the flip cuts is seen cut (redis-py would send
+        # it again whole, spending again what of it had run).
+        self.r = redis.Redis(port=port, socket_timeout=10, protocol=2,
+                             retry=Retry(NoBackoff(), 0))
+        self.spent = 0            # known: replies received
+        self.uncertain = 0        # sent in batches cut by the flip
+        self.cut = 0
+
+    def __call__(self) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for i in range(self.batch):
+            pipe.execute_command("CL.CHECK", f"{self.name}:{i % self.keys}", LOAD_CAPACITY, 1)
+        try:
+            replies = pipe.execute()
+        except redis.ConnectionError:
+            self.uncertain += self.batch
+            self.cut += 1
+            return
+        assert all(reply[0] == 1 for reply in replies), replies
+        self.spent += len(replies)
+
+
+class ExactChecks:
+    """A pipelined client by hand: it counts every reply received, so what
+    it spent is known exactly even when the flip cuts a batch (the old
+    process runs no command whose reply it does not send)."""
+
+    def __init__(self, port: int, keys: int = 20, batch: int = 100):
+        self.port, self.keys, self.batch = port, keys, batch
+        self.spent = 0
+        self.wire: Wire | None = None
+        self.cut = 0
+
+    def __call__(self) -> None:
+        if self.wire is None:
+            self.wire = Wire.to(self.port)
+        self.wire.send(b"".join(command("CL.CHECK", f"exact:{i % self.keys}", LOAD_CAPACITY, 1)
+                                for i in range(self.batch)))
+        for _ in range(self.batch):
+            try:
+                reply = self.wire.read_reply()
+            except EOFError:
+                self.wire.close()
+                self.wire, self.cut = None, self.cut + 1
+                return
+            assert reply.startswith(b"*5\r\n:1\r\n"), reply
+            self.spent += 1
+
+
+class Connector:
+    """Connects in a loop, as a new client would: a refused connection
+    attempt is what a takeover must never cause."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.connects = self.refused = 0
+
+    def __call__(self) -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        except ConnectionRefusedError:
+            self.refused += 1
+            return
+        except OSError as e:
+            assert e.errno != errno.ECONNREFUSED, e
+            raise
+        s.close()
+        self.connects += 1
+
+
+def per_key(r: redis.Redis, prefix: str, keys: int) -> int:
+    """What the load spent on its keys, from their buckets."""
+    return sum(LOAD_CAPACITY - remaining(r, f"{prefix}:{i}", LOAD_CAPACITY)
+               for i in range(keys))
+
+
+@pytest.mark.untraced
+def test_a_takeover_under_pipelined_load_moves_every_bucket_and_refuses_no_connection(
+        nodes, path):
+    port = free_port()
+    old = nodes(port, path)
+    r = old.client(protocol=2)
+    fill(r, BUCKETS)
+    before = peek_all(r, BUCKETS)
+    assert r.dbsize() == BUCKETS
+    pipelined, exact, connector = PipelinedChecks(port, "piped"), ExactChecks(port), \
+        Connector(port)
+    loads = [Load(pipelined), Load(exact), Load(connector)]
+    for load in loads:
+        load.start()
+    wait_until(lambda: pipelined.spent and exact.spent and connector.connects, 10,
+               "the load to run")
+    new = nodes(port, path, takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    spent_at_flip = exact.spent
+    wait_until(lambda: exact.spent > spent_at_flip + 1000, 10, "the load on the new process")
+    for load in loads:
+        load.stop()
+
+    after = new.client(protocol=2)
+    assert peek_all(after, BUCKETS) == before
+    assert per_key(after, "exact", exact.keys) == exact.spent
+    spent = per_key(after, "piped", pipelined.keys)
+    assert pipelined.spent <= spent <= pipelined.spent + pipelined.uncertain
+    assert connector.refused == 0 and connector.connects > 0
+    assert pipelined.cut <= 1 and exact.cut <= 1     # once, at the flip
+    info = after.info("server")
+    assert info["process_id"] == new.proc.pid
+    assert info["takeover_from_pid"] == old.proc.pid
+    assert 0 < info["takeover_pause_ms"] < info["takeover_total_ms"]
+    assert "handed over to pid" in old.log()
+
+
+def test_info_server_says_where_the_process_came_from_and_the_fronts_move(nodes, path):
+    port, http_port = free_port(), free_port()
+    old = nodes(port, path, "--http-port", str(http_port))
+    first = old.client().info("server")
+    assert first["takeover_from_pid"] == 0 and first["takeover_pause_ms"] == -1
+    assert abs(first["process_started_ms"] / 1000 - time.time()) < 60
+    old.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 4)
+    held = old.client()        # a client of the old process: closed at the flip
+    held.ping()
+
+    new = nodes(port, path, "--http-port", str(http_port), takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    info = new.client().info("server")
+    assert info["takeover_from_pid"] == old.proc.pid
+    assert info["takeover_pause_ms"] >= 0
+    assert info["process_started_ms"] >= first["process_started_ms"]
+    assert remaining(new.client(), "k", 10) == 6
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=10) as resp:
+        assert resp.status == 200
+    assert held.ping()         # redis-py reconnects: to the new process
+    assert held.info("server")["process_id"] == new.proc.pid
+
+
+def test_the_new_process_can_be_taken_over_in_turn(nodes, path):
+    port = free_port()
+    first = nodes(port, path)
+    first.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 3)
+    second = nodes(port, path, takeover_from=True)
+    assert first.proc.wait(20) == 0
+    third = nodes(port, path, takeover_from=True)
+    assert second.proc.wait(20) == 0
+    assert remaining(third.client(), "k", 10) == 7
+    assert third.client().info("server")["takeover_from_pid"] == second.proc.pid
+
+
+def test_the_new_process_killed_mid_copy_leaves_the_old_one_serving(nodes, path):
+    port = free_port()
+    old = nodes(port, path)
+    r = old.client(protocol=2)
+    fill(r, 20_000)
+    before = peek_all(r, 20_000)
+    kept = Wire.to(port)       # a client of the old process, kept across
+    assert kept.call("PING") == b"+PONG\r\n"
+    heir = Node(port, path, takeover_from=True)
+    heir_thread = threading.Thread(target=lambda: pytest.raises(RuntimeError, heir.start))
+    heir_thread.start()
+    wait_until(lambda: "follows this server as a replica" in old.log(), 20, "the offer")
+    pid = heir.proc.pid
+    heir.proc.send_signal(signal.SIGSTOP)      # the copy stalls...
+    heir.proc.send_signal(signal.SIGKILL)      # ...and the new process dies in it
+    heir_thread.join(30)
+    heir.stop()
+    wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to notice")
+    assert process_state(pid) is None
+    assert old.alive()
+    assert kept.call("PING") == b"+PONG\r\n"
+    assert peek_all(r, 20_000) == before
+    assert r.info("server")["takeover_state"] == "none"
+    assert r.execute_command("CL.CHECK", "b:1", CAPACITY, 1)[0] == 1     # writes go on
+
+
+def test_an_incompatible_new_process_is_refused_before_anything_moves(nodes, path):
+    port = free_port()
+    old = nodes(port, path)
+    old.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 2)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        handover.send(s, handover.encode("hello", protocol=handover.PROTOCOL + 1,
+                                         snapshot_format=2, pid=0))
+        answer, fds = handover.receive(s, handover.Reader(), 10)
+    assert fds == []
+    assert answer["kind"] == "refused"
+    assert f"handover protocol version {handover.PROTOCOL + 1}" in answer["reason"]
+    assert "refused" in old.log()
+    assert remaining(old.client(), "k", 10) == 8
+    assert old.client().info("server")["takeover_state"] == "none"
+
+
+def test_a_new_process_refuses_an_incompatible_old_one_and_exits(path):
+    """The check runs on both sides: an old process of another handover
+    protocol (a stand-in here) is refused by the new one, which exits."""
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen(1)
+        heir = Node(free_port(), path, takeover_from=True)
+        heir_thread = threading.Thread(target=lambda: pytest.raises(RuntimeError, heir.start))
+        heir_thread.start()
+        listener.settimeout(10)
+        conn, _ = listener.accept()
+        with conn:
+            hello, _ = handover.receive(conn, handover.Reader(), 10)
+            assert hello["protocol"] == handover.PROTOCOL
+            handover.send(conn, handover.encode("offer", protocol=handover.PROTOCOL + 1,
+                                                snapshot_format=2, pid=0, listeners=[]))
+            failed, _ = handover.receive(conn, handover.Reader(), 10)
+        heir_thread.join(30)
+    assert failed["kind"] == "failed" and "incompatible" in failed["reason"]
+    assert heir.proc.wait(10) == 1
+    assert "incompatible" in heir.log()
+
+
+def test_a_takeover_through_a_socket_nobody_listens_on_is_refused_at_start(path):
+    heir = Node(free_port(), path, takeover_from=True)
+    with pytest.raises(RuntimeError, match="cannot take over through"):
+        heir.start()
+    assert heir.proc.wait(10) == 1
+    heir.stop()
+
+
+def test_kill_9_of_the_new_process_after_the_flip_leaves_nothing_serving(nodes, path):
+    """The issue allows it: after the flip the new process is complete (it
+    had every bucket), and a process killed is not serving."""
+    port = free_port()
+    old = nodes(port, path)
+    old.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 5)
+    new = nodes(port, path, takeover_from=True)
+    assert old.proc.wait(20) == 0
+    assert remaining(new.client(), "k", 10) == 5
+    new.proc.kill()
+    new.proc.wait(10)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(nodes, path):
+    """A stand-in new process that says ready and then goes away: the old
+    one's clients wait through the pause, nothing refused or lost, and run
+    once it ends."""
+    port = free_port()
+    old = nodes(port, path)
+    client = Wire.to(port)
+    assert client.call("CL.CHECK", "k", 10, 1, "COST", 3).startswith(b"*5\r\n:1\r\n")
+    with socket.socket(socket.AF_UNIX) as heir:
+        heir.connect(path)
+        reader = handover.Reader()
+        handover.send(heir, handover.encode("hello", **handover.versions(), pid=0))
+        offer, fds = handover.receive(heir, reader, 10)
+        handover.close_fds(fds)
+        assert offer["kind"] == "offer" and len(fds) == len(offer["listeners"]) + 1
+        assert [front for front, *_ in offer["listeners"]] == ["resp", "takeover"]
+        handover.send(heir, handover.encode("ready", offset=0))
+        paused, _ = handover.receive(heir, reader, 10)
+        assert paused["kind"] == "paused"
+        client.send(command("CL.CHECK", "k", 10, 1, "COST", 2))
+        late = Wire.to(port)           # accepted meanwhile: it waits too
+        late.send(command("PING"))
+        with pytest.raises(TimeoutError):
+            client.read_reply(time.monotonic() + 0.3)
+    assert client.read_reply().startswith(b"*5\r\n:1\r\n:10\r\n:5\r\n")
+    assert late.read_reply() == b"+PONG\r\n"
+    wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
+    assert remaining(old.client(), "k", 10) == 5
