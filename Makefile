@@ -25,6 +25,7 @@ bench:          ## fastlimit vs redis-server, the clients vs the limits library,
 	.venv/bin/python bench/overload.py
 	.venv/bin/python bench/hotkey_split.py
 	.venv/bin/python bench/regions.py
+	.venv/bin/python bench/takeover.py
 
 soak:           ## every attack of the hardening review at once, a good client's latency and memory (bench/soak.py)
 	scripts/bootstrap.sh

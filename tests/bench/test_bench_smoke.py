@@ -265,6 +265,14 @@ def check_keyflood(out: str, err: str) -> None:
     assert out.count("## Over time: ") == 3
 
 
+def check_takeover(out: str, err: str) -> None:
+    (row,) = table(out, "| buckets | pause ms |")
+    assert figure(row[0]) == 20_000, row
+    figures(row, (1, 2, 3, 4, 7))
+    assert row[5] == "yes" and row[6] == "0", row     # every bucket there; the old one exited 0
+    targets(out, 1)
+
+
 def check_regions(out: str, err: str) -> None:
     rows = table(out, "| scope | d |")
     assert [r[0] for r in rows] == ["regional", "static", "global", "home"], rows
@@ -354,6 +362,7 @@ SMOKES = [
     Smoke("keyflood.py", check_keyflood),
     Smoke("soak.py", check_soak, ["--seconds", "0.5"], output=False),
     Smoke("regions.py", check_regions),
+    Smoke("takeover.py", check_takeover),
     # limits' strategies on fastlimit:// and on redis:// (300 hits a run)
     Smoke("limits_storage.py", check_limits_storage),
     Smoke("check_cpu.py", check_check_cpu, ["--variant", "installed=installed"], output=False),
