@@ -17,7 +17,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from servers import ServerProcess, process_state
+from servers import ServerProcess, process_state, readme_block, run_lines
 from wire import Wire, command, free_port, wait_until
 
 from fastlimit.takeover import wire as handover
@@ -282,7 +282,7 @@ def test_the_new_process_killed_mid_copy_leaves_the_old_one_serving(nodes, path)
     assert old.alive()
     assert kept.call("PING") == b"+PONG\r\n"
     assert peek_all(r, 20_000) == before
-    assert r.info("server")["takeover_state"] == "none"
+    assert r.info("server")["takeover_handing_over"] == 0
     assert r.execute_command("CL.CHECK", "b:1", CAPACITY, 1)[0] == 1     # writes go on
 
 
@@ -298,9 +298,10 @@ def test_an_incompatible_new_process_is_refused_before_anything_moves(nodes, pat
     assert fds == []
     assert answer["kind"] == "refused"
     assert f"handover protocol version {handover.PROTOCOL + 1}" in answer["reason"]
-    assert "refused" in old.log()
+    wait_until(lambda: "refused: handover protocol version" in old.log(), 10,
+               "the old one to say why")
     assert remaining(old.client(), "k", 10) == 8
-    assert old.client().info("server")["takeover_state"] == "none"
+    assert old.client().info("server")["takeover_handing_over"] == 0
 
 
 def test_a_new_process_refuses_an_incompatible_old_one_and_exits(path):
@@ -377,3 +378,59 @@ def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(
     assert late.read_reply() == b"+PONG\r\n"
     wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
     assert remaining(old.client(), "k", 10) == 5
+
+
+def test_the_readmes_takeover_lines_work_as_written(tmp_path):
+    lines = readme_block("### Upgrades without a restart")
+    assert [line.split()[0] for line in lines] == ["fastlimit-server", "fastlimit-server",
+                                                   "redis-cli"], lines
+    seen = run_lines(tmp_path, lines)
+    old, new = seen["servers"]
+    assert new["alive"], seen
+    assert "handed over to pid" in old["log"], old["log"]     # and exiting (maybe not yet gone)
+    assert "ready to exit" in old["log"], old["log"]
+    (shown,) = seen["commands"]
+    fields = dict(line.split(":", 1) for line in shown["out"].split() if ":" in line)
+    assert shown["rc"] == 0 and int(fields["takeover_from_pid"]) > 0, shown
+    assert float(fields["takeover_pause_ms"]) >= 0, shown
+
+
+RULE = '{"match": {"resource": "api"}, "capacity": 10, "refill_per_second": 1}'
+
+
+def test_the_rules_and_their_database_pass_at_the_pause(nodes, path, tmp_path):
+    """rules-db takes one process at a time: the old one lets it go at
+    its pause, the new one opens it before it flips and keeps writing it."""
+    port, rules_db = free_port(), str(tmp_path / "rules.db")
+    old = nodes(port, path, "--rules-db", rules_db)
+    r = old.client(protocol=2)
+    r.execute_command("CL.RULE", "SET", "api", RULE)
+    assert r.execute_command("CL.LIMIT", "alice", "api", "COST", 4)[0] == 1
+    new = nodes(port, path, "--rules-db", rules_db, takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    r = new.client(protocol=2)
+    assert r.execute_command("CL.LIMIT", "alice", "api", "COST", 0)[2] == 6
+    r.execute_command("CL.RULE", "SET", "later", RULE.replace("api", "later"))
+    new.stop()
+    again = nodes(free_port(), path + ".2", "--rules-db", rules_db)
+    ids = again.client(protocol=2).execute_command("CL.RULE", "LIST")
+    assert {b"api", b"later"} <= set(ids), ids
+
+
+def test_a_takeover_that_fails_in_the_pause_gives_the_rules_database_back(nodes, path,
+                                                                          tmp_path):
+    port, rules_db = free_port(), str(tmp_path / "rules.db")
+    old = nodes(port, path, "--rules-db", rules_db)
+    with socket.socket(socket.AF_UNIX) as heir:
+        heir.connect(path)
+        reader = handover.Reader()
+        handover.send(heir, handover.encode("hello", **handover.versions(), pid=0))
+        handover.close_fds(handover.receive(heir, reader, 10)[1])
+        handover.send(heir, handover.encode("ready", offset=0))
+        assert handover.receive(heir, reader, 10)[0]["kind"] == "paused"
+    wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
+    old.client().execute_command("CL.RULE", "SET", "api", RULE)     # written to rules-db
+    assert "rules-db could not be opened" not in old.log()
+    old.stop()
+    again = nodes(free_port(), path + ".2", "--rules-db", rules_db)
+    assert again.client().execute_command("CL.RULE", "LIST") == [b"api"]

@@ -65,9 +65,10 @@ class Server:
         shared = settings.shared_rules_store
         # This tier's region: static rules enforce its share (README, "Regions").
         self.regions = tier_regions(settings.region, settings.regions)
+        # A server being taken over holds its rules database until its pause
+        # (takeover/): the rules come down the replication link until then.
         self.rules = RuleRegistry(
-            self.rule_engine,
-            RuleStore(settings.rules_db, cache=shared is not None) if settings.rules_db else None,
+            self.rule_engine, None if self.takeover.inheriting else self.open_rules_db(),
             settings.rules_file, regions=self.regions)
         self.rules.start(load_file=shared is None)
         # A PostgreSQL rules-store that every node follows (rules/follower.py);
@@ -181,6 +182,13 @@ class Server:
             raise cfg.ConfigError(f"the server cannot use it ({e})", pairs[0][0].lower()) from None
         self.settings = trial
         rebind.commit()
+
+    def open_rules_db(self) -> RuleStore | None:
+        """rules-db (a PostgreSQL rules-store's cache when there is one), or
+        None when it is ''.  StoreError if it cannot be used."""
+        s = self.settings
+        return (RuleStore(s.rules_db, cache=s.shared_rules_store is not None)
+                if s.rules_db else None)
 
     def bucket_count(self) -> int:
         return len(self.store) + len(self.rule_engine)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from fastlimit._protocol import Connection
+from fastlimit.rules.model import RuleError
 from fastlimit.takeover import wire
 
 # A pause the heir has not ended by flipping within this long ends here:
@@ -133,12 +134,16 @@ class Donation(asyncio.Protocol):
 
     def _pause(self) -> None:
         """No client command runs from here on; the last changes go down
-        the link, and the heir is told up to which offset to apply."""
+        the link, the rules database is let go (it takes one process at a
+        time: the heir opens it next), and the heir is told up to which
+        offset to apply."""
         repl = self.app.replication
         self.app.core.pause_clients()
         self.paused_at = time.monotonic()
         self.state = "paused"
         repl.flush()
+        self.app.rules.close()
+        self.app.rules.store = None
         self._send(wire.encode("paused", offset=repl.offset, paused_at=self.paused_at))
         self._timer = asyncio.get_running_loop().call_later(PAUSE_TIMEOUT_S, self._too_long)
 
@@ -165,7 +170,8 @@ class Donation(asyncio.Protocol):
         if self.state in ("done", "ended"):
             return
         self._cancel_timer()
-        if self.app.core.paused:
+        if self.state == "paused":
+            self._take_rules_db_back()
             self.app.core.resume_clients()
         self.state = "ended"
         if self.link is not None:
@@ -175,6 +181,13 @@ class Donation(asyncio.Protocol):
         self.takeover.donation_ended(self)
         self.log.warning("takeover by pid %d failed before the flip: %s; this server serves on",
                          self.heir_pid, why)
+
+    def _take_rules_db_back(self) -> None:
+        try:
+            self.app.rules.store = self.app.open_rules_db()
+        except RuleError as e:     # the heir, gone, held it: the lock went with it
+            self.log.error("takeover: rules-db could not be opened again (%s); rule changes "
+                           "are not persisted until a restart", e)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastlimit.rules.model import RuleError
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.takeover import wire
 from fastlimit.takeover.donor import PAUSE_TIMEOUT_S, Donation
@@ -175,6 +176,7 @@ class Takeover(Subsystem):
                                        None, "the pause")
             await self._until(lambda: link.offset >= paused["offset"], link, control,
                               PAUSE_TIMEOUT_S, "the stream's last offset")
+            self._take_rules_db()
             self._flip(link)
             for listener in self.listeners:
                 await listener.server.start_serving()
@@ -209,6 +211,14 @@ class Takeover(Subsystem):
             link.progress.clear()
         return value
 
+    def _take_rules_db(self) -> None:
+        """rules-db, which the donor let go at its pause (holding the same
+        rules as the stream brought here)."""
+        try:
+            self.app.rules.store = self.app.open_rules_db()
+        except RuleError as e:
+            raise TakeoverError(str(e)) from None
+
     def _flip(self, link: HandoverLink) -> None:
         """The heir becomes the primary, with the donor's replication id
         and offset: the same data set at the same offset."""
@@ -240,8 +250,8 @@ class Takeover(Subsystem):
             "takeover_from_pid": self.from_pid,
             "takeover_pause_ms": self.pause_ms if self.pause_ms is not None else -1,
             "takeover_total_ms": self.total_ms if self.total_ms is not None else -1,
-            "takeover_state": ("heir" if self.inheriting else
-                               "donor" if self.donation is not None else "none")}}
+            # a new process answers nothing before its flip: only a donor's shows
+            "takeover_handing_over": int(self.donation is not None)}}
 
 
 class Control(asyncio.Protocol):
