@@ -17,6 +17,7 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from certs import make_certs
 from servers import ServerProcess, process_state, readme_block, run_lines
 from wire import Wire, command, free_port, wait_until
 
@@ -434,3 +435,24 @@ def test_a_takeover_that_fails_in_the_pause_gives_the_rules_database_back(nodes,
     old.stop()
     again = nodes(free_port(), path + ".2", "--rules-db", rules_db)
     assert again.client().execute_command("CL.RULE", "LIST") == [b"api"]
+
+
+def test_every_front_s_listener_moves_tls_and_grpc_included(nodes, path, tmp_path):
+    (tmp_path / "certs").mkdir()
+    certs = make_certs(str(tmp_path / "certs"))
+    port, tls_port, grpc_port = free_port(), free_port(), free_port()
+    fronts = ["--tls-port", str(tls_port), "--grpc-port", str(grpc_port),
+              "--tls-cert-file", certs.server.cert, "--tls-key-file", certs.server.key,
+              "--tls-ca-cert-file", certs.ca, "--tls-auth-clients", "no"]
+    old = nodes(port, path, *fronts)
+    tls = redis.Redis(host="127.0.0.1", port=tls_port, ssl=True, ssl_ca_certs=certs.ca,
+                      socket_timeout=10)
+    tls.execute_command("CL.CHECK", "k", 10, 1, "COST", 7)
+    new = nodes(port, path, *fronts, takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    assert remaining(tls, "k", 10) == 3       # reconnected over TLS, to the new process
+    assert tls.info("server")["process_id"] == new.proc.pid
+    with socket.create_connection(("127.0.0.1", grpc_port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        assert s.recv(9)[3] == 4              # the new process's HTTP/2 SETTINGS frame
+    assert "handed over" in old.log() and "4 listening sockets" in old.log()
