@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 import redis
+from certs import make_certs
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from certs import make_certs
 from servers import ServerProcess, process_state, readme_block, run_lines
 from wire import Wire, command, free_port, wait_until
 
