@@ -47,7 +47,7 @@ class Donation(asyncio.Protocol):
         self.log = takeover.log
         self.reader = wire.Reader()
         self.transport: asyncio.Transport | None = None
-        self.state = "hello"          # offered, paused, done, ended
+        self.state = "hello"          # then offering, offered, paused; done, or ended
         self.heir_pid = 0
         self.link: Connection | None = None
         self.paused_at = 0.0
@@ -71,6 +71,9 @@ class Donation(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
+        if self.state == "hello":      # nothing began (a probe of the socket, say)
+            self.state = "ended"
+            return
         self.end("the new process closed the takeover socket (it exited?)")
 
     # ---- the steps ----------------------------------------------------------------------

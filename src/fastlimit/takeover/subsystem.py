@@ -47,6 +47,10 @@ from fastlimit.takeover.heir import (
 )
 
 TAKEOVER_FRONT = "takeover"      # the takeover-socket's own key among the listeners
+# The heir gives up on the donor's last changes well before the donor would
+# kill it for not flipping (PAUSE_TIMEOUT_S): a takeover that fails there
+# ends with its reason, not a kill.
+CATCH_UP_TIMEOUT_S = PAUSE_TIMEOUT_S / 2
 
 
 @dataclass
@@ -175,7 +179,7 @@ class Takeover(Subsystem):
             paused = await self._until(lambda: control.message("paused"), link, control,
                                        None, "the pause")
             await self._until(lambda: link.offset >= paused["offset"], link, control,
-                              PAUSE_TIMEOUT_S, "the stream's last offset")
+                              CATCH_UP_TIMEOUT_S, "the stream's last offset")
             self._take_rules_db()
             self._flip(link)
             for listener in self.listeners:
