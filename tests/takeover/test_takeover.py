@@ -456,3 +456,39 @@ def test_every_front_s_listener_moves_tls_and_grpc_included(nodes, path, tmp_pat
         s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
         assert s.recv(9)[3] == 4              # the new process's HTTP/2 SETTINGS frame
     assert "handed over" in old.log() and "4 listening sockets" in old.log()
+
+
+def hello_answer(path: str) -> dict:
+    """What the server on the takeover-socket answers a compatible hello
+    (descriptors passed with an offer are closed)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        handover.send(s, handover.encode("hello", **handover.versions(), pid=0))
+        answer, fds = handover.receive(s, handover.Reader(), 10)
+    handover.close_fds(fds)
+    return answer
+
+
+def test_a_standby_of_the_old_process_follows_the_new_one_under_the_same_replication_id(
+        nodes, make_server, path):
+    port = free_port()
+    old = nodes(port, path)
+    old.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 6)
+    standby = make_server("--manual-clock", "--replicaof", "127.0.0.1", str(port))
+    up = lambda: standby.client().info("replication")["master_link_status"] == "up"  # noqa: E731
+    wait_until(up, 10, "the standby's link")
+    replid = old.client().info("replication")["master_replid"]
+    new = nodes(port, path, takeover_from=True)
+    assert old.proc.wait(20) == 0
+    assert new.client().info("replication")["master_replid"] == replid
+    wait_until(lambda: up() and new.client().info("replication")["connected_slaves"] == 1, 20,
+               "the standby to follow the new process")
+    assert standby.client().info("replication")["master_replid"] == replid
+    assert remaining(standby.client(), "k", 10) == 4
+
+
+def test_a_replica_refuses_to_be_taken_over(nodes, make_server, path):
+    primary = make_server("--manual-clock")
+    nodes(free_port(), path, "--replicaof", "127.0.0.1", str(primary.port))
+    answer = hello_answer(path)
+    assert answer["kind"] == "refused" and "is a replica" in answer["reason"], answer
