@@ -7,10 +7,12 @@ bucket's state is the same wherever and whenever it is read."""
 from __future__ import annotations
 
 import errno
+import json
 import signal
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -354,9 +356,9 @@ def test_kill_9_of_the_new_process_after_the_flip_leaves_nothing_serving(nodes, 
 def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(nodes, path):
     """A stand-in new process that says ready and then goes away: the old
     one's clients wait through the pause, nothing refused or lost, and run
-    once it ends."""
-    port = free_port()
-    old = nodes(port, path)
+    once it ends; an HTTP check (HTTP is not paused) may read, not spend."""
+    port, http_port = free_port(), free_port()
+    old = nodes(port, path, "--http-port", str(http_port))
     client = Wire.to(port)
     assert client.call("CL.CHECK", "k", 10, 1, "COST", 3).startswith(b"*5\r\n:1\r\n")
     with socket.socket(socket.AF_UNIX) as heir:
@@ -366,7 +368,7 @@ def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(
         offer, fds = handover.receive(heir, reader, 10)
         handover.close_fds(fds)
         assert offer["kind"] == "offer" and len(fds) == len(offer["listeners"]) + 1
-        assert [front for front, *_ in offer["listeners"]] == ["resp", "takeover"]
+        assert [front for front, *_ in offer["listeners"]] == ["resp", "http", "takeover"]
         handover.send(heir, handover.encode("ready", offset=0))
         paused, _ = handover.receive(heir, reader, 10)
         assert paused["kind"] == "paused"
@@ -375,7 +377,10 @@ def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(
         late.send(command("PING"))
         with pytest.raises(TimeoutError):
             client.read_reply(time.monotonic() + 0.3)
+        assert http_check(http_port, cost=0) == 200
+        assert http_check(http_port, cost=1) != 200       # READONLY while paused
     assert client.read_reply().startswith(b"*5\r\n:1\r\n:10\r\n:5\r\n")
+    assert http_check(http_port, cost=1) == 200
     assert late.read_reply() == b"+PONG\r\n"
     wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
     assert remaining(old.client(), "k", 10) == 5
@@ -456,6 +461,17 @@ def test_every_front_s_listener_moves_tls_and_grpc_included(nodes, path, tmp_pat
         s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
         assert s.recv(9)[3] == 4              # the new process's HTTP/2 SETTINGS frame
     assert "handed over" in old.log() and "4 listening sockets" in old.log()
+
+
+def http_check(port: int, cost: int) -> int:
+    """The status of POST /v1/check/bucket on the key "h"."""
+    body = json.dumps({"key": "h", "capacity": 10, "refill_per_sec": 1, "cost": cost}).encode()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/check/bucket", body,
+                                    timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def hello_answer(path: str) -> dict:

@@ -142,6 +142,10 @@ class Donation(asyncio.Protocol):
         offset to apply."""
         repl = self.app.replication
         self.app.core.pause_clients()
+        # The HTTP and gRPC connections, which the pause does not hold, may
+        # read but not write: a check they spend gets READONLY, as on a
+        # replica, rather than a change the heir would never see.
+        self.app.core.readonly = True
         self.paused_at = time.monotonic()
         self.state = "paused"
         repl.flush()
@@ -175,6 +179,7 @@ class Donation(asyncio.Protocol):
         self._cancel_timer()
         if self.state == "paused":
             self._take_rules_db_back()
+            self.app.core.readonly = False
             self.app.core.resume_clients()
         self.state = "ended"
         if self.link is not None:

@@ -21,7 +21,10 @@ The pause lasts from the donor's pause to the heir's accepting; it is
 measured (INFO server, takeover_pause_ms).  Before the flip, a failure
 anywhere leaves the donor serving (donor.Donation.end) and the heir exits
 with the reason.  Client connections are closed at the flip, not passed:
-a later version of the handover protocol (wire.py) may carry them.
+a later version of the handover protocol (wire.py) may carry them.  The
+HTTP and gRPC connections are not paused: the donor turns read-only for
+the pause, so that a check they spend is refused (READONLY) rather than
+made where the heir would never see it.
 """
 
 from __future__ import annotations
