@@ -77,7 +77,7 @@ def _accept(message: dict, fds: list[int], control: socket.socket, reader: wire.
     if not isinstance(listeners, list) or len(fds) != len(listeners) + 1:
         raise TakeoverError(f"the offer named {listeners!r} with {len(fds)} descriptors")
     sockets: dict[ListenerKey, list[socket.socket]] = {}
-    for (front, host, port, tls), fd in zip(listeners, fds, strict=False):
+    for (front, host, port, tls), fd in zip(listeners, fds[:-1], strict=True):
         sockets.setdefault((front, host, port, tls), []).append(socket.socket(fileno=fd))
     return Inheritance(message["pid"], control, reader, socket.socket(fileno=fds[-1]),
                        sockets, asked_at)

@@ -9,13 +9,14 @@ itself ("copy, pause, flip", as cluster/reshard.py moves slots):
    donor as a replica (heir.HandoverLink): the full copy, then the stream,
    while the donor serves.
 2. Pause.  Once in sync it says ready; the donor pauses every client at
-   a command boundary, flushes its last changes down the link and says up
-   to which offset (donor.py).
-3. Flip.  The heir applies the stream to that offset, promotes itself
-   keeping the donor's replication id and offset (the same data set at
-   the same offset, as Redis keeps them across a restart that loads
-   them), starts accepting on every listener, and says flipped; the
-   donor closes its clients after their last complete reply and exits 0.
+   a command boundary, flushes its last changes down the link, lets go of
+   rules-db (one process holds it) and says up to which offset (donor.py).
+3. Flip.  The heir applies the stream to that offset, opens rules-db,
+   promotes itself keeping the donor's replication id and offset (the
+   same data set at the same offset, as Redis keeps them across a restart
+   that loads them), starts accepting on every listener, and says
+   flipped; the donor closes its clients after their last complete reply
+   and exits 0.
 
 The pause lasts from the donor's pause to the heir's accepting; it is
 measured (INFO server, takeover_pause_ms).  Before the flip, a failure
