@@ -42,14 +42,15 @@ SOCKET = "takeover.sock"      # in the servers' working directory
 CAPACITY = 100
 FILL_BATCH = 10_000
 SAMPLE = 10_000
-PAUSE_GOAL_MS = 50.0          # the issue's target, at 1,000,000 buckets
+PAUSE_GOAL_MS = 50.0          # the issue's target...
+GOAL_BUCKETS = 1_000_000      # ...at this many buckets (else judged at the largest size run)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="20,000 buckets only")
     p.add_argument("--sizes", type=int, nargs="+",
-                   help="bucket counts (default 100000 1000000)")
+                   help="bucket counts (default 100000 1000000; the issue also asks 10000000)")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     args.sizes = args.sizes or ([20_000] if args.quick else [100_000, 1_000_000])
@@ -167,10 +168,10 @@ def build_report(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {row['count']:,} | {row['pause_ms']:.3f} | {row['wait_ms']:.1f} "
                      f"| {row['total_ms']:.1f} | {row['keys']:,} "
                      f"| {'yes' if row['equal'] else 'NO'} | {row['old_exit']} | {row['cut']} |")
-    largest = rows[-1]
-    lines += ["", target_line(f"pause at {largest['count']:,} buckets ≤ {PAUSE_GOAL_MS:g} ms "
-                              "(the issue's target at 1,000,000)",
-                              largest["pause_ms"], PAUSE_GOAL_MS, higher_is_better=False,
+    judged = next((row for row in rows if row["count"] == GOAL_BUCKETS), rows[-1])
+    lines += ["", target_line(f"pause at {judged['count']:,} buckets ≤ {PAUSE_GOAL_MS:g} ms "
+                              f"(the issue's target, at {GOAL_BUCKETS:,})",
+                              judged["pause_ms"], PAUSE_GOAL_MS, higher_is_better=False,
                               unit="ms")]
     return "\n".join(lines)
 

@@ -267,8 +267,8 @@ def test_the_new_process_killed_mid_copy_leaves_the_old_one_serving(nodes, path)
     port = free_port()
     old = nodes(port, path)
     r = old.client(protocol=2)
-    fill(r, 20_000)
-    before = peek_all(r, 20_000)
+    fill(r, 5_000)
+    before = peek_all(r, 5_000)
     kept = Wire.to(port)       # a client of the old process, kept across
     assert kept.call("PING") == b"+PONG\r\n"
     heir = Node(port, path, takeover_from=True)
@@ -284,7 +284,7 @@ def test_the_new_process_killed_mid_copy_leaves_the_old_one_serving(nodes, path)
     assert process_state(pid) is None
     assert old.alive()
     assert kept.call("PING") == b"+PONG\r\n"
-    assert peek_all(r, 20_000) == before
+    assert peek_all(r, 5_000) == before
     assert r.info("server")["takeover_handing_over"] == 0
     assert r.execute_command("CL.CHECK", "b:1", CAPACITY, 1)[0] == 1     # writes go on
 
