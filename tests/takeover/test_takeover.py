@@ -508,3 +508,27 @@ def test_a_replica_refuses_to_be_taken_over(nodes, make_server, path):
     nodes(free_port(), path, "--replicaof", "127.0.0.1", str(primary.port))
     answer = hello_answer(path)
     assert answer["kind"] == "refused" and "is a replica" in answer["reason"], answer
+
+
+@pytest.mark.untraced
+def test_a_new_process_asked_to_stop_mid_copy_leaves_the_old_one_serving(nodes, path):
+    """Enough buckets that the copy takes a while (some 100 ms) after the
+    new process starts following the old one, which is when it is
+    stopped, then told to stop."""
+    port = free_port()
+    old = nodes(port, path)
+    fill(old.client(), BUCKETS * 2)
+    old.client().execute_command("CL.CHECK", "k", 10, 1, "COST", 1)
+    heir = Node(port, path, takeover_from=True)
+    heir_thread = threading.Thread(target=lambda: pytest.raises(RuntimeError, heir.start))
+    heir_thread.start()
+    wait_until(lambda: heir.log_path and "following primary" in heir.log(), 20,
+               "the new process to follow the old one", interval=0.001)
+    heir.proc.send_signal(signal.SIGSTOP)      # in the copy...
+    heir.proc.send_signal(signal.SIGTERM)      # ...asked to stop,
+    heir.proc.send_signal(signal.SIGCONT)      # which it notices on waking
+    heir_thread.join(30)
+    assert heir.stop() == 1, heir.log()
+    assert "asked to stop" in heir.log()
+    wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to notice")
+    assert remaining(old.client(), "k", 10) == 9

@@ -55,6 +55,9 @@ TAKEOVER_FRONT = "takeover"      # the takeover-socket's own key among the liste
 # kill it for not flipping (PAUSE_TIMEOUT_S): a takeover that fails there
 # ends with its reason, not a kill.
 CATCH_UP_TIMEOUT_S = PAUSE_TIMEOUT_S / 2
+# A shutdown asked for (SIGTERM sets no event the takeover waits on) is
+# noticed within this long.
+STOP_CHECK_S = 0.1
 
 
 @dataclass
@@ -203,19 +206,22 @@ class Takeover(Subsystem):
     async def _until(self, done: Callable, link: HandoverLink, control: Control,
                      timeout: float | None, what: str):
         """Waits for done() to be true (its value), as frames and messages
-        arrive; TakeoverError if the link or the donor fails first, or after
+        arrive; TakeoverError if the link or the donor fails first, this
+        process is asked to stop (SIGTERM: the donor serves on), or after
         timeout seconds."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not (value := done()):
-            failure = link.broken or control.failure
+            failure = link.broken or control.failure or (
+                "this process was asked to stop" if self.app.stopping else None)
             if failure is not None:
                 raise TakeoverError(f"waiting for {what}: {failure}")
-            left = None if deadline is None else deadline - loop.time()
+            left = STOP_CHECK_S if deadline is None else min(deadline - loop.time(), STOP_CHECK_S)
             try:
-                await asyncio.wait_for(link.progress.wait(), left)
+                await asyncio.wait_for(link.progress.wait(), max(left, 0))
             except TimeoutError:
-                raise TakeoverError(f"{what} did not come within {timeout:g} s") from None
+                if deadline is not None and loop.time() >= deadline:
+                    raise TakeoverError(f"{what} did not come within {timeout:g} s") from None
             link.progress.clear()
         return value
 
