@@ -167,8 +167,6 @@ class ServerCore:
         """No client command runs from now on (a takeover's flip)."""
     def resume_clients(self) -> None:
         """Ends the pause; the connections run what they read meanwhile."""
-    @property
-    def pause_waiting_clients(self) -> int: ...
 
 class Connection:
     """One client connection; an asyncio protocol (it has the callbacks,

@@ -440,10 +440,6 @@ cdef class ServerCore:
         for conn in waiters.values():
             loop.call_soon(conn.next_turn)
 
-    @property
-    def pause_waiting_clients(self):
-        return len(self.pause_waiters)
-
     property max_bulk_len:
         def __get__(self):
             return self.limits.max_bulk_len
