@@ -406,7 +406,7 @@ PATH_MODES = ("decide", "canned")
 
 def callgrind_split(args, workdir: Path) -> dict:
     """bench/grpc_path.py under callgrind with the service's decision and
-    with a canned answer, both at once: instructions per call of
+    for an unconfigured domain, both at once: instructions per call of
     GrpcConnection.data_received and all it calls."""
     for tool in ("valgrind", "callgrind_annotate"):
         if not shutil.which(tool):
@@ -458,9 +458,9 @@ def callgrind_lines(args, grind: dict) -> list[str]:
             "and everything it calls, per call (no system calls, no event loop):", "",
             "| path | instructions per call | share |", "|---|---:|---:|",
             f"| the whole call, as served (the rls service decides) | {decide:,.0f} | 100% |",
-            f"| the transport alone (a canned answer): HTTP/2, the messages in C, one Python "
-            f"call | {canned:,.0f} | {canned / decide:.0%} |",
-            f"| the decision (fastlimit.rls.service, Python), the difference | "
+            f"| the transport and the least decision (a domain not configured): HTTP/2, "
+            f"the messages in C | {canned:,.0f} | {canned / decide:.0%} |",
+            f"| the decision's walk and counting (_rls.pyx, C), the difference | "
             f"{decide - canned:,.0f} | {(decide - canned) / decide:.0%} |", ""]
 
 
@@ -649,7 +649,7 @@ def main(argv=None) -> int:
             meta["error"] = f"the run failed: {short(e)}"
             log(meta["error"])
         if args.callgrind:
-            log(f"== callgrind: {args.callgrind_n:,} calls, the decision vs a canned answer")
+            log(f"== callgrind: {args.callgrind_n:,} calls, the decision vs an unconfigured domain")
             try:
                 grind = callgrind_split(args, Path(tmp))
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:

@@ -4,9 +4,11 @@ ShouldRateLimit calls (32 per read, as ``h2load -m 32`` sends them)
 through one GrpcConnection with a stand-in transport, on a server built in
 this process with bench/grpc_front.py's YAML and its ``ok`` request:
 
-    decide   the answer of the rls service (fastlimit.rls.service), as served
-    canned   one precomputed answer in place of the service's decision: the
-             transport alone (HTTP/2, the messages in C, one Python call)
+    decide   the answer of the rls service (the decision in C, _rls.pyx), as
+             served
+    canned   the same calls for a domain no configuration has: the transport
+             (HTTP/2, the messages in C) and the decision's least work (the
+             domain's lookup, statuses without limits)
 
     valgrind --tool=callgrind --callgrind-out-file=cg.out \
         .venv/bin/python bench/grpc_path.py decide 20000
@@ -78,16 +80,6 @@ def client_reads(message: bytes, n: int) -> tuple[bytes, list[bytes]]:
     return preface, [b"".join(calls[i:i + PER_READ]) for i in range(0, n, PER_READ)]
 
 
-class Canned:
-    """In place of the rls service: one answer, whatever the request."""
-
-    def __init__(self, answer):
-        self.answer = answer
-
-    def should_rate_limit(self, domain, descriptors, hits_addend):
-        return self.answer
-
-
 async def feed(shared, preface: bytes, reads: list[bytes]) -> None:
     # in the loop, as the listener does (server/grpc/listener.py): the
     # connection's timers (the greeting's, the deadlines') are the loop's
@@ -107,12 +99,11 @@ def main() -> None:
     n = int(argv[2]) if len(argv) > 2 else 320 if "--quick" in sys.argv else 20000
     variant = VARIANTS["ok"]
     with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
-        (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
+        if mode == "decide":
+            (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
         server = Server(cfg.Settings(manual_clock=True, rules_db=None, snapshot_file=None,
                                      rls_config=tmp, grpc_deadline_ms=0).validate())
     server.grpc.apply_settings(server.settings)
-    if mode == "canned":
-        server.rls.service = Canned(server.rls.service.should_rate_limit(*variant.arguments))
     preface, reads = client_reads(variant.message, n)
     asyncio.run(feed(server.grpc.shared, preface, reads))
     stats = server.grpc.shared.endpoint_stats["should_rate_limit"]
