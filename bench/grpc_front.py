@@ -71,7 +71,7 @@ sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from failover import cpu_seconds  # noqa: E402
 from http_front import ms, rate, short  # noqa: E402
 from rls_messages import OK, OVER_LIMIT, RLS_PATH, decode_response, grpc_frame  # noqa: E402
-from rls_workload import DOMAIN, NEVER, RLS_YAML, VARIANTS  # noqa: E402
+from rls_workload import BIG_ENTRIES, DOMAIN, NEVER, RLS_YAML, VARIANTS  # noqa: E402
 from run import (  # noqa: E402
     Fastlimit,
     Server,
@@ -401,7 +401,7 @@ def throughput(args, workdir: Path, meta: dict) -> list[Side]:
 
 DATA_RECEIVED = re.compile(r"^\s*([\d,]+) .*_grpc\.c:__pyx_pw_\w*GrpcConnection_\d+data_received"
                            r" ", re.M)
-PATH_MODES = ("decide", "canned")
+PATH_MODES = ("decide", "canned", "big")
 
 
 def callgrind_split(args, workdir: Path) -> dict:
@@ -461,7 +461,12 @@ def callgrind_lines(args, grind: dict) -> list[str]:
             f"| the transport and the least decision (a domain not configured): HTTP/2, "
             f"the messages in C | {canned:,.0f} | {canned / decide:.0%} |",
             f"| the decision's walk and counting (_rls.pyx, C), the difference | "
-            f"{decide - canned:,.0f} | {(decide - canned) / decide:.0%} |", ""]
+            f"{decide - canned:,.0f} | {(decide - canned) / decide:.0%} |", "",
+            f"With {BIG_ENTRIES:,} more descriptors in the domain (grpc_path.py `big`: exact "
+            f"values beside the calls' own, wildcards in a subtree of their own): "
+            f"{grind['ir']['big']:,.0f} instructions per call, "
+            f"{grind['ir']['big'] / decide:.3f}× the tree of {len(RLS_YAML.splitlines())} "
+            "lines (target: within 1.10×).", ""]
 
 
 # ---------------------------------------------------------------------------

@@ -9,6 +9,10 @@ this process with bench/grpc_front.py's YAML and its ``ok`` request:
     canned   the same calls for a domain no configuration has: the transport
              (HTTP/2, the messages in C) and the decision's least work (the
              domain's lookup, statuses without limits)
+    big      decide, with BIG_ENTRIES more descriptors in the domain's tree:
+             half exact values beside the calls' own, half wildcards in a
+             subtree of their own (the calls' entries are found by their
+             hash, whatever the tree's size)
 
     valgrind --tool=callgrind --callgrind-out-file=cg.out \
         .venv/bin/python bench/grpc_path.py decide 20000
@@ -42,7 +46,7 @@ sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from check_path import Transport  # noqa: E402
 from rls_messages import RLS_PATH, grpc_frame  # noqa: E402
-from rls_workload import RLS_YAML, VARIANTS  # noqa: E402
+from rls_workload import RLS_YAML, VARIANTS, big_tree  # noqa: E402
 
 PER_READ = 32
 HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", RLS_PATH.encode()),
@@ -99,8 +103,8 @@ def main() -> None:
     n = int(argv[2]) if len(argv) > 2 else 320 if "--quick" in sys.argv else 20000
     variant = VARIANTS["ok"]
     with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
-        if mode == "decide":
-            (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
+        if mode != "canned":
+            (Path(tmp) / "bench.yaml").write_text(RLS_YAML + (big_tree() if mode == "big" else ""))
         server = Server(cfg.Settings(manual_clock=True, rules_db=None, snapshot_file=None,
                                      rls_config=tmp, grpc_deadline_ms=0).validate())
     server.grpc.apply_settings(server.settings)

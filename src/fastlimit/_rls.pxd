@@ -147,8 +147,12 @@ cdef struct RlsOutcome:
 
 
 cdef class Compiled:
-    cdef object arena           # bytes objects the slices point into
-    cdef list blocks            # malloc'd blocks, freed with the object
+    cdef void** chunks          # the arena's chunks, freed with the object
+    cdef size_t nchunks
+    cdef size_t chunks_cap
+    cdef char* chunk_at         # the current chunk's free part
+    cdef size_t chunk_left
+    cdef uint64_t work           # pieces of work done building it (breathe())
     cdef CDomain* domains
     cdef uint32_t ndomains
     cdef Child* domain_slots
@@ -157,17 +161,25 @@ cdef class Compiled:
     cdef uint32_t* nums
     cdef LimitStat* limit_stats
     cdef readonly list stat_keys  # (domain, full_key, index) by limit_stats' index
+    cdef list stat_order          # limit_stats' indexes in stat_keys' order (made once)
     cdef DomainStat* domain_stats
+    # carry_from(): each limit's and domain's index in the configuration
+    # whose statistics it takes over (-1: none), and that configuration
+    cdef int32_t* limit_from
+    cdef int32_t* domain_from
+    cdef object carried_from
     cdef readonly list domain_names
     cdef readonly bint has_home
     cdef void* alloc(self, size_t n) except NULL
-    cdef Slice keep(self, bytes b)
+    cdef Slice keep(self, bytes b) except *
     cdef CNode* node(self, root, tuple domain, list counters, dict counter_index, dict names,
                      list stat_keys, regions) except NULL
     cdef CNode* made(self, py, dict made, list todo) except NULL
     cdef int fill(self, CNode* c, py, tuple domain, list counters, dict counter_index,
                   dict names, list stat_keys, regions) except -1
     cdef const CDomain* domain(self, const char* p, size_t n) noexcept
+    cdef void breathe(self) noexcept
+    cdef list sorted_stats(self)
 
 
 cdef class Decider:

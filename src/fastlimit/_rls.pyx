@@ -29,6 +29,8 @@ from fastlimit._load cimport (FL_PRIO_NORMAL, FL_PRIO_UNSET, LoadMeter, fl_load_
 from fastlimit._rules cimport RuleEngine
 from fastlimit._rules import home_index
 
+import heapq
+
 from fastlimit.structured_fields import sf_string
 
 # The reference counter's engine limit (the engine's largest): never reached.
@@ -51,6 +53,10 @@ LIMIT_STAT_FIELDS = ("total_hits", "within_limit", "near_limit", "over_limit", "
 DOMAIN_STAT_FIELDS = ("calls", "over_limit", "shadow", "limits_over")
 ALGORITHMS = ("fixed_window", "token_bucket", "gcra", "sliding_window")
 # RateLimitResponse.RateLimit.Unit -> seconds, as utils.UnitToDivider has them
+# Nodes compiled between two points where a compiling thread (a reload's
+# off the loop) lets the loop's thread take the GIL: tens of microseconds.
+cdef uint32_t NODES_PER_SLICE = 64
+cdef size_t CHUNK_BYTES = 64 * 1024
 cdef int64_t UNIT_SECONDS[8]
 UNIT_SECONDS[:] = [0, 1, 60, 3600, 86400, 2592000, 31536000, 604800]
 
@@ -143,32 +149,54 @@ cdef inline int grow(void** p, uint32_t* cap, uint32_t need, size_t size) except
 cdef class Compiled:
     """A configuration's domains as C structures (one arena, freed with
     the object), built where it loads (any thread: nothing shared is
-    touched), their engine rule numbers set when it is put in force."""
-
-    def __cinit__(self, *args, **kwargs):
-        self.blocks = []
-        self.arena = []
+    touched), their engine rule numbers set and the statistics of the one
+    in force carried over when it is put in force."""
 
     def __dealloc__(self):
-        cdef object block
-        for block in self.blocks:
-            free(<void*><size_t>block)
+        cdef size_t i
+        for i in range(self.nchunks):
+            free(self.chunks[i])
+        free(self.chunks)
         free(self.nums)
         free(self.limit_stats)
         free(self.domain_stats)
+        free(self.limit_from)
+        free(self.domain_from)
 
     cdef void* alloc(self, size_t n) except NULL:
-        cdef void* p = calloc(1, n if n else 1)
-        if p == NULL:
-            raise MemoryError()
-        self.blocks.append(<size_t>p)
+        """n zeroed bytes of the arena, 16-aligned: chunks of CHUNK_BYTES
+        (a larger request gets a chunk of its own), so a configuration
+        is a few allocations, freed in a few calls."""
+        cdef void* p
+        cdef void** grown
+        n = ((n if n else 1) + 15) & ~(<size_t>15)
+        if n > self.chunk_left:
+            if self.nchunks == self.chunks_cap:
+                self.chunks_cap = self.chunks_cap * 2 if self.chunks_cap else 16
+                grown = <void**>realloc(self.chunks, self.chunks_cap * sizeof(void*))
+                if grown == NULL:
+                    raise MemoryError()
+                self.chunks = grown
+            p = calloc(1, n if n > CHUNK_BYTES else CHUNK_BYTES)
+            if p == NULL:
+                raise MemoryError()
+            self.chunks[self.nchunks] = p
+            self.nchunks += 1
+            if n > CHUNK_BYTES:
+                return p
+            self.chunk_at = <char*>p
+            self.chunk_left = CHUNK_BYTES
+        p = self.chunk_at
+        self.chunk_at += n
+        self.chunk_left -= n
         return p
 
-    cdef Slice keep(self, bytes b):
+    cdef Slice keep(self, bytes b) except *:
+        """b's bytes copied into the arena."""
         cdef Slice s
-        self.arena.append(b)
-        s.p = PyBytes_AS_STRING(b)
         s.n = PyBytes_GET_SIZE(b)
+        s.p = <const char*>self.alloc(s.n)
+        memcpy(<char*>s.p, PyBytes_AS_STRING(b), s.n)
         return s
 
     def __init__(self, config, regions=None):
@@ -187,13 +215,6 @@ cdef class Compiled:
         self.domain_mask = table_size(self.ndomains) - 1
         self.domain_slots = <Child*>self.alloc(sizeof(Child) * (self.domain_mask + 1))
         self.has_home = False
-        for domain in config.domains.values():
-            for limit in walk_limits(domain.root):
-                if limit.name:
-                    names.setdefault(limit.name, len(names))
-            for node in walk_nodes(domain.root):
-                for name in node.replaces:
-                    names.setdefault(name, len(names))
         for name, domain in config.domains.items():
             d = &self.domains[i]
             d.name = self.keep(name)
@@ -225,6 +246,7 @@ cdef class Compiled:
         cdef Child* slot
         cdef uint32_t j
         while todo:
+            self.breathe()
             py, addr = todo.pop()
             c = <CNode*><size_t>addr
             self.fill(c, py, domain, counters, counter_index, names, stat_keys, regions)
@@ -233,6 +255,7 @@ cdef class Compiled:
                 c.mask = table_size(len(py.children)) - 1
                 c.slots = <Child*>self.alloc(sizeof(Child) * (c.mask + 1))
                 for key, child in py.children.items():
+                    self.breathe()
                     slot = lookup(c.slots, c.mask, PyBytes_AS_STRING(key), len(key))
                     slot.key = self.keep(key)
                     slot.hash = fnv(slot.key.p, slot.key.n)
@@ -241,6 +264,7 @@ cdef class Compiled:
             if c.nwild:
                 c.wild = <Wild*>self.alloc(sizeof(Wild) * c.nwild)
                 for j, (parts, child) in enumerate(py.wildcards):
+                    self.breathe()
                     c.wild[j].nparts = len(parts)
                     c.wild[j].parts = <Slice*>self.alloc(sizeof(Slice) * len(parts))
                     for k, part in enumerate(parts):
@@ -248,6 +272,15 @@ cdef class Compiled:
                         c.wild[j].min_len += len(part)
                     c.wild[j].node = self.made(child, made, todo)
         return top
+
+    cdef void breathe(self) noexcept:
+        """Every NODES_PER_SLICE pieces of work, a point where another
+        thread (the loop's, while this one compiles off it) may take the
+        GIL: Cython code never offers it by itself."""
+        self.work += 1
+        if self.work % NODES_PER_SLICE == 0:
+            with nogil:
+                pass
 
     cdef CNode* made(self, py, dict made, list todo) except NULL:
         """py's CNode: the one made already, or a new one to fill."""
@@ -275,7 +308,7 @@ cdef class Compiled:
         if c.nreplaces:
             c.replaces = <int32_t*>self.alloc(sizeof(int32_t) * c.nreplaces)
             for j, name in enumerate(sorted(py.replaces)):
-                c.replaces[j] = names[name]
+                c.replaces[j] = names.setdefault(name, len(names))
         c.nlimits = len(py.counted)
         if not c.nlimits:
             return 0
@@ -294,7 +327,7 @@ cdef class Compiled:
             lim.counter = counter_index.setdefault(limit.counter, len(counters))
             if lim.counter == len(counters):
                 counters.append((limit.counter, limit, domain[1]))
-            lim.name_id = names[limit.name] if limit.name else -1
+            lim.name_id = names.setdefault(limit.name, len(names)) if limit.name else -1
             lim.home = HOME_NOT
             if limit.regions == "home" and regions is not None:
                 self.has_home = True
@@ -313,30 +346,66 @@ cdef class Compiled:
         for i, (key, _, _) in enumerate(self.counters):
             self.nums[i] = num_by_counter[key]
 
-    def take_stats(self, Compiled old):
-        """The statistics old kept, for the limits and domains this one
-        has too (by domain, limit name and index): a reload keeps them."""
+    def carry_from(self, Compiled old):
+        """Which of old's statistics each limit and domain of this one
+        takes over (by domain, limit name and index): worked out where the
+        configuration is prepared (off the loop), so that putting it in
+        force copies them in C."""
         cdef dict index = {key: i for i, key in enumerate(old.stat_keys)}
         cdef uint32_t i
+        free(self.limit_from)
+        free(self.domain_from)
+        self.limit_from = <int32_t*>malloc(max(1, len(self.stat_keys)) * sizeof(int32_t))
+        self.domain_from = <int32_t*>malloc(max(1, self.ndomains) * sizeof(int32_t))
+        if self.limit_from == NULL or self.domain_from == NULL:
+            raise MemoryError()
         for i, key in enumerate(self.stat_keys):
-            j = index.get(key)
-            if j is not None:
-                self.limit_stats[i] = old.limit_stats[<uint32_t>j]
+            self.breathe()
+            self.limit_from[i] = index.get(key, -1)
+        self.stat_order = self.sorted_stats()
         index = {name: i for i, name in enumerate(old.domain_names)}
         for i, name in enumerate(self.domain_names):
-            j = index.get(name)
-            if j is not None:
-                self.domain_stats[i] = old.domain_stats[<uint32_t>j]
+            self.domain_from[i] = index.get(name, -1)
+        self.carried_from = old
 
-    def limit_stat_items(self):
-        """[((domain, full_key, index), {field: value})] in load order."""
+    def take_stats(self, Compiled old):
+        """The statistics old kept, for the limits and domains this one has
+        too: a reload keeps them."""
+        cdef uint32_t i, n = len(self.stat_keys)
+        if self.carried_from is not old:
+            self.carry_from(old)
+        for i in range(n):
+            if self.limit_from[i] >= 0:
+                self.limit_stats[i] = old.limit_stats[self.limit_from[i]]
+        for i in range(self.ndomains):
+            if self.domain_from[i] >= 0:
+                self.domain_stats[i] = old.domain_stats[self.domain_from[i]]
+        self.carried_from = None
+
+    cdef list sorted_stats(self):
+        """limit_stats' indexes in stat_keys' order, sorted in runs that
+        are merged in Python (heapq.merge), so that a thread sorting
+        10,000 keys lets the loop run between runs."""
+        keys = self.stat_keys
+        runs = []
+        for start in range(0, len(keys), NODES_PER_SLICE):
+            self.breathe()
+            runs.append(sorted(range(start, min(len(keys), start + NODES_PER_SLICE)),
+                               key=keys.__getitem__))
+        return list(heapq.merge(*runs, key=keys.__getitem__))
+
+    def limit_stat_rows(self, first=None):
+        """[((domain, full_key, index), (LIMIT_STAT_FIELDS' values))] in
+        key order, only the first `first` of them when given: INFO shows a
+        few of 10,000 limits without going through them all."""
         cdef LimitStat* s
+        if self.stat_order is None:
+            self.stat_order = self.sorted_stats()
         out = []
-        for i, key in enumerate(self.stat_keys):
+        for i in (self.stat_order if first is None else self.stat_order[:first]):
             s = &self.limit_stats[<uint32_t>i]
-            out.append((key, {"total_hits": s.total_hits, "within_limit": s.within_limit,
-                              "near_limit": s.near_limit, "over_limit": s.over_limit,
-                              "shadow_mode": s.shadow_mode}))
+            out.append((self.stat_keys[i], (s.total_hits, s.within_limit, s.near_limit,
+                                            s.over_limit, s.shadow_mode)))
         return out
 
     def domain_stat_items(self):
@@ -459,9 +528,11 @@ cdef class Decider:
 
     def install(self, Compiled compiled):
         """Puts a compiled configuration in force (its numbers set), with
-        the statistics of the one before."""
-        compiled.take_stats(self.compiled)
+        the statistics of the one before; returns that one."""
+        cdef Compiled old = self.compiled
+        compiled.take_stats(old)
         self.compiled = compiled
+        return old
 
     # ---- the decision ------------------------------------------------------------
 

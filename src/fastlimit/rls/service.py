@@ -39,6 +39,7 @@ request is read first, and only if the request passes is anything spent.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -61,6 +62,7 @@ __all__ = ["COUNTER_LIMIT", "LIMIT_STAT_FIELDS", "NEAR_LIMIT_RATIO", "PRIORITY_E
            "RateLimitService", "Prepared", "engine_spec"]
 
 OK, OVER_LIMIT = 1, 2
+LimitStat = namedtuple("LimitStat", LIMIT_STAT_FIELDS)  # type: ignore[misc]  # _rls declares them
 MAX_UINT32 = 2**32 - 1
 MAX_ENGINE_WINDOW_MS = 2**32 - 1      # fl_native.h MAX_PERIOD_MS
 RESERVED_SCOPE = "rls"
@@ -141,12 +143,12 @@ class RateLimitService:
         return {name: SimpleNamespace(**s)
                 for name, s in self.decider.compiled_config.domain_stat_items()}
 
-    @property
-    def limit_stats(self) -> dict:
-        """{(domain, full_key, index): LIMIT_STAT_FIELDS}, as the reference's
-        stats count a configured limit's hits (kept across reloads)."""
-        return {key: SimpleNamespace(**s)
-                for key, s in self.decider.compiled_config.limit_stat_items()}
+    def limit_stats(self, first: int | None = None) -> list:
+        """[((domain, full_key, index), LimitStat)] in key order (the first
+        `first` only, when given): a configured limit's hits as the
+        reference's stats count them, kept across reloads."""
+        return [(key, LimitStat(*values))
+                for key, values in self.decider.compiled_config.limit_stat_rows(first)]
 
     def should_rate_limit(self, domain: bytes, descriptors, hits_addend: int):
         """(overall_code, statuses, response_headers_to_add) or RlsError."""
@@ -166,14 +168,17 @@ class RateLimitService:
         Static limits become this region's share (ConfigError if one
         holds no request)."""
         config = with_regions(config, self.regions)
-        return Prepared(config, Compiled(config, self.regions))
+        compiled = Compiled(config, self.regions)
+        compiled.carry_from(self.decider.compiled_config)
+        return Prepared(config, compiled)
 
-    def install(self, prepared: Prepared) -> None:
+    def install(self, prepared: Prepared) -> tuple:
         """Puts a prepared configuration in force in one step, its engine
         rules defined first (one per counter: a few, whatever the number of
         descriptors); all or nothing: ValueError if the engine refuses one,
         and the old configuration stays.  Rules the old one used and the
-        new one does not are retired."""
+        new one does not are retired.  Returns the old configuration
+        (RlsConfig, Compiled), for its caller to drop (see retire)."""
         num_by_spec = dict(self._num_by_spec)
         counters = {key: (limit, source) for key, limit, source in prepared.compiled.counters}
         created: list[tuple] = []
@@ -193,8 +198,10 @@ class RateLimitService:
                 self.registry.release(reserved_name(spec))
                 del num_by_spec[spec]
         prepared.compiled.set_numbers(num_by_spec)
-        self.decider.install(prepared.compiled)
+        old = self.decider.install(prepared.compiled)
+        retired = (self.config if self.config is not prepared.config else EMPTY, old)
         self.config, self._num_by_spec = prepared.config, num_by_spec
+        return retired
 
     def _number(self, num_by_spec, created, spec_key: tuple, algorithm: str, rpu: int,
                 window_s: int, split: int, region_sync: bool, where: str) -> int:
@@ -222,6 +229,23 @@ class RateLimitService:
 
     def info(self) -> dict:
         return {name.decode("utf-8", "replace"): s for name, s in self.stats.items()}
+
+
+def retire(retired: tuple) -> None:
+    """Drops a configuration no longer in force piece by piece (its tree
+    node by node, in Python), so that a thread doing it lets the loop run
+    between pieces; one dropped at once would be freed in one C call, which
+    holds the GIL for milliseconds with 10,000 descriptors."""
+    config, compiled = retired
+    del compiled
+    for domain in list(config.domains.values()):
+        stack = [domain.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children.clear()
+            node.wildcards.clear()
+    config.domains.clear()
 
 
 def reserved_name(spec_key: tuple) -> str:
