@@ -223,7 +223,7 @@ def check_envoy_e2e(out: str, err: str) -> None:
     assert [r[0] for r in ratios] == ["ok", "over"]
     for r in ratios:
         figures(r, range(1, 5))
-    targets(out, 2)
+    targets(out, 3)
     assert "FAILED" not in err, err[-3000:]
 
 
