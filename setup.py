@@ -16,7 +16,7 @@ from setuptools import Extension, setup
 
 FUZZ = os.environ.get("FASTLIMIT_FUZZ", "") not in ("", "0")
 DEBUG = FUZZ or os.environ.get("FASTLIMIT_DEBUG", "") not in ("", "0")
-MODULES = [m for m in ["_core", "_hotkeys", "_load", "_resp", "_rules", "_protocol", "_cluster", "_http", "_grpc", "_windows"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
+MODULES = [m for m in ["_core", "_hotkeys", "_load", "_resp", "_rules", "_rls", "_protocol", "_cluster", "_http", "_grpc", "_windows"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
 
 if DEBUG:
     compile_args = ["-O0", "-g3", "-UNDEBUG"]

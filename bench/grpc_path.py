@@ -4,9 +4,15 @@ ShouldRateLimit calls (32 per read, as ``h2load -m 32`` sends them)
 through one GrpcConnection with a stand-in transport, on a server built in
 this process with bench/grpc_front.py's YAML and its ``ok`` request:
 
-    decide   the answer of the rls service (fastlimit.rls.service), as served
-    canned   one precomputed answer in place of the service's decision: the
-             transport alone (HTTP/2, the messages in C, one Python call)
+    decide   the answer of the rls service (the decision in C, _rls.pyx), as
+             served
+    canned   the same calls for a domain no configuration has: the transport
+             (HTTP/2, the messages in C) and the decision's least work (the
+             domain's lookup, statuses without limits)
+    big      decide, with BIG_ENTRIES more descriptors in the domain's tree:
+             half exact values beside the calls' own, half wildcards in a
+             subtree of their own (the calls' entries are found by their
+             hash, whatever the tree's size)
 
     valgrind --tool=callgrind --callgrind-out-file=cg.out \
         .venv/bin/python bench/grpc_path.py decide 20000
@@ -40,7 +46,7 @@ sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
 from check_path import Transport  # noqa: E402
 from rls_messages import RLS_PATH, grpc_frame  # noqa: E402
-from rls_workload import RLS_YAML, VARIANTS  # noqa: E402
+from rls_workload import RLS_YAML, VARIANTS, big_tree  # noqa: E402
 
 PER_READ = 32
 HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", RLS_PATH.encode()),
@@ -78,16 +84,6 @@ def client_reads(message: bytes, n: int) -> tuple[bytes, list[bytes]]:
     return preface, [b"".join(calls[i:i + PER_READ]) for i in range(0, n, PER_READ)]
 
 
-class Canned:
-    """In place of the rls service: one answer, whatever the request."""
-
-    def __init__(self, answer):
-        self.answer = answer
-
-    def should_rate_limit(self, domain, descriptors, hits_addend):
-        return self.answer
-
-
 async def feed(shared, preface: bytes, reads: list[bytes]) -> None:
     # in the loop, as the listener does (server/grpc/listener.py): the
     # connection's timers (the greeting's, the deadlines') are the loop's
@@ -107,12 +103,11 @@ def main() -> None:
     n = int(argv[2]) if len(argv) > 2 else 320 if "--quick" in sys.argv else 20000
     variant = VARIANTS["ok"]
     with tempfile.TemporaryDirectory(prefix="fastlimit-grpc-path-") as tmp:
-        (Path(tmp) / "bench.yaml").write_text(RLS_YAML)
+        if mode != "canned":
+            (Path(tmp) / "bench.yaml").write_text(RLS_YAML + (big_tree() if mode == "big" else ""))
         server = Server(cfg.Settings(manual_clock=True, rules_db=None, snapshot_file=None,
                                      rls_config=tmp, grpc_deadline_ms=0).validate())
     server.grpc.apply_settings(server.settings)
-    if mode == "canned":
-        server.rls.service = Canned(server.rls.service.should_rate_limit(*variant.arguments))
     preface, reads = client_reads(variant.message, n)
     asyncio.run(feed(server.grpc.shared, preface, reads))
     stats = server.grpc.shared.endpoint_stats["should_rate_limit"]

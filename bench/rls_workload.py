@@ -38,6 +38,20 @@ descriptors:
       requests_per_unit: 1
 """
 
+# bench/grpc_path.py's `big` tree: this many descriptors more in the domain
+BIG_ENTRIES = 10_000
+
+
+def big_tree(entries: int = BIG_ENTRIES) -> str:
+    """entries descriptors more for RLS_YAML's domain: user=uN exact
+    values at its root, and path wildcards /wN/* under generic_key=wild."""
+    half = entries // 2
+    exact = "".join(f"  - key: user\n    value: u{i}\n    rate_limit: {{unit: minute, "
+                    f"requests_per_unit: {i + 1}}}\n" for i in range(half))
+    wild = "".join(f"      - key: path\n        value: /w{i}/*\n        rate_limit: {{unit: "
+                   f"second, requests_per_unit: {i + 1}}}\n" for i in range(half - 1))
+    return exact + "  - key: generic_key\n    value: wild\n    descriptors:\n" + wild
+
 
 @dataclass(frozen=True)
 class Variant:

@@ -10,6 +10,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from fastlimit._protocol cimport Command, ServerCore
 from fastlimit._resp cimport Writer
+from fastlimit._rls cimport Decider
 # Every name of the C library's starts nghttp2_ or NGHTTP2_, as in C.
 from fastlimit.nghttp2 cimport *
 
@@ -115,8 +116,7 @@ cdef class GrpcShared:
     cdef readonly ServerCore core
     cdef readonly object front
     cdef public object app            # the server: app.rls.service decides
-    cdef public object refusal        # the exception class the service refuses with
-    cdef public object elsewhere      # ... and says another region decides with (RlsHome)
+    cdef public Decider decider       # the rate limit service's (rls/service.py)
     cdef public object loop
     cdef Limits limits
     cdef Totals totals
@@ -168,6 +168,9 @@ cdef class GrpcConnection:
     cdef bint may_check(self, Stream* s, object user, bytes domain) except -1
     cdef int rate_limit(self, Stream* s, const uint8_t* msg, size_t n, object user) except -1
     cdef void send_decision(self, Stream* s, int overall, list statuses, list headers) except *
+    cdef bint answerable(self, Stream* s) except -1
+    cdef int start_message(self) except -1
+    cdef int send_message(self, Stream* s) except -1
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1
     cdef void reply(self, Stream* s)
     cdef void fail(self, Stream* s, int status, const char* message, int http_status=*)

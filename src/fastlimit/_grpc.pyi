@@ -1,5 +1,7 @@
 from typing import Any
 
+from fastlimit._rls import Decider
+
 RLS_PATH: bytes
 HEALTH_PATH: bytes
 RLS_SERVICE: bytes
@@ -11,8 +13,7 @@ class GrpcShared:
     core: Any
     front: Any
     app: Any
-    refusal: Any
-    elsewhere: Any
+    decider: Decider
     loop: Any
     draining: bool
     connections: set[GrpcConnection]

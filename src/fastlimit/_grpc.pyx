@@ -2,13 +2,16 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove, memset, strlen
 
 from fastlimit._core cimport fl_mono_ns
 from fastlimit._protocol cimport Command, ServerCore, record_call
 from fastlimit._protocol import acl_check, credentials, peer_text
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
+from fastlimit._rls cimport (Decider, RlsDescriptor, RlsEntry, RlsOutcome, RlsRequest, RlsStatus,
+                             Slice, request_objects)
+from fastlimit._rls import RlsError, RlsHome
 
 import asyncio
 import functools
@@ -469,8 +472,6 @@ cdef class GrpcShared:
         self.core = core
         self.front = front
         self.app = None
-        self.refusal = ()
-        self.elsewhere = ()
         self.loop = None
         self.limits.max_streams = 100
         self.limits.max_descriptors = 256
@@ -842,35 +843,40 @@ cdef class GrpcConnection:
         """Answers a ShouldRateLimit call; returns its work: the descriptors
         it had (at least 1)."""
         cdef GrpcShared shared = self.shared
-        cdef uint8_t* frame
-        cdef size_t frame_length
-        cdef int too_many = 0
-        cdef int work
-        request = decode_request(msg, n, shared.limits.max_descriptors, &too_many)
-        if too_many == TOO_MANY_DESCRIPTORS:
+        cdef RlsRequest req
+        cdef RlsOutcome out
+        cdef int rc = decode_request(msg, n, shared.limits.max_descriptors, &req)
+        cdef int work = max(1, req.ndescriptors)
+        if rc == TOO_MANY_DESCRIPTORS:
             self.fail_text(s, GRPC_RESOURCE_EXHAUSTED, "the request has more descriptors "
                            f"than grpc-max-descriptors ({shared.limits.max_descriptors})")
             return shared.limits.max_descriptors
-        if too_many == TOO_MANY_ENTRIES:
+        if rc == TOO_MANY_ENTRIES:
             self.fail_text(s, GRPC_RESOURCE_EXHAUSTED,
                            f"a descriptor has more than {MAX_DESCRIPTOR_ENTRIES} entries")
             return 1
-        if request is None:
+        if rc == NO_MEMORY:
+            raise MemoryError()
+        if rc != 0:
             self.fail(s, GRPC_INTERNAL, "the RateLimitRequest cannot be parsed")
             return 1
-        work = max(1, len(request[1]))
-        if not self.may_check(s, user, request[0]):
+        if user.grant is not None and not self.may_check(
+                s, user, PyBytes_FromStringAndSize(req.domain.p, req.domain.n)):
             return work
         try:
-            overall, statuses, headers = shared.app.rls.service.should_rate_limit(*request)
-        except shared.refusal as e:
+            shared.decider.decide(&req, &out)
+        except RlsError as e:
             self.fail_text(s, GRPC_UNKNOWN, str(e))
             return work
-        except shared.elsewhere as e:     # another region decides: answered when it has
-            task = asyncio.ensure_future(shared.app.regions_sync.ask_home_rls(e.home, *request))
+        except RlsHome as e:     # another region decides: answered when it has
+            task = asyncio.ensure_future(shared.app.regions_sync.ask_home_rls(
+                e.home, *request_objects(&req)))
             task.add_done_callback(functools.partial(self.home_answered, s.id, e.home))
             return work
-        self.send_decision(s, overall, statuses, headers)
+        if self.answerable(s):
+            self.start_message()
+            encode_response(&MSG, &out, shared.decider.headers_of(&shared.decider.last, &out))
+            self.send_message(s)
         return work
 
     def home_answered(self, int32_t stream_id, int home, task):
@@ -896,20 +902,32 @@ cdef class GrpcConnection:
         self.flush()
 
     cdef void send_decision(self, Stream* s, int overall, list statuses, list headers) except *:
-        """The RateLimitResponse of a decision, unless the client stopped
-        waiting for it."""
-        cdef uint8_t* frame
-        cdef size_t frame_length
+        """The RateLimitResponse of a decision as Python objects (another
+        region's), unless the client stopped waiting for it."""
+        if self.answerable(s):
+            self.start_message()
+            encode_decision(&MSG, overall, statuses, headers)
+            self.send_message(s)
+
+    cdef bint answerable(self, Stream* s) except -1:
+        """Whether the client still waits for s's answer (else it gets
+        DEADLINE_EXCEEDED: never an answer it has stopped waiting for)."""
         if s.client_deadline_ns and fl_mono_ns() >= s.client_deadline_ns:
-            # never an answer the client has stopped waiting for
             self.fail(s, GRPC_DEADLINE_EXCEEDED, "deadline exceeded")
-            return
+            return False
+        return True
+
+    cdef int start_message(self) except -1:
+        """MSG emptied, with room for the gRPC frame's 5-byte header."""
         writer_reset(&MSG)
         if write_raw(&MSG, "\0\0\0\0\0", 5) != 0:
             raise MemoryError()
-        encode_response(&MSG, overall, statuses, headers)
-        frame_length = MSG.len - 5
-        frame = <uint8_t*>MSG.buf
+        return 0
+
+    cdef int send_message(self, Stream* s) except -1:
+        """MSG, framed, as s's reply."""
+        cdef size_t frame_length = MSG.len - 5
+        cdef uint8_t* frame = <uint8_t*>MSG.buf
         frame[1] = <uint8_t>(frame_length >> 24)
         frame[2] = <uint8_t>(frame_length >> 16)
         frame[3] = <uint8_t>(frame_length >> 8)
@@ -917,6 +935,7 @@ cdef class GrpcConnection:
         if buf_append(&self.c, &s.reply, frame, MSG.len) != 0:
             raise MemoryError()
         self.reply(s)
+        return 0
 
     cdef int health(self, Stream* s, const uint8_t* msg, size_t n) except -1:
         cdef Reader service

@@ -70,34 +70,34 @@ cdef int skip_field(Reader* r, uint32_t wire_type) noexcept:
     return -1
 
 
-cdef inline bytes reader_bytes(const Reader* r):
-    return PyBytes_FromStringAndSize(<const char*>r.p, r.end - r.p)
+cdef inline void reader_slice(const Reader* r, Slice* out) noexcept:
+    out.p = <const char*>r.p
+    out.n = <size_t>(r.end - r.p)
 
 
-cdef object decode_entry(Reader* r):
-    """RateLimitDescriptor.Entry {1 key, 2 value}: (key, value), or None
-    if malformed."""
+cdef int decode_entry(Reader* r, RlsEntry* e) noexcept:
+    """RateLimitDescriptor.Entry {1 key, 2 value} into e (each empty when
+    absent); -1 if malformed."""
     cdef uint32_t f, wt
     cdef Reader sub
-    cdef bytes key = b""
-    cdef bytes value = b""
+    e.key.p = e.value.p = ""
+    e.key.n = e.value.n = 0
     while r.p < r.end:
         if next_field(r, &f, &wt) != 0:
-            return None
+            return -1
         if (f == 1 or f == 2) and wt == WT_LEN:
             if get_len(r, &sub) != 0:
-                return None
-            if f == 1:
-                key = reader_bytes(&sub)
-            else:
-                value = reader_bytes(&sub)
+                return -1
+            reader_slice(&sub, &e.key if f == 1 else &e.value)
         elif skip_field(r, wt) != 0:
-            return None
-    return (key, value)
+            return -1
+    return 0
 
 
-# decode_request's too_many
+# decode_request's answers besides 0
 cdef enum:
+    MALFORMED = -1
+    NO_MEMORY = -2
     TOO_MANY_DESCRIPTORS = 1
     TOO_MANY_ENTRIES = 2
 
@@ -137,81 +137,112 @@ cdef int decode_uint64_value(Reader* r, uint64_t* value) noexcept:
     return 0
 
 
-cdef object decode_descriptor(Reader* r, int* too_many):
-    """RateLimitDescriptor {1 entries, 2 limit, 3 hits_addend}: the
-    interface's (entries, limit or None, hits_addend or None), or None if
-    malformed or (too_many set) past MAX_DESCRIPTOR_ENTRIES."""
+# The decoded request's descriptors and entries (slices of the message),
+# grown as needed and reused by every call: one call is decided at a time.
+cdef RlsDescriptor* DESCRIPTORS = NULL
+cdef uint32_t DESCRIPTORS_CAP = 0
+cdef RlsEntry* ENTRIES = NULL
+cdef uint32_t ENTRIES_CAP = 0
+
+
+cdef int room(void** p, uint32_t* cap, uint32_t need, size_t size) noexcept:
+    cdef uint32_t n = cap[0] if cap[0] else 16
+    cdef void* q
+    if need <= cap[0]:
+        return 0
+    while n < need:
+        n *= 2
+    q = realloc(p[0], n * size)
+    if q == NULL:
+        return -1
+    p[0] = q
+    cap[0] = n
+    return 0
+
+
+cdef int decode_descriptor(Reader* r, RlsDescriptor* d, uint32_t first_entry) noexcept:
+    """RateLimitDescriptor {1 entries, 2 limit, 3 hits_addend} into d, its
+    entries into ENTRIES from first_entry (d.entries is set once the whole
+    request is read: ENTRIES may move meanwhile); 0, MALFORMED, NO_MEMORY
+    or TOO_MANY_ENTRIES past MAX_DESCRIPTOR_ENTRIES."""
     cdef uint32_t f, wt
     cdef Reader sub
-    cdef list entries = []
-    cdef bint has_limit = False, has_hits = False
-    cdef uint32_t rpu = 0
-    cdef int32_t unit = 0
-    cdef uint64_t hits = 0
+    memset(d, 0, sizeof(RlsDescriptor))
     while r.p < r.end:
         if next_field(r, &f, &wt) != 0:
-            return None
+            return MALFORMED
         if 1 <= f <= 3 and wt == WT_LEN:
             if get_len(r, &sub) != 0:
-                return None
+                return MALFORMED
             if f == 1:
-                if len(entries) == MAX_DESCRIPTOR_ENTRIES:
-                    too_many[0] = TOO_MANY_ENTRIES
-                    return None
-                entry = decode_entry(&sub)
-                if entry is None:
-                    return None
-                entries.append(entry)
+                if d.nentries == MAX_DESCRIPTOR_ENTRIES:
+                    return TOO_MANY_ENTRIES
+                if room(<void**>&ENTRIES, &ENTRIES_CAP, first_entry + d.nentries + 1,
+                        sizeof(RlsEntry)) != 0:
+                    return NO_MEMORY
+                if decode_entry(&sub, &ENTRIES[first_entry + d.nentries]) != 0:
+                    return MALFORMED
+                d.nentries += 1
             elif f == 2:
-                has_limit = True
-                if decode_override(&sub, &rpu, &unit) != 0:
-                    return None
+                d.has_override = True
+                if decode_override(&sub, &d.override_rpu, &d.override_unit) != 0:
+                    return MALFORMED
             else:
-                has_hits = True
-                if decode_uint64_value(&sub, &hits) != 0:
-                    return None
+                d.has_hits = True
+                if decode_uint64_value(&sub, &d.hits) != 0:
+                    return MALFORMED
         elif skip_field(r, wt) != 0:
-            return None
-    return (entries, (rpu, unit) if has_limit else None, hits if has_hits else None)
+            return MALFORMED
+    return 0
 
 
-cdef object decode_request(const uint8_t* data, size_t n, uint32_t max_descriptors,
-                           int* too_many):
-    """RateLimitRequest {1 domain, 2 descriptors, 3 hits_addend}: the
-    arguments of should_rate_limit, or None if malformed or (too_many set)
-    past max_descriptors or MAX_DESCRIPTOR_ENTRIES, found before the rest
-    is decoded."""
+cdef int decode_request(const uint8_t* data, size_t n, uint32_t max_descriptors,
+                        RlsRequest* req) noexcept:
+    """RateLimitRequest {1 domain, 2 descriptors, 3 hits_addend} into req,
+    as slices of data: 0, MALFORMED, NO_MEMORY, or TOO_MANY_DESCRIPTORS /
+    TOO_MANY_ENTRIES past max_descriptors or MAX_DESCRIPTOR_ENTRIES, found
+    before the rest is decoded."""
     cdef Reader r, sub
-    cdef uint32_t f, wt
+    cdef uint32_t f, wt, i, entries = 0
     cdef uint64_t v
-    cdef bytes domain = b""
-    cdef list descriptors = []
-    cdef uint32_t hits = 0
+    cdef int rc
     r.p = data
     r.end = data + n
+    req.domain.p = ""
+    req.domain.n = 0
+    req.ndescriptors = 0
+    req.hits_addend = 0
     while r.p < r.end:
         if next_field(&r, &f, &wt) != 0:
-            return None
+            return MALFORMED
         if (f == 1 or f == 2) and wt == WT_LEN:
             if get_len(&r, &sub) != 0:
-                return None
+                return MALFORMED
             if f == 1:
-                domain = reader_bytes(&sub)
+                reader_slice(&sub, &req.domain)
             else:
-                if <uint32_t>len(descriptors) >= max_descriptors:
-                    too_many[0] = TOO_MANY_DESCRIPTORS
-                    return None
-                descriptor = decode_descriptor(&sub, too_many)
-                if descriptor is None:
-                    return None
-                descriptors.append(descriptor)
+                if req.ndescriptors >= max_descriptors:
+                    return TOO_MANY_DESCRIPTORS
+                if room(<void**>&DESCRIPTORS, &DESCRIPTORS_CAP, req.ndescriptors + 1,
+                        sizeof(RlsDescriptor)) != 0:
+                    return NO_MEMORY
+                rc = decode_descriptor(&sub, &DESCRIPTORS[req.ndescriptors], entries)
+                if rc != 0:
+                    return rc
+                entries += DESCRIPTORS[req.ndescriptors].nentries
+                req.ndescriptors += 1
         elif f == 3 and wt == WT_VARINT:
             if get_varint(&r, &v) != 0:
-                return None
-            hits = <uint32_t>v
+                return MALFORMED
+            req.hits_addend = <uint32_t>v
         elif skip_field(&r, wt) != 0:
-            return None
-    return (domain, descriptors, hits)
+            return MALFORMED
+    req.descriptors = DESCRIPTORS
+    entries = 0
+    for i in range(req.ndescriptors):
+        DESCRIPTORS[i].entries = ENTRIES + entries
+        entries += DESCRIPTORS[i].nentries
+    return 0
 
 
 cdef int decode_health_request(const uint8_t* data, size_t n, Reader* service) noexcept:
@@ -298,52 +329,79 @@ cdef int end_message(Writer* w, Py_ssize_t start) noexcept:
     return 0
 
 
-cdef int encode_status(Writer* w, object status) except -1:
+cdef int put_slice_field(Writer* w, uint32_t field, Slice value) noexcept:
+    if value.n == 0:
+        return 0
+    if put_varint(w, field << 3 | WT_LEN) != 0 or put_varint(w, value.n) != 0:
+        return -1
+    return write_raw(w, value.p, value.n)
+
+
+cdef int encode_status(Writer* w, const RlsStatus* s) noexcept:
     """RateLimitResponse.DescriptorStatus {1 code, 2 current_limit
     {1 requests_per_unit, 2 unit, 3 name}, 3 limit_remaining,
-    4 duration_until_reset {1 seconds}} from the interface's
-    (code, (requests_per_unit, unit, name) or None, remaining, seconds)."""
-    code, current, remaining, reset = status
+    4 duration_until_reset {1 seconds}}."""
     cdef Py_ssize_t start = begin_message(w, 2)
     cdef Py_ssize_t inner
-    cdef uint32_t c = code
-    cdef uint32_t rem = remaining
-    cdef int64_t seconds = reset
-    cdef uint32_t rpu, unit
-    cdef bytes name
-    if put_uint_field(w, 1, c) != 0:
-        raise MemoryError()
-    if current is not None:
-        rpu, unit, name = current
+    if put_uint_field(w, 1, <uint32_t>s.code) != 0:
+        return -1
+    if s.has_limit:
         inner = begin_message(w, 2)
-        if (put_uint_field(w, 1, rpu) != 0 or put_uint_field(w, 2, unit) != 0
-                or put_bytes_field(w, 3, name) != 0 or end_message(w, inner) != 0):
-            raise MemoryError()
-    if put_uint_field(w, 3, rem) != 0:
-        raise MemoryError()
-    if current is not None or seconds:
+        if (put_uint_field(w, 1, s.rpu) != 0 or put_uint_field(w, 2, s.unit) != 0
+                or put_slice_field(w, 3, s.name) != 0 or end_message(w, inner) != 0):
+            return -1
+    if put_uint_field(w, 3, <uint32_t>s.remaining) != 0:
+        return -1
+    if s.has_limit or s.reset_s:
         # Envoy's x-ratelimit-reset reads it only when present
         inner = begin_message(w, 4)
-        if put_uint_field(w, 1, <uint64_t>seconds) != 0 or end_message(w, inner) != 0:
-            raise MemoryError()
-    if end_message(w, start) != 0:
-        raise MemoryError()
-    return 0
+        if put_uint_field(w, 1, <uint64_t>s.reset_s) != 0 or end_message(w, inner) != 0:
+            return -1
+    return end_message(w, start)
 
 
-cdef int encode_response(Writer* w, overall, list statuses, list headers) except -1:
+cdef int encode_response(Writer* w, const RlsOutcome* out, list headers) except -1:
     """RateLimitResponse {1 overall_code, 2 statuses, 3
     response_headers_to_add (HeaderValue {1 key, 2 value})}."""
-    cdef uint32_t code = overall
     cdef Py_ssize_t start
     cdef bytes key, value
-    if put_uint_field(w, 1, code) != 0:
+    cdef uint32_t i
+    if put_uint_field(w, 1, <uint32_t>out.overall) != 0:
         raise MemoryError()
-    for status in statuses:
-        encode_status(w, status)
+    for i in range(out.n):
+        if encode_status(w, &out.statuses[i]) != 0:
+            raise MemoryError()
     for key, value in headers:
         start = begin_message(w, 3)
         if (put_bytes_field(w, 1, key) != 0 or put_bytes_field(w, 2, value) != 0
                 or end_message(w, start) != 0):
             raise MemoryError()
+    return 0
+
+
+cdef int encode_decision(Writer* w, overall, list statuses, list headers) except -1:
+    """encode_response of a decision as Python objects (another region's):
+    (code, (requests_per_unit, unit, name) or None, remaining, seconds) per
+    status."""
+    cdef RlsOutcome out
+    cdef uint32_t i
+    cdef bytes name
+    out.overall = overall
+    out.n = len(statuses)
+    out.statuses = <RlsStatus*>calloc(out.n + 1, sizeof(RlsStatus))
+    if out.statuses == NULL:
+        raise MemoryError()
+    try:
+        for i, (code, current, remaining, reset) in enumerate(statuses):
+            out.statuses[i].code = code
+            out.statuses[i].remaining = remaining
+            out.statuses[i].reset_s = reset
+            if current is not None:
+                out.statuses[i].has_limit = True
+                out.statuses[i].rpu, out.statuses[i].unit, name = current
+                out.statuses[i].name.p = PyBytes_AS_STRING(name)
+                out.statuses[i].name.n = PyBytes_GET_SIZE(name)
+        encode_response(w, &out, headers)
+    finally:
+        free(out.statuses)
     return 0

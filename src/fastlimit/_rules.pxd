@@ -253,6 +253,9 @@ cdef class RuleEngine:
     cdef int add_selected(self, uint32_t num, int n) except -1
     cdef void note_denial(self, int64_t now_ms, uint32_t num, const char* client,
                           size_t clen, int64_t cost)
+    cdef int apply_one(self, uint32_t num, const char* client, size_t clen, int64_t cost,
+                       int64_t now_ms, CheckResult* out) except? -100
+    cdef int raise_refusal(self, int rc, int n) except -1
     cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,
                     bint detail)
     cpdef list last_detail(self, int n)

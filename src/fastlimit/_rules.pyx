@@ -1568,6 +1568,33 @@ cdef class RuleEngine:
         cdef int n = self.select_ids(nums)
         return self.run(client, resource, n, cost, now_ms, detail)
 
+    cdef int apply_one(self, uint32_t num, const char* client, size_t clen, int64_t cost,
+                       int64_t now_ms, CheckResult* out) except? -100:
+        """apply([num], client, cost, now_ms=now_ms) for C callers (the rate
+        limit service's decision): FL_OK, or FL_EKEYLEN for a key too long;
+        the other refusals raise as apply's do."""
+        cdef int n = self.select_ids([num]) if num >= self.nrules or not \
+            self.rules[num].in_use or self.rules[num].algorithm == ALG_CONCURRENCY else \
+            self.add_selected(num, 0)
+        cdef int rc = self.evaluate(client, clen, "", 0, n, cost, now_ms, out)
+        if rc == FL_OK or rc == FL_EKEYLEN:
+            return rc
+        self.raise_refusal(rc, n)
+        return rc
+
+    cdef int raise_refusal(self, int rc, int n) except -1:
+        """The exception of an evaluate() that did not check: split and home
+        refusals by name, the rest by raise_for."""
+        if rc == FL_EKEYLEN:
+            raise ValueError("key longer than the 65535 bytes a bucket key may have")
+        if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
+            raise ValueError(self.split_error(rc))
+        if rc == FL_EHOME or rc == FL_EHOMEDOWN:
+            raise HomeElsewhere(self.home_region, rc == FL_EHOMEDOWN, self.home_fail_closed,
+                                [self.order[i] for i in range(n)])
+        raise_for(rc)
+        return -1
+
     cdef object run(self, bytes client, bytes resource, int n, int64_t cost, now_ms,
                     bint detail):
         cdef CheckResult out
@@ -1576,15 +1603,8 @@ cdef class RuleEngine:
         if cost < 0:
             raise ValueError("cost must not be negative")
         rc = self.evaluate(client, len(client), resource, len(resource), n, cost, now, &out)
-        if rc == FL_EKEYLEN:
-            raise ValueError("key longer than the 65535 bytes a bucket key may have")
-        if rc == FL_ESPLIT or rc == FL_ESPLITMIX:
-            raise ValueError(self.split_error(rc))
-        if rc == FL_EHOME or rc == FL_EHOMEDOWN:
-            raise HomeElsewhere(self.home_region, rc == FL_EHOMEDOWN, self.home_fail_closed,
-                                [self.order[i] for i in range(n)])
         if rc != FL_OK:
-            raise_for(rc)
+            self.raise_refusal(rc, n)
         five = (out.allowed, out.limit, out.remaining, out.retry_after_ms, out.reset_after_ms)
         return (five, self.last_detail(n)) if detail else five
 

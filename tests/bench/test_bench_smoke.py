@@ -223,7 +223,7 @@ def check_envoy_e2e(out: str, err: str) -> None:
     assert [r[0] for r in ratios] == ["ok", "over"]
     for r in ratios:
         figures(r, range(1, 5))
-    targets(out, 2)
+    targets(out, 3)
     assert "FAILED" not in err, err[-3000:]
 
 
@@ -248,6 +248,14 @@ def check_rules_scale(out: str, err: str) -> None:
     assert [r[0] for r in rows] == ["10", "100"]
     for r in rows:
         figures(r, range(len(r)))
+
+
+def check_rls_reload(out: str, err: str) -> None:
+    rows = table(out, "| case |")
+    assert [r[0] for r in rows] == ["idle", "CONFIG GET *", "CL.RULE RELOAD", "file changed"]
+    for r in rows:
+        figures(r, range(1, len(r)), dash_ok=True)
+    assert figure(rows[0][1]) > 0, rows          # the idle client's pings were timed
 
 
 def check_keyflood(out: str, err: str) -> None:
@@ -359,6 +367,7 @@ SMOKES = [
     Smoke("acl.py", check_acl, output=False),
     Smoke("tls.py", check_tls, output=False),
     Smoke("rules_scale.py", check_rules_scale, output=False),
+    Smoke("rls_reload.py", check_rls_reload, ["--descriptors", "200"]),
     Smoke("keyflood.py", check_keyflood),
     Smoke("soak.py", check_soak, ["--seconds", "0.5"], output=False),
     Smoke("regions.py", check_regions),

@@ -5,23 +5,40 @@ by rls_messages.py)."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import grpc
 from rls_messages import HEALTH_PATH, RLS_PATH, decode_response, health_status
 from servers import ExtraPortServer
 
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
+# The rate limit service's configuration the front's tests decide with
+# (envoyproxy/ratelimit's YAML): api_key 3 a minute, per path 1000 a minute.
+RIG_YAML = """\
+domain: rig
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 3, name: api_key}
+  - key: generic_key
+    value: per_path
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 1000, name: "generic_key,path"}
+"""
 
 
 class GrpcServer(ExtraPortServer):
     """A fastlimit-server child with --grpc-port on a free port; with
-    standin_rules, it decides through the stand-in service (standin.py)."""
+    rls (a YAML text, such as RIG_YAML), its rate limit service decides
+    with that configuration (written under the tests' temp dir)."""
 
     PORT_FLAG = "--grpc-port"
 
-    def __init__(self, *args: str, standin_rules=None):
-        if standin_rules is not None:
-            self.entry = [STANDIN, *(f"--standin-rule={r}" for r in standin_rules)]
+    def __init__(self, *args: str, rls: str | None = None):
+        if rls is not None:
+            fd, path = tempfile.mkstemp(prefix="rls-", suffix=".yaml")
+            with os.fdopen(fd, "w") as f:
+                f.write(rls)
+            args = (*args, "--rls-config", path)
         super().__init__(*args)
         self._channel = None
 

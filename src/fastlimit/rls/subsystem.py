@@ -10,20 +10,23 @@ Reading and checking take time with the configuration's size (bounded by
 rls-max-config-bytes and rls-max-descriptors), so a change seen by the
 poll or SIGHUP is read in a thread while the loop serves clients; only
 the swap into force (RateLimitService.install) runs on the loop, in one
-step, so a call sees the old configuration or the new one.  The start,
-CL.RULE RELOAD and CONFIG SET rls-merge-domains, whose answer says how
-the reload went, read it on the loop.  ``server.rls.service`` is the decision
+step (the configuration it replaces is dropped in a thread), so a call
+sees the old configuration or the new one.  CL.RULE RELOAD reads in a
+thread too and answers once it is decided; the start and CONFIG SET
+rls-merge-domains, whose answer says how the reload went, read it on the
+loop.  ``server.rls.service`` is the decision
 (fastlimit.rls.service) the gRPC front and /json call.  rls-shadow-mode
 and rls-merge-domains are the reference's SHADOW_MODE and
 MERGE_DOMAIN_CONFIG."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
 from fastlimit.rls.config import ConfigError, config_files, load, load_documents
-from fastlimit.rls.service import LIMIT_STAT_FIELDS, Prepared, RateLimitService
+from fastlimit.rls.service import LIMIT_STAT_FIELDS, Prepared, RateLimitService, retire
 from fastlimit.server.subsystem import Subsystem, collector_paused, info_text, off_loop
 
 
@@ -107,24 +110,47 @@ class RlsSubsystem(Subsystem):
             prepared, error = None, e
         self._finish(prepared, error)
 
-    def reload_in_thread(self, why: str) -> None:
+    def reload_in_thread(self, why: str, answered=None) -> None:
         """Reads rls-config in a thread, then puts it in force on the loop,
-        or logs why not (the configuration in force stays)."""
+        or logs why not (the configuration in force stays); answered(error
+        or None) once decided (None too when a reload begun since decides)."""
         generation = self._reading = self._begin()
         merge = self.merge_domains
 
         def done(prepared, error) -> None:
             if self._reading == generation:
                 self._reading = None
-            if generation != self._generation:
-                return              # a reload begun since then decides
-            try:
-                self._finish(prepared, error)
-            except ConfigError as e:
-                self.log.warning("rls: %s: reload failed, the configuration in force is "
-                                 "unchanged: %s", why, e)
+            outcome = None
+            if generation == self._generation:      # else a reload begun since decides
+                try:
+                    self._finish(prepared, error)
+                except ConfigError as e:
+                    self.log.warning("rls: %s: reload failed, the configuration in force is "
+                                     "unchanged: %s", why, e)
+                    outcome = e
+            if answered is not None:
+                answered(outcome)
 
         off_loop(lambda: self._read(merge), done, "rls-config")
+
+    async def reload_off_loop(self, why: str) -> None:
+        """reload(), read in a thread while the loop serves clients (a
+        command's): ConfigError leaves the configuration in force."""
+        decided = asyncio.get_running_loop().create_future()
+        self.reload_in_thread(why, decided.set_result)
+        error = await decided
+        if error is not None:
+            raise error
+
+    def put_in_force(self, prepared: Prepared) -> None:
+        """service.install, on the loop; the configuration it replaces is
+        dropped in a thread, piece by piece (rls.service.retire)."""
+        retired = self.service.install(prepared)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return      # the start: no client to wait, it is dropped here
+        off_loop(lambda: retire(retired), lambda *_: None, "rls-retire")
 
     def prepare_documents(self, named_docs, size: int) -> Prepared:
         """An xDS response's configuration, checked as the files are and
@@ -151,7 +177,7 @@ class RlsSubsystem(Subsystem):
         saying why not (error, or the engine's refusal)."""
         if prepared is not None:
             try:
-                self.service.install(prepared)
+                self.put_in_force(prepared)
             except ValueError as e:
                 error = e
         if error is not None:
@@ -203,7 +229,7 @@ class RlsSubsystem(Subsystem):
                 f"limits_over={s.limits_over},shadow={s.shadow}")
         # as /metrics, the first metrics-rule-labels limits (INFO has no "other")
         cap = max(0, self.app.settings.metrics_rule_labels)
-        for (_, key, index), st in sorted(self.service.limit_stats.items())[:cap]:
+        for (_, key, index), st in self.service.limit_stats(cap):
             name = key if not index else f"{key}#{index}"
             fields[f"rls_limit_{_label(name.encode())}"] = ",".join(
                 f"{f}={getattr(st, f)}" for f in LIMIT_STAT_FIELDS)

@@ -294,7 +294,7 @@ class RlsXdsSubsystem(Subsystem):
         self.client = None
         if server:
             self.client = XdsClient(server, node_id, backoff, self._loop,
-                                    self.rls.prepare_documents, self.rls.service.install,
+                                    self.rls.prepare_documents, self.rls.put_in_force,
                                     self.log, tls_files)
             self.client.start()
 

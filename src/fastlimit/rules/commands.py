@@ -113,17 +113,32 @@ def cmd_rule_list(conn, args):
 
 
 def cmd_rule_reload(conn, args):
-    rls = conn.core.app.rls
+    if conn.core.app.rls.path:
+        # the Envoy rate limit service's YAML (rls-config), read off the loop
+        return Awaited(_reloaded_with_rls(conn))
+    if _shared(conn) is not None:
+        return Awaited(_reloaded_into_store(conn))
+    return _reloaded_here(conn)
+
+
+def _reloaded_here(conn):
     try:
-        if rls.path:
-            rls.reload()       # the Envoy rate limit service's YAML (rls-config)
-        if _rules(conn).rules_file or not rls.path:
-            if _shared(conn) is not None:
-                return Awaited(_reloaded_into_store(conn))
-            _rules(conn).reload()
-    except (RuleError, RlsConfigError) as e:
+        _rules(conn).reload()
+    except RuleError as e:
         raise ReplyError(f"ERR {e}") from None
     return OK
+
+
+async def _reloaded_with_rls(conn):
+    try:
+        await conn.core.app.rls.reload_off_loop("CL.RULE RELOAD")
+    except RlsConfigError as e:
+        raise ReplyError(f"ERR {e}") from None
+    if not _rules(conn).rules_file:
+        return OK
+    if _shared(conn) is not None:
+        return await _reloaded_into_store(conn)
+    return _reloaded_here(conn)
 
 
 async def _reloaded_into_store(conn):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
@@ -77,8 +78,15 @@ def off_loop(work: Callable[[], object], done: Callable[[object, Exception | Non
 
     def run() -> None:
         try:
-            with collector_paused():
+            with collector_paused(), gil_shared_finely():
                 outcome: tuple = (work(), None)
+                # What it made goes to the oldest generation unscanned: else
+                # the first young collection after the pause scans it all
+                # on the loop (10 ms for 10,000 descriptors); its objects
+                # are long-lived, and any garbage among them is found by a
+                # full collection as before.
+                gc.freeze()
+                gc.unfreeze()
         except Exception as e:          # handed to done, which says what failed
             outcome = (None, e)
         try:
@@ -89,29 +97,55 @@ def off_loop(work: Callable[[], object], done: Callable[[object, Exception | Non
     threading.Thread(target=run, name=name, daemon=True).start()
 
 
-# collector_paused(): how many are in force, and whether the collector
-# was on before the first of them.
-_pauses = [0, True]
-_pauses_lock = threading.Lock()
+class WhileAny:
+    """A process-wide setting changed while at least one user needs it:
+    counted, so that users in several threads overlap; the first changes
+    it (change() returns what it was), the last puts it back."""
+
+    def __init__(self, change: Callable[[], object], restore: Callable[[object], None]):
+        self.change, self.restore = change, restore
+        self.users = 0
+        self.saved: object = None
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.lock:
+            if self.users == 0:
+                self.saved = self.change()
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    self.restore(self.saved)
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a document is made into
-    objects (it makes few cycles).  Millions of new objects otherwise set
-    off full collections one after another, each holding the GIL, and so
-    the loop, for hundreds of milliseconds: a 1.3 MB configuration took
-    5 s to read with them, stalling the loop 0.8 s at a time, and 1 s
-    without.  Counted, so that readings in several threads overlap."""
-    with _pauses_lock:
-        if _pauses[0] == 0:
-            _pauses[1] = gc.isenabled()
-            gc.disable()
-        _pauses[0] += 1
-    try:
-        yield
-    finally:
-        with _pauses_lock:
-            _pauses[0] -= 1
-            if _pauses[0] == 0 and _pauses[1]:
-                gc.enable()
+def _collector_off() -> bool:
+    was = gc.isenabled()
+    gc.disable()
+    return was
+
+
+# Python's cyclic garbage collector off while a document is made into
+# objects (it makes few cycles).  Millions of new objects otherwise set off
+# full collections one after another, each holding the GIL, and so the
+# loop, for hundreds of milliseconds: a 1.3 MB configuration took 5 s to
+# read with them, stalling the loop 0.8 s at a time, and 1 s without.
+collector_paused = WhileAny(_collector_off, lambda was: gc.enable() if was else None)
+
+# How long a thread reading a document may hold the GIL while the loop
+# waits for it: a sliced reply's budget (_protocol.SLICE_BUDGET_S), where
+# Python's default is 5 ms.  Only while such a thread runs.
+READER_SWITCH_S = 0.0005
+
+
+def _short_switches() -> float:
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(READER_SWITCH_S)
+    return was
+
+
+gil_shared_finely = WhileAny(_short_switches, lambda was: sys.setswitchinterval(float(was)))  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ front on (tests/support/grpcserver.py)."""
 from __future__ import annotations
 
 import pytest
-from grpcserver import GrpcServer
+from grpcserver import RIG_YAML, GrpcServer
 from servers import started_servers
 
 
@@ -17,6 +17,6 @@ def make_grpc_server():
 @pytest.fixture
 def gs(make_grpc_server) -> GrpcServer:
     """Manual clock at 0, the stand-in decision with api_key 3/minute."""
-    srv = make_grpc_server("--manual-clock", standin_rules=["api_key=3/minute"])
+    srv = make_grpc_server("--manual-clock", rls=RIG_YAML)
     srv.client().execute_command("DEBUG", "CLOCK", "SET", "0")
     return srv

@@ -1,12 +1,13 @@
 """ShouldRateLimit and Health/Check over real gRPC (grpcio), against a real
-server deciding through the stand-in service (standin.py) or through no
-rls layer at all."""
+server deciding with the rls layer on grpcserver.py's RIG_YAML, or with
+no configuration at all."""
 
 from __future__ import annotations
 
 import base64
 
 import grpc
+from grpcserver import RIG_YAML
 from rls_messages import (
     DAY,
     MINUTE,
@@ -41,8 +42,8 @@ def test_every_descriptor_gets_a_status_in_order_and_the_fourth_call_is_over(gs)
     assert resp["overall"] == OVER_LIMIT
     assert [s["code"] for s in resp["statuses"]] == [OVER_LIMIT, OK]
     assert resp["statuses"][0]["remaining"] == 0
-    assert resp["statuses"][0]["reset"] == 39          # whole seconds left in the minute
-    assert resp["headers"] == [(b"x-standin", b"over")]
+    assert resp["statuses"][0]["reset"] == 40          # the reference's: 60 - now_s % 60
+    assert resp["headers"] == []
     gs.client().execute_command("DEBUG", "CLOCK", "SET", "60000")
     assert gs.should_rate_limit(request(b"rig", KEY))["overall"] == OK
 
@@ -60,10 +61,10 @@ def test_hits_addend_of_the_request_and_of_a_descriptor_and_zero_checks_only(gs)
 def test_the_descriptor_limit_override_reaches_the_service(gs):
     over = descriptor([(b"user", b"u1")], limit=(1, SECOND))
     status = gs.should_rate_limit(request(b"rig", over))["statuses"][0]
-    assert status["limit"] == (1, SECOND, b"user")
+    assert status["limit"] == (1, SECOND, b"")          # an override has no name
     assert gs.should_rate_limit(request(b"rig", over))["overall"] == OVER_LIMIT
     day = descriptor([(b"user", b"u2")], limit=(5, DAY))
-    assert gs.should_rate_limit(request(b"rig", day))["statuses"][0]["limit"] == (5, DAY, b"user")
+    assert gs.should_rate_limit(request(b"rig", day))["statuses"][0]["limit"] == (5, DAY, b"")
 
 
 def unknown_fields() -> bytes:
@@ -82,8 +83,8 @@ def test_unknown_fields_at_every_level_are_skipped(gs):
         unknown_fields() + uint_field(3, 1)
     resp = gs.should_rate_limit(message)
     assert resp["overall"] == OK
-    assert resp["statuses"][0]["limit"] == (3, MINUTE, b"api_key")
-    assert resp["statuses"][0]["remaining"] == 2
+    assert resp["statuses"][0]["limit"] == (9, MINUTE, b"")    # the override, decoded
+    assert resp["statuses"][0]["remaining"] == 8
 
 
 def test_a_malformed_message_is_internal_and_the_connection_serves_on(gs):
@@ -103,15 +104,6 @@ def test_the_services_refusal_is_unknown_with_its_message(gs):
         grpc.StatusCode.UNKNOWN, "rate limit domain must not be empty")
     assert error_of(lambda: gs.call(RLS_PATH, request(b"rig"))) == (
         grpc.StatusCode.UNKNOWN, "rate limit descriptor list must not be empty")
-
-
-def test_a_failing_service_is_internal_and_logged_not_a_crash(gs):
-    assert error_of(lambda: gs.call(RLS_PATH, request(b"boom", KEY))) == (
-        grpc.StatusCode.INTERNAL, "the server failed; see its log")
-    assert "failed on purpose" in gs.log()
-    assert gs.should_rate_limit(request(b"rig", KEY))["overall"] == OK
-    info = gs.info()
-    assert info["grpc_failed_calls"] == 1 and info["grpc_total_calls"] == 2
 
 
 def test_without_an_rls_layer_every_descriptor_is_ok(make_grpc_server):
@@ -200,7 +192,7 @@ def test_max_concurrent_streams_and_deadline_are_settings(gs):
 def test_with_requirepass_a_call_needs_it_as_a_bearer_token_and_health_does_not(
         make_grpc_server):
     gs = make_grpc_server("--manual-clock", "--requirepass", "s3cret",
-                          standin_rules=["api_key=3/minute"])
+                          rls=RIG_YAML)
     message = request(b"rig", KEY)
     for metadata in (None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]):
         code, details = error_of(lambda md=metadata: gs.should_rate_limit(message, metadata=md))
@@ -224,7 +216,7 @@ def basic(user: str, password: str) -> list[tuple[str, str]]:
 def test_acl_users_call_with_basic_auth_and_count_only_the_domains_their_keys_allow(
         make_grpc_server):
     gs = make_grpc_server("--manual-clock", "--requirepass", "s3cret",
-                          standin_rules=["api_key=3/minute"])
+                          rls=RIG_YAML)
     admin = gs.client(password="s3cret")
     admin.execute_command("ACL", "SETUSER", "edge", "on", ">pw", "~rig*", "+@ratelimit")
     admin.execute_command("ACL", "SETUSER", "viewer", "on", ">pw", "allkeys", "+info")
@@ -255,7 +247,7 @@ def test_acl_users_call_with_basic_auth_and_count_only_the_domains_their_keys_al
 
 
 def test_a_default_password_set_by_acl_alone_is_needed_by_grpc_calls_too(make_grpc_server):
-    gs = make_grpc_server("--manual-clock", standin_rules=["api_key=3/minute"])
+    gs = make_grpc_server("--manual-clock", rls=RIG_YAML)
     assert gs.should_rate_limit(request(b"rig", KEY))["overall"] == OK     # no password yet
     gs.client().execute_command("ACL", "SETUSER", "default", ">pw")
     code, _ = error_of(lambda: gs.should_rate_limit(request(b"rig", KEY)))

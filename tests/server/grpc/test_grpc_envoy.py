@@ -3,10 +3,9 @@ calls fastlimit's gRPC port: requests over the limit get 429 with the
 x-ratelimit-* headers Envoy computes from our statuses; hits_addend; gRPC
 callers get RESOURCE_EXHAUSTED; with fastlimit killed, fail-open passes and
 fail-closed answers 500; restarted, enforcement resumes without restarting
-Envoy.  The first test decides with the stand-in service (standin.py,
-whose answers it can check header by header), the second with the rls
-layer on envoyproxy/ratelimit's YAML; bench/envoy_e2e.py measures the
-same path under load."""
+Envoy.  Both decide with the rls layer on envoyproxy/ratelimit's YAML
+(the first with response headers on, checked header by header);
+bench/envoy_e2e.py measures the same path under load."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import tempfile
 import urllib.request
 
 import pytest
-from grpcserver import GrpcServer
+from grpcserver import RIG_YAML, GrpcServer
 from servers import PYTHON, stop_process
 from wire import free_port, wait_until
 
@@ -89,8 +88,8 @@ def envoys():
         e.stop()
 
 
-def standin(grpc_port: int) -> GrpcServer:
-    srv = GrpcServer("--manual-clock", standin_rules=["api_key=3/minute"])
+def rig_server(grpc_port: int) -> GrpcServer:
+    srv = GrpcServer("--manual-clock", "--rls-response-headers", "yes", rls=RIG_YAML)
     srv.extra_port = grpc_port
     srv.args[1] = str(grpc_port)
     srv.start()
@@ -104,7 +103,7 @@ def statuses(envoy: Envoy, path: str, key: str, n: int) -> list[int]:
 
 def test_envoy_enforces_fastlimits_answers_and_survives_its_restart(envoys):
     port = free_port()
-    srv = standin(port)
+    srv = rig_server(port)
     try:
         envoy = envoys(port)
         status, headers = envoy.get("/demo", "alice")
@@ -118,7 +117,7 @@ def test_envoy_enforces_fastlimits_answers_and_survives_its_restart(envoys):
         assert status == 429
         assert headers["x-envoy-ratelimited"] == "true"
         assert headers["x-ratelimit-remaining"] == "0"
-        assert headers["x-standin"] == "over"         # the response_headers_to_add
+        assert headers["retry-after"] == "60"         # the response_headers_to_add
         assert envoy.get("/demo", "bob")[0] == 200     # another key, its own budget
         assert envoy.get("/nokey")[0] == 200           # only the path descriptor
         assert statuses(envoy, "/heavy", "heavy", 2) == [200, 429]   # hits_addend 2
@@ -133,7 +132,7 @@ def test_envoy_enforces_fastlimits_answers_and_survives_its_restart(envoys):
     assert closed.get("/demo", "alice")[0] == 500
     assert closed.grpc_status("alice") == "2"
     # back (fresh counters): both Envoys enforce again, neither restarted
-    srv = standin(port)
+    srv = rig_server(port)
     try:
         wait_until(lambda: "x-ratelimit-limit" in closed.get("/demo", "carol")[1],
                    what="Envoy reconnected")
@@ -143,26 +142,9 @@ def test_envoy_enforces_fastlimits_answers_and_survives_its_restart(envoys):
         srv.stop()
 
 
-RIG_YAML = """\
-domain: rig
-descriptors:
-  - key: api_key
-    rate_limit:
-      unit: minute
-      requests_per_unit: 3
-  - key: generic_key
-    value: per_path
-    descriptors:
-      - key: path
-        rate_limit:
-          unit: MINUTE
-          requests_per_unit: 1000
-"""
-
-
 def test_envoy_enforces_the_reference_yaml_as_envoyproxy_ratelimit_would(envoys, tmp_path):
     """The rig's limits as envoyproxy/ratelimit's YAML, read by the rls
-    layer (no stand-in): the answers Envoy turns into 200s, a 429 and the
+    layer: the answers Envoy turns into 200s, a 429 and the
     x-ratelimit headers."""
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "rig.yaml").write_text(RIG_YAML)

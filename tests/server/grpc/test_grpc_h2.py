@@ -9,6 +9,7 @@ import socket
 
 import h2.events
 import pytest
+from grpcserver import RIG_YAML
 from h2client import PREFACE, RawH2, frame, goaway_code, read_frames, read_until, request_block
 from rls_messages import HEALTH_PATH, OK, RLS_PATH, descriptor, grpc_frame, request
 from wire import wait_until
@@ -23,7 +24,7 @@ def srv(make_grpc_server):
     """The stand-in decision; a deadline no slow test machine reaches
     between a test's writes (the tests of the deadline set their own)."""
     return make_grpc_server("--manual-clock", "--grpc-deadline-ms", "5000",
-                            standin_rules=["api_key=3/minute"])
+                            rls=RIG_YAML)
 
 
 def others_still_served(srv) -> None:

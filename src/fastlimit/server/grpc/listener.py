@@ -10,7 +10,6 @@ import logging
 from typing import cast
 
 from fastlimit._grpc import GrpcConnection, GrpcShared
-from fastlimit.rls.service import RlsError, RlsHome
 from fastlimit.server.subsystem import Subsystem
 
 # How long a shutdown lets the calls already begun finish (each has its
@@ -25,8 +24,7 @@ class GrpcFront(Subsystem):
         self.port = 0
         self.shared = GrpcShared(server.core, self)
         self.shared.app = server
-        self.shared.refusal = RlsError
-        self.shared.elsewhere = RlsHome
+        self.shared.decider = server.rls.service.decider
         self._servers: list[asyncio.AbstractServer] = []
 
     @property

@@ -438,7 +438,7 @@ def _rls_limits(server) -> dict[str, list[Sample]]:
     cap = max(0, server.settings.metrics_rule_labels)
     out: dict[str, list[Sample]] = {f: [] for f in LIMIT_STAT_FIELDS}
     other: dict[bytes, list[int]] = {}
-    for i, ((domain, name, index), st) in enumerate(sorted(server.rls.service.limit_stats.items())):
+    for i, ((domain, name, index), st) in enumerate(server.rls.service.limit_stats()):
         if i >= cap:
             sums = other.setdefault(domain, [0] * len(LIMIT_STAT_FIELDS))
             for j, f in enumerate(LIMIT_STAT_FIELDS):
