@@ -258,6 +258,22 @@ def check_rls_reload(out: str, err: str) -> None:
     assert figure(rows[0][1]) > 0, rows          # the idle client's pings were timed
 
 
+def check_ceiling(out: str, err: str) -> None:
+    rows = table(out, "| P | server | command |")
+    assert [(r[0], r[2]) for r in rows] == [
+        (p, c) for p in ("1", "16", "64") for c in ("CL.CHECK", "PING", "PING", "INCR")], rows
+    for r in rows:
+        figures(r, (3, 5))
+    ratios = table(out, "| P | CL.CHECK ÷ redis PING |")
+    assert [r[0] for r in ratios] == ["1", "16", "64"]
+    for r in ratios:
+        figures(r, (1, 2))
+        figures(r, (3,), dash_ok=True)     # a tiny run may use no CPU tick (10 ms)
+    judged = re.findall(r"^- P=\d+: .*(?:— \*\*(?:met|MISSED)\*\*|\*\*not measured\*\*)$",
+                        out, re.M)
+    assert len(judged) == 3, out[-2000:]
+
+
 def check_keyflood(out: str, err: str) -> None:
     rows = table(out, "| run | flood / victims |")
     assert [r[0] for r in rows] == ["maxmemory 200mb", "no maxmemory",
@@ -374,6 +390,7 @@ SMOKES = [
     Smoke("takeover.py", check_takeover),
     # limits' strategies on fastlimit:// and on redis:// (300 hits a run)
     Smoke("limits_storage.py", check_limits_storage),
+    Smoke("ceiling.py", check_ceiling),
     Smoke("check_cpu.py", check_check_cpu, ["--variant", "installed=installed"], output=False),
     Smoke("check_path.py", stderr_count(r"(\d+) CL\.CHECK run"), output=False),
     Smoke("grpc_path.py", stderr_count(r"(\d+) ShouldRateLimit calls \(decide\), 0 failed"),
