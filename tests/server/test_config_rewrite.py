@@ -210,7 +210,7 @@ def test_every_setting_survives_a_rewrite_and_a_reload(workdir):
             "--tls-ca-cert-file", "ca.pem", "--tls-ca-cert-dir", "cas",
             "--tls-auth-clients", "optional", "--tls-protocols", "TLSv1.3",
             "--tls-ciphers", "HIGH", "--tls-replication", "yes", "--tls-http", "yes",
-            "--tls-grpc", "yes", "--tls-cluster", "yes"]
+            "--tls-grpc", "yes", "--tls-cluster", "yes", "--takeover-socket", "takeover.sock"]
     # Python's ssl cannot set TLSv1.3 suites before 3.15: the setting refuses any
     if hasattr(ssl.SSLContext, "set_ciphersuites"):
         argv += ["--tls-ciphersuites", "TLS_AES_128_GCM_SHA256"]
