@@ -175,7 +175,7 @@ cdef class ServerCore:
 
 cdef class Connection:
     cdef readonly ServerCore core
-    cdef object transport
+    cdef readonly object transport    # asyncio.Transport; None once lost
     cdef Parser parser
     cdef char* inbuf
     cdef size_t inlen

@@ -1133,6 +1133,42 @@ cdef class Connection:
     def unwatch(self):
         unwatch_all(self)
 
+    # ---- a takeover passes the connection to the new process (takeover/) -----------
+
+    @property
+    def reply_pending(self):
+        """A sliced or awaited reply is being made: the connection is not
+        at a command boundary."""
+        return self.sliced is not None
+
+    def export_state(self):
+        """Every setting a client made on this connection, its
+        subscriptions and the bytes it sent that did not run (from a
+        command boundary on: the pause keeps them unread), for the process
+        taking over (takeover/wire.py encodes them); restore_state()
+        there.  A field a client can set is added here and there."""
+        return {"proto": self.proto, "authenticated": self.authenticated,
+                "user": self.user.name if self.user is not None else None,
+                "name": self.name, "lib_name": self.lib_name, "lib_ver": self.lib_ver,
+                "reply_mode": self.reply_mode, "priority": self.priority,
+                "channels": list(self.pubsub_channels or ()),
+                "patterns": list(self.pubsub_patterns or ()),
+                "input": PyBytes_FromStringAndSize(self.inbuf, self.inlen)}
+
+    def restore_state(self, dict state, user):
+        """export_state()'s state on a new connection, before it is made
+        (user: the ACL user of that name here); its input runs on its
+        first turn (next_turn), before what it reads.  The subscriptions
+        are the pub/sub subsystem's to restore (PubSub.restore)."""
+        acl_set_user(self, user, state["authenticated"])
+        self.priority = state["priority"]
+        self.proto = state["proto"]
+        self.name, self.lib_name, self.lib_ver = \
+            state["name"], state["lib_name"], state["lib_ver"]
+        self.reply_mode = state["reply_mode"]
+        if state["input"] and self.append_input(state["input"]):
+            self.more_input = True
+
     # ---- what CLIENT LIST and INFO show ------------------------------------------
 
     @property

@@ -134,6 +134,25 @@ class PubSub(Subsystem):
         conn.subscribed = False
         conn.pubsub_bytes = 0
 
+    def restore(self, conn, channels: list[bytes], patterns: list[bytes]) -> None:
+        """The subscriptions of a connection passed by a takeover
+        (takeover/), with no confirmation: the client made them with the
+        process before."""
+        for names, pattern in ((channels, False), (patterns, True)):
+            if not names:
+                continue
+            mine: dict = {}
+            registry = self.patterns if pattern else self.channels
+            for name in names:
+                mine[name] = None
+                conn.pubsub_bytes += ENTRY_BYTES + len(name)
+                self._add(registry, name, conn)
+            if pattern:
+                conn.pubsub_patterns = mine
+            else:
+                conn.pubsub_channels = mine
+        self._update_mode(conn)
+
     def _check_room(self, conn, mine: dict | None, names: list[bytes]) -> None:
         """Refuses, before any of it is done, a (P)SUBSCRIBE that would take
         the client's subscriptions past the pubsub class's hard limit."""
