@@ -22,7 +22,7 @@ def test_a_message_read_in_pieces_comes_out_whole_and_once():
     assert reader.next() is None
 
 
-@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'{"kind": "connections"}'])
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]", b'{"kind": "sessions"}'])
 def test_an_unreadable_or_unknown_message_is_an_error(body):
     reader = wire.Reader()
     reader.feed(wire.HEADER.pack(len(body)) + body)

@@ -7,9 +7,10 @@ takeover-socket from a heir (wire.py says the messages).
     ready  -> every client paused at a command boundary
               (ServerCore.pause_clients), the last changes flushed down the
               link, and paused says the stream's last offset
-    flipped-> the heir serves: this server closes each client after its
-              last complete reply and exits (no snapshot: the heir's state
-              is newer)
+    flipped-> the heir serves: this server passes it the client
+              connections at their command boundary (connections.py),
+              closes the others after their last complete reply and exits
+              (no snapshot: the heir's state is newer)
 
 Until flipped, whatever ends the takeover (the heir's failed, the heir
 gone, a pause not flipped within PAUSE_TIMEOUT_S) resumes the clients,
@@ -30,7 +31,7 @@ from typing import cast
 
 from fastlimit._protocol import Connection
 from fastlimit.rules.model import RuleError
-from fastlimit.takeover import wire
+from fastlimit.takeover import connections, wire
 
 # A pause the heir has not ended by flipping within this long ends here:
 # the heir is killed and this server serves on.
@@ -167,9 +168,21 @@ class Donation(asyncio.Protocol):
         self._cancel_timer()
         self.state = "done"
         self.takeover.stop_accepting()     # the heir accepts on the same sockets now
-        self.log.warning("handed over to pid %d (pause %s ms): closing every client after its "
-                         "last reply, then exiting", self.heir_pid, message.get("pause_ms"))
-        self.app.request_shutdown(save=False)
+        self.log.warning("handed over to pid %d (pause %s ms): passing the client connections, "
+                         "then exiting", self.heir_pid, message.get("pause_ms"))
+        asyncio.ensure_future(self._pass_connections())
+
+    async def _pass_connections(self) -> None:
+        """The client connections to the heir (connections.py), then the
+        exit, which closes those not passed after their last reply."""
+        try:
+            with self._control_socket() as control:
+                passed, closed = await connections.pass_connections(self.app, control,
+                                                                    self.link, self.log)
+            self.log.warning("%d client connections passed to pid %d, %d closed", passed,
+                             self.heir_pid, closed)
+        finally:
+            self.app.request_shutdown(save=False)
 
     def end(self, why: str) -> None:
         """The takeover stops before the flip: clients resume, this
@@ -203,11 +216,14 @@ class Donation(asyncio.Protocol):
             self._timer = None
 
     def _send(self, data: bytes, fds: Sequence[int] = ()) -> None:
-        """A message to the heir, with descriptors: sent on a duplicate of
-        the connection's socket (the loop's transport cannot pass them),
-        which shares its non-blocking mode and its order."""
+        """A message to the heir, with descriptors."""
+        with self._control_socket() as sock:
+            wire.send(sock, data, fds)
+
+    def _control_socket(self) -> socket.socket:
+        """A duplicate of the connection's socket (the loop's transport
+        cannot pass descriptors), which shares its non-blocking mode and
+        its order."""
         if self.transport is None:
             raise wire.WireError("the new process is gone")
-        fd = os.dup(self.transport.get_extra_info("socket").fileno())
-        with socket.socket(fileno=fd) as sock:
-            wire.send(sock, data, fds)
+        return socket.socket(fileno=os.dup(self.transport.get_extra_info("socket").fileno()))

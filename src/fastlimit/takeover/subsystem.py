@@ -15,14 +15,15 @@ itself ("copy, pause, flip", as cluster/reshard.py moves slots):
    promotes itself keeping the donor's replication id and offset (the
    same data set at the same offset, as Redis keeps them across a restart
    that loads them), starts accepting on every listener, and says
-   flipped; the donor closes its clients after their last complete reply
-   and exits 0.
+   flipped; the donor then passes its client connections, each at a
+   command boundary with its state (connections.py), closes the others
+   after their last complete reply and exits 0.
 
 The pause lasts from the donor's pause to the heir's accepting; it is
 measured (INFO server, takeover_pause_ms).  Before the flip, a failure
 anywhere leaves the donor serving (donor.Donation.end) and the heir exits
-with the reason.  Client connections are closed at the flip, not passed:
-a later version of the handover protocol (wire.py) may carry them.  The
+with the reason.  The client connections pass only after the flip, to
+a process committed to serving.  The
 HTTP and gRPC connections are not paused: the donor turns read-only for
 the pause, so that a check they spend is refused (READONLY) rather than
 made where the heir would never see it.
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 from fastlimit.rules.model import RuleError
 from fastlimit.server.subsystem import Subsystem
-from fastlimit.takeover import wire
+from fastlimit.takeover import connections, wire
 from fastlimit.takeover.donor import PAUSE_TIMEOUT_S, Donation
 from fastlimit.takeover.heir import (
     HandoverLink,
@@ -82,6 +83,7 @@ class Takeover(Subsystem):
         self.from_pid = 0
         self.pause_ms: float | None = None
         self.total_ms: float | None = None
+        self.connections = (0, 0)      # client connections passed here, closed by the donor
         if app.settings.takeover_from:
             self.inheritance = ask_to_take_over(app.settings.takeover_from)
             self.inherited = self.inheritance.sockets
@@ -190,9 +192,24 @@ class Takeover(Subsystem):
             await self._serve_if_donor_gone(inheritance.donor_pid, e)
         else:
             self.pause_ms = round((time.monotonic() - paused_at) * 1000, 3)
+            # The client connections come next, with descriptors, which the
+            # loop's transport cannot receive: it reads no more.
+            control.stop_reading()
             control.send("flipped", pause_ms=self.pause_ms)
+            await self._adopt_connections(control)
             control.close()
         self._served(inheritance)
+
+    async def _adopt_connections(self, control: Control) -> None:
+        """The donor's client connections, passed once this process serves."""
+        try:
+            sock = control.socket()
+        except OSError as e:
+            self.log.error("takeover: no client connections passed: %s", e)
+            return
+        with sock:
+            self.connections = await connections.adopt_connections(self.app, sock,
+                                                                   control.reader, self.log)
 
     async def _copy_pause_flip(self, link: HandoverLink, control: Control) -> float:
         """The takeover proper, up to accepting; when the donor's pause
@@ -234,8 +251,9 @@ class Takeover(Subsystem):
         """The heir serves: what INFO server says of its takeover from now on."""
         self.total_ms = round((time.monotonic() - inheritance.asked_at) * 1000, 3)
         self.from_pid, self.inheritance = inheritance.donor_pid, None
-        self.log.warning("took over from pid %d: pause %s ms, %.1f ms in all, %d buckets",
-                         self.from_pid, self.pause_ms, self.total_ms, self.app.bucket_count())
+        self.log.warning("took over from pid %d: pause %s ms, %.1f ms in all, %d buckets, "
+                         "%d client connections passed, %d closed", self.from_pid,
+                         self.pause_ms, self.total_ms, self.app.bucket_count(), *self.connections)
 
     async def _until(self, done: Callable, link: HandoverLink, control: Control,
                      timeout: float | None, what: str):
@@ -290,6 +308,8 @@ class Takeover(Subsystem):
             "takeover_from_pid": self.from_pid,
             "takeover_pause_ms": self.pause_ms if self.pause_ms is not None else -1,
             "takeover_total_ms": self.total_ms if self.total_ms is not None else -1,
+            "takeover_connections_passed": self.connections[0],
+            "takeover_connections_closed": self.connections[1],
             # a new process answers nothing before its flip: only a donor's shows
             "takeover_handing_over": int(self.donation is not None)}}
 
@@ -339,6 +359,16 @@ class Control(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def stop_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def socket(self) -> socket.socket:
+        """A duplicate of the connection's socket, to receive descriptors on."""
+        if self.transport is None:
+            raise OSError("the running server closed the takeover socket")
+        return socket.socket(fileno=os.dup(self.transport.get_extra_info("socket").fileno()))
 
 
 def _bound_unix_socket(path: str) -> socket.socket:

@@ -18,31 +18,44 @@ In order:
     ready     heir -> donor   the full copy is loaded, the stream followed
     paused    donor -> heir   no client command runs here any more; the
                               stream's last offset, and when the pause began
-    flipped   heir -> donor   it serves; the donor closes its clients, exits
+    flipped   heir -> donor   it serves (from here on the heir is the server)
+    connections donor -> heir  a batch of client connections, each at a
+                              command boundary: their sockets as
+                              descriptors and, in the same order,
+                              ``states`` (encode_state: what the client
+                              set, its subscriptions, the input it sent
+                              that did not run)
+    connections_end donor -> heir  no more; ``closed``: the client
+                              connections it closed rather than passed
     failed    either          why the takeover stops (before the flip)
 
-A later protocol version may add kinds (client connections passed at a
-command boundary: a message carrying their descriptors and state); a
-kind that a side does not know is an error that stops the takeover,
-which the version check rules out beforehand.
+A kind that a side does not know is an error that stops the takeover,
+which the version check rules out beforehand (protocol 1 had no
+connections: the donor closed its clients at the flip).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from fastlimit.server import snapshot
 
 # The version of this handover protocol; a heir and a donor hand over only
 # when they speak the same one.
-PROTOCOL = 1
-KINDS = frozenset({"hello", "refused", "offer", "ready", "paused", "flipped", "failed"})
+PROTOCOL = 2
+KINDS = frozenset({"hello", "refused", "offer", "ready", "paused", "flipped", "connections",
+                   "connections_end", "failed"})
 HEADER = struct.Struct("<I")
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 253            # the kernel's SCM_MAX_FD
+# A connection's state, encoded, fits in half a message, so that a batch of
+# them always fits; a larger one (a client whose unrun input or
+# subscriptions are that large) is closed, not passed.
+MAX_STATE = MAX_MESSAGE // 2
 
 
 class WireError(Exception):
@@ -72,6 +85,61 @@ def incompatibility(theirs: dict) -> str | None:
 def encode(kind: str, **fields) -> bytes:
     assert kind in KINDS, kind
     body = json.dumps({"kind": kind, **fields}).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def encode_state(state: dict) -> str | None:
+    """A connection's state (Connection.export_state()) as JSON, its
+    bytes in base64; None when it is over MAX_STATE."""
+    text = json.dumps({field: _jsonable(value) for field, value in state.items()})
+    return text if len(text) <= MAX_STATE else None
+
+
+def decode_state(doc: dict) -> dict:
+    """encode_state()'s JSON, decoded, as Connection.restore_state() takes it."""
+    try:
+        return {field: _from_jsonable(value) for field, value in doc.items()}
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise WireError(f"unreadable connection state: {e}") from None
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _from_jsonable(value):
+    if isinstance(value, dict):
+        return base64.b64decode(value["b64"], validate=True)
+    if isinstance(value, list):
+        return [_from_jsonable(v) for v in value]
+    return value
+
+
+def connection_batches(passed: Sequence[tuple[int, str]]) -> Iterator[tuple[bytes, list[int]]]:
+    """connections messages carrying these (descriptor, encode_state()
+    text) pairs, as few as fit (MAX_FDS descriptors, MAX_MESSAGE bytes
+    each), with their descriptors."""
+    texts: list[str] = []
+    fds: list[int] = []
+    size = 0
+    for fd, text in passed:
+        if texts and (len(fds) == MAX_FDS or size + len(text) + 1 > MAX_MESSAGE - 64):
+            yield _batch(texts), fds
+            texts, fds, size = [], [], 0
+        texts.append(text)
+        fds.append(fd)
+        size += len(text) + 1
+    if texts:
+        yield _batch(texts), fds
+
+
+def _batch(texts: list[str]) -> bytes:
+    # the states are JSON already: joined, not encoded again
+    body = ('{"kind": "connections", "states": [' + ",".join(texts) + "]}").encode()
     return HEADER.pack(len(body)) + body
 
 
