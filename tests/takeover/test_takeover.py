@@ -443,6 +443,8 @@ def test_every_front_s_listener_moves_tls_and_grpc_included(nodes, path, tmp_pat
     tls.execute_command("CL.CHECK", "k", 10, 1, "COST", 7)
     new = nodes(port, path, *fronts, takeover_from=True)
     assert old.proc.wait(20) == 0, old.log()
+    # a TLS connection is closed, not passed (its session keys stay in the old process)
+    assert new.client().info("server")["takeover_connections_closed"] == 1
     assert remaining(tls, "k", 10) == 3       # reconnected over TLS, to the new process
     assert tls.info("server")["process_id"] == new.proc.pid
     with socket.create_connection(("127.0.0.1", grpc_port), timeout=10) as s:

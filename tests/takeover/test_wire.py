@@ -3,6 +3,7 @@ version check, descriptors passed alongside, over a real socket pair."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -76,3 +77,37 @@ def test_a_peer_that_closes_or_stays_silent_is_an_error():
         left.close()
         with pytest.raises(wire.WireError, match="closed the takeover socket"):
             wire.receive(right, wire.Reader(), 5)
+
+
+STATE = {"proto": 3, "authenticated": True, "user": "app", "name": b"n\xff", "lib_name": None,
+         "lib_ver": b"1.0", "reply_mode": 0, "priority": 2, "channels": [b"a", b"\x00b"],
+         "patterns": [], "input": b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nEC"}
+
+
+def test_a_connection_s_state_comes_back_as_it_was_bytes_included():
+    text = wire.encode_state(STATE)
+    assert wire.decode_state(json.loads(text)) == STATE
+
+
+def test_a_state_over_its_bound_is_not_encoded():
+    assert wire.encode_state({**STATE, "input": b"x" * wire.MAX_STATE}) is None
+
+
+def test_connections_are_batched_by_descriptors_and_bytes_with_their_order_kept():
+    text = wire.encode_state(STATE)
+    big = wire.encode_state({**STATE, "input": b"x" * 300_000})     # three exceed a message
+    passed = [(i, text) for i in range(wire.MAX_FDS + 1)] + [(1000 + i, big) for i in range(3)]
+    batches = list(wire.connection_batches(passed))
+    assert [fds for _, fds in batches] == [list(range(wire.MAX_FDS)),
+                                          [wire.MAX_FDS, 1000, 1001], [1002]]
+    for message, fds in batches:
+        reader = wire.Reader()
+        reader.feed(message)
+        decoded = reader.next()
+        assert decoded["kind"] == "connections" and len(decoded["states"]) == len(fds)
+        assert all(wire.decode_state(doc)["proto"] == 3 for doc in decoded["states"])
+
+
+def test_an_unreadable_state_is_an_error():
+    with pytest.raises(wire.WireError):
+        wire.decode_state({"input": {"b64": "not base64!"}})
