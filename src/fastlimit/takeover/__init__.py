@@ -1,5 +1,5 @@
 """Upgrades without a restart: a new process takes over the running one's
-listening sockets and buckets (issue 30).
+listening sockets, buckets and client connections (issue 30).
 
 - wire: the handover's messages, the version check, descriptors passed
   with SCM_RIGHTS (no asyncio);
@@ -7,8 +7,11 @@ listening sockets and buckets (issue 30).
 - heir: the new process's side (the offer taken before it starts, its
   replication link to the donor);
 - subsystem: Takeover, through which every listener opens; the
-  takeover-socket; copy, pause, flip.
+  takeover-socket; copy, pause, flip;
+- connections: the client connections passed after the flip, each at a
+  command boundary with its state.
 
-Kernel parts used: ServerCore.pause_clients/resume_clients (_protocol.pyx),
+Kernel parts used: ServerCore.pause_clients/resume_clients and
+Connection.export_state/restore_state (_protocol.pyx), PubSub.restore,
 the replication link and stream (replication/), the snapshot format's
 version (server/snapshot.py)."""
