@@ -6,8 +6,8 @@ One run, for each size (100,000 and 1,000,000 buckets; --quick: 20,000):
      many buckets (pipelined CL.CHECK);
   2. keeps a pipelined client checking while a second process takes over
      (``fastlimit-server --takeover``): the longest time between two of its
-     answers is what a client waited (a reconnect included: the old process
-     closes its clients at the flip);
+     answers is what a client waited, on the same connection (the old
+     process passes it to the new one), and a cut connection is counted;
   3. reads the new process's INFO server (``takeover_pause_ms``: from the
      old one's pause to the new one accepting; ``takeover_total_ms``: from
      its hello to then) and compares a sample of buckets, peeked before
@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "takeover.md"
@@ -85,12 +87,15 @@ def peek(r: redis.Redis, keys: list[int]) -> list:
 
 
 class Waits(threading.Thread):
-    """A pipelined client checking in a loop: the longest time between
-    two of its answers, across the takeover."""
+    """A pipelined client on one connection checking in a loop: the
+    longest time between two of its answers, across the takeover, and
+    how often its connection was cut (with no retry: it reconnects on its
+    next batch)."""
 
     def __init__(self, port: int):
         super().__init__(daemon=True)
-        self.r = redis.Redis(port=port, socket_timeout=30, protocol=2)
+        self.r = redis.Redis(port=port, socket_timeout=30, protocol=2,
+                             single_connection_client=True, retry=Retry(NoBackoff(), 0))
         self.done = threading.Event()
         self.longest = 0.0
         self.answers = 0
@@ -140,7 +145,9 @@ def one_size(workdir: Path, count: int) -> dict:
         return {"count": count, "pause_ms": info["takeover_pause_ms"],
                 "total_ms": info["takeover_total_ms"], "wait_ms": waits.longest * 1000,
                 "equal": peek(after_r, sample) == before, "old_exit": old_exit,
-                "cut": waits.cut, "keys": after_r.dbsize()}
+                "cut": waits.cut, "keys": after_r.dbsize(),
+                "passed": info["takeover_connections_passed"],
+                "closed": info["takeover_connections_closed"]}
     finally:
         old.stop()
         if new is not None:
@@ -157,17 +164,21 @@ def build_report(rows: list[dict], meta: dict) -> str:
         "buckets while a pipelined client checks (50 CL.CHECK a batch). *pause*: the old "
         "process's pause (no command runs) until the new one accepts (`INFO server` "
         "`takeover_pause_ms`); *client's longest wait*: the longest time between two of "
-        "the client's answers, its reconnect included (the old process closes its clients "
-        "at the flip); *total*: from the new process's first word to it serving.",
+        "the client's answers on its one connection, which the old process passes to the new "
+        "one at the flip (a reconnect included if it were cut); *total*: from the new "
+        "process's first word to it serving; *connections passed / closed*: the new "
+        "process's `takeover_connections_passed` / `_closed` (the client's, the sample's "
+        "and the fill's, whichever are still open).",
         "",
         "| buckets | pause ms | client's longest wait ms | total ms | keys after "
-        "| sample equal | old exit code | client batches cut |",
-        "|---|---|---|---|---|---|---|---|",
+        "| sample equal | old exit code | connections passed / closed | client batches cut |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| {row['count']:,} | {row['pause_ms']:.3f} | {row['wait_ms']:.1f} "
                      f"| {row['total_ms']:.1f} | {row['keys']:,} "
-                     f"| {'yes' if row['equal'] else 'NO'} | {row['old_exit']} | {row['cut']} |")
+                     f"| {'yes' if row['equal'] else 'NO'} | {row['old_exit']} "
+                     f"| {row['passed']} / {row['closed']} | {row['cut']} |")
     judged = next((row for row in rows if row["count"] == GOAL_BUCKETS), rows[-1])
     lines += ["", target_line(f"pause at {judged['count']:,} buckets ≤ {PAUSE_GOAL_MS:g} ms "
                               f"(the issue's target, at {GOAL_BUCKETS:,})",
