@@ -637,21 +637,23 @@ def test_a_subscriber_keeps_its_subscriptions_across_a_takeover(nodes, path):
     assert subscriber.call("PING") == b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"    # still subscribed
 
 
-def test_a_connection_in_multi_and_a_monitor_are_closed_not_passed(nodes, path):
+def test_a_transaction_and_a_monitor_are_closed_not_passed(nodes, path):
     port = free_port()
     old = nodes(port, path)
-    in_multi, monitor, plain = Wire.to(port), Wire.to(port), Wire.to(port)
+    in_multi, watching, monitor, plain = (Wire.to(port) for _ in range(4))
     assert in_multi.call("MULTI") == b"+OK\r\n"
     assert in_multi.call("CL.CHECK", "m", 10, 1) == b"+QUEUED\r\n"
+    assert watching.call("WATCH", "m") == b"+OK\r\n"
     assert monitor.call("MONITOR") == b"+OK\r\n"
     assert plain.call("PING") == b"+PONG\r\n"
     new = nodes(port, path, takeover_from=True)
     assert old.proc.wait(20) == 0, old.log()
     assert in_multi.read_until_closed() == b""        # closed cleanly: no error, no reply
+    assert watching.read_until_closed() == b""
     lines = monitor.read_until_closed().splitlines()
     assert lines and all(line.startswith(b"+") for line in lines), lines   # no error
-    assert not in_multi.reset and not monitor.reset
+    assert not (in_multi.reset or watching.reset or monitor.reset)
     assert plain.call("PING") == b"+PONG\r\n"
     info = new.client().info("server")
-    assert info["takeover_connections_closed"] == 2
+    assert info["takeover_connections_closed"] == 3
     assert remaining(new.client(), "m", 10) == 10     # the queued check never ran
