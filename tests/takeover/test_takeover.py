@@ -657,3 +657,25 @@ def test_a_transaction_and_a_monitor_are_closed_not_passed(nodes, path):
     info = new.client().info("server")
     assert info["takeover_connections_closed"] == 3
     assert remaining(new.client(), "m", 10) == 10     # the queued check never ran
+
+
+def test_a_new_process_gone_at_the_flip_leaves_the_old_one_s_clients_closed_not_hanging(
+        nodes, path):
+    """A stand-in new process that flips and goes at once: after the flip
+    nothing else can serve the clients, so the old process exits and
+    their connections end (as after a crash of the new process)."""
+    port = free_port()
+    old = nodes(port, path)
+    client = Wire.to(port)
+    assert client.call("PING") == b"+PONG\r\n"
+    with socket.socket(socket.AF_UNIX) as heir:
+        heir.connect(path)
+        reader = handover.Reader()
+        handover.send(heir, handover.encode("hello", **handover.versions(), pid=0))
+        handover.close_fds(handover.receive(heir, reader, 10)[1])
+        handover.send(heir, handover.encode("ready", offset=0))
+        assert handover.receive(heir, reader, 10)[0]["kind"] == "paused"
+        handover.send(heir, handover.encode("flipped", pause_ms=0))
+    assert old.proc.wait(20) == 0, old.log()
+    client.read_until_closed()
+    assert "Traceback" not in old.log()

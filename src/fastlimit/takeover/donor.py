@@ -181,6 +181,8 @@ class Donation(asyncio.Protocol):
                                                                     self.link, self.log)
             self.log.warning("%d client connections passed to pid %d, %d closed", passed,
                              self.heir_pid, closed)
+        except wire.WireError as e:
+            self.log.error("takeover: no client connection passed (%s): they are closed", e)
         finally:
             self.app.request_shutdown(save=False)
 
