@@ -72,14 +72,24 @@ async def pass_connections(app, control: socket.socket, link: Connection | None,
     passed = [(conn, text) for conn in drained
               if why_not_passed(conn) is None
               and (text := wire.encode_state(conn.export_state())) is not None]
+    fds = [_socket_fd(conn) for conn, _ in passed]
     sent = 0
     control.settimeout(SEND_TIMEOUT_S)
     try:
-        sent = _send_batches(control, passed)
+        for message, batch in wire.connection_batches(
+                [(fd, text) for fd, (_, text) in zip(fds, passed, strict=True)]):
+            wire.send(control, message, batch)
+            # Its socket on its way, the connection ends here: the
+            # descriptor in the message keeps it open (no FIN, no reset).
+            for conn, _ in passed[sent:sent + len(batch)]:
+                conn.abort()
+            sent += len(batch)
         wire.send(control, wire.encode("connections_end", closed=len(clients) - sent))
     except (OSError, wire.WireError) as e:
         log.error("takeover: passing the client connections failed after %d of %d (%s); "
                   "the rest are closed", sent, len(passed), e)
+    finally:
+        wire.close_fds(fds)
     return sent, len(clients) - sent
 
 
@@ -94,23 +104,9 @@ async def _drained(conns: list[Connection], within: float) -> list[Connection]:
         await asyncio.sleep(DRAIN_POLL_S)
 
 
-def _send_batches(control: socket.socket, passed: list[tuple[Connection, str]]) -> int:
-    """The connections, a batch a message; each connection's transport is
-    closed once its socket is on its way (its descriptor in the message
-    keeps the connection open: no FIN, no reset).  How many were sent."""
-    sent = 0
-    fds = [os.dup(cast(asyncio.Transport, conn.transport).get_extra_info("socket").fileno())
-           for conn, _ in passed]
-    try:
-        for message, batch in wire.connection_batches(
-                [(fd, text) for fd, (_, text) in zip(fds, passed, strict=True)]):
-            wire.send(control, message, batch)
-            for conn, _ in passed[sent:sent + len(batch)]:
-                conn.abort()
-            sent += len(batch)
-    finally:
-        wire.close_fds(fds)
-    return sent
+def _socket_fd(conn: Connection) -> int:
+    """A descriptor of the connection's socket of its own, to pass."""
+    return os.dup(cast(asyncio.Transport, conn.transport).get_extra_info("socket").fileno())
 
 
 # ---- the heir's side ----------------------------------------------------------------------
