@@ -532,3 +532,28 @@ def test_a_new_process_asked_to_stop_mid_copy_leaves_the_old_one_serving(nodes, 
     assert "asked to stop" in heir.log()
     wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to notice")
     assert remaining(old.client(), "k", 10) == 9
+
+
+def test_the_new_process_serves_when_the_old_one_dies_before_the_flip(nodes, path):
+    """Never neither: the new process holds the listening sockets, so when
+    the old one is gone (here killed as the copy was to begin) it serves
+    what it has rather than exit."""
+    port = free_port()
+    old = nodes(port, path)
+    heir = Node(port, path, takeover_from=True)
+    heir_thread = threading.Thread(target=heir.start)
+    heir_thread.start()
+    wait_until(lambda: "follows this server as a replica" in old.log(), 20, "the offer",
+               interval=0.001)
+    old.proc.send_signal(signal.SIGSTOP)
+    old.proc.kill()
+    old.proc.wait(10)
+    heir_thread.join(30)
+    assert heir.alive(), heir.log()
+    assert "is gone before the flip" in heir.log()
+    r = heir.client()
+    assert r.ping()
+    assert r.info("server")["takeover_from_pid"] == old.proc.pid
+    assert r.info("server")["takeover_pause_ms"] == -1       # there was no pause
+    assert r.execute_command("CL.CHECK", "k", 10, 1)[0] == 1  # a primary: it writes
+    heir.stop()

@@ -58,6 +58,9 @@ CATCH_UP_TIMEOUT_S = PAUSE_TIMEOUT_S / 2
 # A shutdown asked for (SIGTERM sets no event the takeover waits on) is
 # noticed within this long.
 STOP_CHECK_S = 0.1
+# A failed takeover: how long the heir waits to see whether the donor is
+# exiting (then it serves) before it exits itself.
+DONOR_EXIT_WAIT_S = 2.0
 
 
 @dataclass
@@ -180,27 +183,58 @@ class Takeover(Subsystem):
         control.progress = progress
         self.app.replication.follow_link(link)
         try:
-            await self._until(lambda: link.state == "connected", link, control, None,
-                              "the full copy")
-            control.send("ready", offset=link.offset)
-            paused = await self._until(lambda: control.message("paused"), link, control,
-                                       None, "the pause")
-            await self._until(lambda: link.offset >= paused["offset"], link, control,
-                              CATCH_UP_TIMEOUT_S, "the stream's last offset")
-            self._take_rules_db()
-            self._flip(link)
-            for listener in self.listeners:
-                await listener.server.start_serving()
+            paused_at = await self._copy_pause_flip(link, control)
         except TakeoverError as e:
             control.send("failed", reason=str(e))
             control.close()
-            raise
-        self.pause_ms = round((time.monotonic() - paused["paused_at"]) * 1000, 3)
+            await self._serve_if_donor_gone(inheritance.donor_pid, e)
+        else:
+            self.pause_ms = round((time.monotonic() - paused_at) * 1000, 3)
+            control.send("flipped", pause_ms=self.pause_ms)
+            control.close()
+        self._served(inheritance)
+
+    async def _copy_pause_flip(self, link: HandoverLink, control: Control) -> float:
+        """The takeover proper, up to accepting; when the donor's pause
+        began (its monotonic clock, which is this machine's)."""
+        await self._until(lambda: link.state == "connected", link, control, None,
+                          "the full copy")
+        control.send("ready", offset=link.offset)
+        paused = await self._until(lambda: control.message("paused"), link, control, None,
+                                   "the pause")
+        await self._until(lambda: link.offset >= paused["offset"], link, control,
+                          CATCH_UP_TIMEOUT_S, "the stream's last offset")
+        self._take_rules_db()
+        replid = link.master_replid
+        self.app.replication.promote()
+        # The same data set at the same offset: the donor's replication id
+        # goes on, as Redis keeps it across a restart that loads its data.
+        self.app.replication.replid = replid
+        await self._accept()
+        return paused["paused_at"]
+
+    async def _serve_if_donor_gone(self, donor_pid: int, why: TakeoverError) -> None:
+        """A takeover that failed before the flip: the heir exits (raises
+        why) while the donor lives, which serves on; if the donor is gone
+        (it died, or was stopped, during the takeover), the heir serves
+        what it has, since it holds the listeners: never neither."""
+        if not await _gone(donor_pid, DONOR_EXIT_WAIT_S):
+            raise why
+        self.log.error("the running server (pid %d) is gone before the flip (%s): serving the "
+                       "buckets replicated so far", donor_pid, why)
+        self._take_rules_db()
+        self.app.replication.promote()      # data of its own now: a new replication id
+        await self._accept()
+
+    async def _accept(self) -> None:
+        for listener in self.listeners:
+            await listener.server.start_serving()
+
+    def _served(self, inheritance: Inheritance) -> None:
+        """The heir serves: what INFO server says of its takeover from now on."""
         self.total_ms = round((time.monotonic() - inheritance.asked_at) * 1000, 3)
-        control.send("flipped", pause_ms=self.pause_ms)
-        control.close()
         self.from_pid, self.inheritance = inheritance.donor_pid, None
-        self.log.warning("took over from pid %d: pause %.3f ms, %.1f ms in all, %d buckets",
+        self.log.warning("took over from pid %d: pause %s ms, %.1f ms in all, %d buckets",
                          self.from_pid, self.pause_ms, self.total_ms, self.app.bucket_count())
 
     async def _until(self, done: Callable, link: HandoverLink, control: Control,
@@ -232,14 +266,6 @@ class Takeover(Subsystem):
             self.app.rules.store = self.app.open_rules_db()
         except RuleError as e:
             raise TakeoverError(str(e)) from None
-
-    def _flip(self, link: HandoverLink) -> None:
-        """The heir becomes the primary, with the donor's replication id
-        and offset: the same data set at the same offset."""
-        repl = self.app.replication
-        replid = link.master_replid
-        repl.promote()
-        repl.replid = replid
 
     def _close_unclaimed(self) -> None:
         """The sockets handed over that no listener here took (a front
@@ -339,3 +365,20 @@ def _bound_unix_socket(path: str) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+async def _gone(pid: int, within: float) -> bool:
+    """Whether process pid has exited (or is a zombie) within that many
+    seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
