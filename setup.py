@@ -16,7 +16,7 @@ from setuptools import Extension, setup
 
 FUZZ = os.environ.get("FASTLIMIT_FUZZ", "") not in ("", "0")
 DEBUG = FUZZ or os.environ.get("FASTLIMIT_DEBUG", "") not in ("", "0")
-MODULES = [m for m in ["_core", "_hotkeys", "_load", "_resp", "_rules", "_rls", "_protocol", "_cluster", "_http", "_grpc", "_windows"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
+MODULES = [m for m in ["_core", "_hotkeys", "_load", "_resp", "_rules", "_rls", "_protocol", "_cluster", "_http", "_grpc", "_windows", "_tls"] if os.path.exists(f"src/fastlimit/{m}.pyx")]
 
 if DEBUG:
     compile_args = ["-O0", "-g3", "-UNDEBUG"]
@@ -36,7 +36,7 @@ SANITIZE = ["-fsanitize=address,fuzzer-no-link"] if FUZZ else []
 FUZZ_OPT = ["-O1"] if FUZZ else []
 # The C libraries an extension links besides Python's: the gRPC front's
 # HTTP/2 is libnghttp2 (Debian's libnghttp2-dev).
-LIBRARIES = {"_grpc": ["nghttp2"]}
+LIBRARIES = {"_grpc": ["nghttp2"], "_tls": ["ssl", "crypto"]}
 # C division everywhere: the engine never divides negative numbers, and
 # Cython's Python-semantics helpers would truncate its 128-bit values.
 directives.update(language_level=3, embedsignature=True, cdivision=True)

@@ -23,9 +23,11 @@ apt_install() {  # apt_install PACKAGE...
     apt-get install -y -qq "$@" >/dev/null
 }
 
-# What the build itself needs: the gRPC front is built on libnghttp2.
+# What the build itself needs: the gRPC front is built on libnghttp2, the
+# listeners' TLS on OpenSSL's libssl (the one Python's ssl module uses).
 install_build_deps() {
     [ -e /usr/include/nghttp2/nghttp2.h ] || apt_install libnghttp2-dev
+    [ -e /usr/include/openssl/ssl.h ] || apt_install libssl-dev
 }
 
 install_debian_tools() {

@@ -133,6 +133,24 @@ def test_unmodified_redis_cli_over_tls(ts, certs):
     assert out.stdout.strip() == "PONG", out
 
 
+def test_a_tls12_renegotiation_is_refused_and_others_are_served(ts, certs):
+    """openssl s_client's "R" asks for a TLS 1.2 renegotiation (a
+    handshake's CPU again, on the client's word): refused, as Redis
+    refuses it, and the server serves on."""
+    script = subprocess.Popen(
+        ["openssl", "s_client", "-connect", f"127.0.0.1:{ts.tls_port}", "-tls1_2",
+         "-CAfile", certs.ca, "-cert", certs.client.cert, "-key", certs.client.key],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = script.communicate(b"R\n", timeout=30)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+    assert b"RENEGOTIATING" in out and b"no renegotiation" in out, out[-2000:]
+    assert ts.tls_client(certs).ping()
+
+
 def test_unmodified_redis_benchmark_over_tls(ts, certs):
     out = subprocess.run(
         ["redis-benchmark", "--tls", "--cacert", certs.ca, "--cert", certs.client.cert,

@@ -15,10 +15,11 @@ its handshake ends, whether it succeeded, failed or timed out.
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import resource
 from collections.abc import Callable
 from typing import Any
+
+from fastlimit._tls import TlsConnection
 
 # Descriptors kept for what is not a client (listeners, the rules
 # database, snapshots, the loop's own): Redis's CONFIG_MIN_RESERVED_FDS.
@@ -79,12 +80,11 @@ def protocol_factory(loop: asyncio.AbstractEventLoop, make: Callable[[], Any], c
     rejected_connections (the core, HttpShared, GrpcShared)."""
     if not tls:
         return make
-    ssl_protocol = _ssl_protocol_class(loop)
 
     def handshake_ended(waiter: asyncio.Future) -> None:
         core.handshaking -= 1
         if not waiter.cancelled():
-            waiter.exception()     # retrieved: tls.py counts failed handshakes
+            waiter.exception()     # retrieved: TlsConnection counts failed handshakes
 
     def factory():
         if core.full():
@@ -93,20 +93,9 @@ def protocol_factory(loop: asyncio.AbstractEventLoop, make: Callable[[], Any], c
         core.handshaking += 1
         waiter = loop.create_future()
         waiter.add_done_callback(handshake_ended)
-        return ssl_protocol(loop, make(), tls["ssl"], waiter, server_side=True,
-                            ssl_handshake_timeout=tls["ssl_handshake_timeout"],
-                            ssl_shutdown_timeout=tls["ssl_shutdown_timeout"])
+        return TlsConnection(loop, make(), tls["ssl"], waiter, tls["ssl_handshake_timeout"])
 
     return factory
-
-
-def _ssl_protocol_class(loop: asyncio.AbstractEventLoop):
-    """The TLS layer create_server(ssl=...) would put on this loop's
-    connections: uvloop's own, or asyncio's."""
-    if type(loop).__module__.startswith("uvloop"):
-        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]  # not in its stub
-        return SSLProtocol
-    return asyncio.sslproto.SSLProtocol
 
 
 class Refused(asyncio.Protocol):

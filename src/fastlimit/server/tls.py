@@ -7,9 +7,11 @@ it hands each new connection to the context in force when the connection
 arrives.  So a renewed certificate (CONFIG SET tls-cert-file ..., or
 SIGHUP) serves the connections that come after it, and the ones already
 open keep theirs.  A new certificate that cannot be used leaves the old
-one in force.  LiveContext also counts failed handshakes (INFO stats
-``tls_handshake_failures``).  No event loop here: the listeners and the
-replication link pass these contexts to the loop.
+one in force.  Tls counts failed handshakes (INFO stats
+``tls_handshake_failures``).  The listeners' connections are driven by
+_tls.TlsConnection on OpenSSL's memory BIOs (admission.py puts it around
+each front's protocol); the replication link and the other client links
+pass their context to the loop.  No event loop here.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-from typing import Any, cast
 
 from fastlimit.server.config import TLS_PROTOCOLS, ConfigError
 from fastlimit.server.subsystem import Subsystem
@@ -126,7 +127,6 @@ def server_context(s, alpn: list[str] | None = None) -> ssl.SSLContext:
     ctx.verify_mode = CLIENT_VERIFY[s.tls_auth_clients]
     if alpn:
         ctx.set_alpn_protocols(alpn)
-    ctx.sslobject_class = CountedHandshake
     return ctx
 
 
@@ -225,45 +225,15 @@ def _read(path: str) -> bytes:
         raise TlsError(f"Failed to read {path}: {_reason(e)}") from None
 
 
-class CountedHandshake(ssl.SSLObject):
-    """The connection's TLS state (what the loop drives); a handshake that
-    fails is counted and logged at verbose, as Redis logs it."""
-
-    owner: Tls | None = None
-
-    def do_handshake(self) -> None:
-        try:
-            super().do_handshake()
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            raise
-        except ssl.SSLError as e:
-            if self.owner is not None:
-                self.owner.handshake_failed(e)
-            raise
-
-
-class LiveContext(ssl.SSLContext):
-    """The context a listener is given: each connection is made with the
-    context in force when it arrives (``current``), not the one in force
-    when the listener started.  The loop calls wrap_bio once per
-    connection; nothing else of this context is used."""
-
-    current: ssl.SSLContext
-    owner: Tls
-
-    def __new__(cls, current: ssl.SSLContext, owner: Tls):
-        return super().__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+class LiveContext:
+    """What a listener is given: each connection is made with the context
+    in force when it arrives (``current``), not the one in force when the
+    listener started; ``owner`` counts the handshakes that fail
+    (_tls.TlsConnection drives them on ``current``'s SSL_CTX)."""
 
     def __init__(self, current: ssl.SSLContext, owner: Tls):
         self.current = current
         self.owner = owner
-
-    def wrap_bio(self, incoming, outgoing, server_side=False, server_hostname=None,
-                 session=None) -> Any:
-        obj = cast(CountedHandshake, self.current.wrap_bio(
-            incoming, outgoing, server_side, server_hostname, session))
-        obj.owner = self.owner
-        return obj
 
 
 class Tls(Subsystem):
@@ -324,14 +294,13 @@ class Tls(Subsystem):
         return live
 
     def listener_options(self, ctx: LiveContext | None, s) -> dict:
-        """create_server's TLS arguments for a listener given ctx (none
-        for a plain one).  The handshake must end within
+        """A listener's TLS options for admission.protocol_factory given ctx
+        (none for a plain one).  The handshake must end within
         http-header-timeout (as a request's headers must), read when the
-        listener starts; the closing handshake too."""
+        listener starts."""
         if ctx is None:
             return {}
-        return {"ssl": ctx, "ssl_handshake_timeout": s.http_header_timeout,
-                "ssl_shutdown_timeout": s.http_header_timeout}
+        return {"ssl": ctx, "ssl_handshake_timeout": s.http_header_timeout}
 
     def handshake_failed(self, e: ssl.SSLError) -> None:
         self.handshake_failures += 1

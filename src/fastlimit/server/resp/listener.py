@@ -1,5 +1,5 @@
 """The RESP front's listeners: on port at every bind address and, with
-tls-port, on it behind the loop's TLS, each connection handed to
+tls-port, on it behind TLS (_tls.TlsConnection), each connection handed to
 fastlimit._protocol.Connection, counted in maxclients from the accept on.
 
 Not a subsystem, as the HTTP and gRPC fronts are: the server binds these
@@ -44,7 +44,7 @@ class RespFront:
             if not app.port:
                 app.port = servers[0].sockets[0].getsockname()[1]
             self._listeners[(host, app.port, False)] = [*servers]
-        if settings.tls_port:   # the same protocol, behind the loop's TLS
+        if settings.tls_port:   # the same protocol, behind TLS (admission.py)
             for host in settings.bind:
                 servers = await self._listen(loop, host, settings.tls_port, app.tls.server)
                 self._listeners[(host, settings.tls_port, True)] = [*servers]
