@@ -675,3 +675,18 @@ def test_a_new_process_gone_at_the_flip_leaves_the_old_one_s_clients_closed_not_
     assert old.proc.wait(20) == 0, old.log()
     client.read_until_closed()
     assert "Traceback" not in old.log()
+
+
+def test_more_connections_than_one_message_carries_all_pass(nodes, path):
+    port = free_port()
+    old = nodes(port, path)
+    clients = [Wire.to(port) for _ in range(handover.MAX_FDS + 50)]
+    for i, client in enumerate(clients):
+        assert client.call("CLIENT", "SETNAME", f"c{i}") == b"+OK\r\n"
+    new = nodes(port, path, takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    for i, client in enumerate(clients):
+        assert client.call("CLIENT", "GETNAME") == b"$%d\r\nc%d\r\n" % (len(str(i)) + 1, i)
+    assert new.client().info("server")["takeover_connections_passed"] >= len(clients)
+    for client in clients:
+        client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 
 import pytest
 
@@ -111,3 +112,31 @@ def test_connections_are_batched_by_descriptors_and_bytes_with_their_order_kept(
 def test_an_unreadable_state_is_an_error():
     with pytest.raises(wire.WireError):
         wire.decode_state({"input": {"b64": "not base64!"}})
+
+
+def test_each_message_takes_its_own_descriptors_when_one_read_brings_the_next_one_s():
+    """A message longer than a read ends in the read that brings the next
+    message's descriptors: each takes as many as it names."""
+    left, right = socket.socketpair()
+    pipes = [os.pipe() for _ in range(3)]
+    long = wire.encode_state({**STATE, "input": b"x" * 40_000})     # two: longer than a read
+    text = wire.encode_state(STATE)
+    batches = [*wire.connection_batches([(w, long) for _, w in pipes[:2]]),
+               *wire.connection_batches([(pipes[2][1], text)])]
+    sender = threading.Thread(target=lambda: [wire.send(left, *batch) for batch in batches])
+    try:
+        sender.start()
+        sender.join(5)          # both in the socket's buffer before any read
+        reader = wire.Reader()
+        got = [wire.receive(right, reader, 5) for _ in batches]
+        assert [len(fds) for _, fds in got] == [2, 1]
+        os.write(got[1][1][0], b"z")            # the third pipe, with the second message
+        assert os.read(pipes[2][0], 1) == b"z"
+        wire.close_fds(got[0][1] + got[1][1])
+    finally:
+        sender.join(10)
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        left.close()
+        right.close()

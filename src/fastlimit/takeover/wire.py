@@ -145,10 +145,13 @@ def _batch(texts: list[str]) -> bytes:
 
 class Reader:
     """Splits a byte stream into messages: feed() adds what arrived,
-    next() takes the first complete message (None until there is one)."""
+    next() takes the first complete message (None until there is one).
+    fds: the descriptors received and not yet taken by their message
+    (one read may bring a message's end and the next one's descriptors)."""
 
     def __init__(self):
         self.buf = bytearray()
+        self.fds: list[int] = []
 
     def feed(self, data: bytes) -> None:
         self.buf += data
@@ -190,26 +193,43 @@ def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
 
 def receive(sock: socket.socket, reader: Reader, timeout: float) -> tuple[dict, list[int]]:
     """The next message on a blocking sock within timeout seconds, and
-    the descriptors that came with it; WireError if the peer closes first."""
+    the descriptors that came with it (as many as it names, fewer if
+    fewer came); WireError if the peer closes first."""
     sock.settimeout(timeout)
-    fds: list[int] = []
     while True:
         message = reader.next()
         if message is not None:
+            n = descriptors_named(message)
+            fds, reader.fds = reader.fds[:n], reader.fds[n:]
             return message, fds
         try:
             data, more, flags, _ = socket.recv_fds(sock, 65536, MAX_FDS)
         except TimeoutError:
-            close_fds(fds)
+            _drop_fds(reader)
             raise WireError(f"no answer within {timeout:g} s") from None
-        fds += more
+        reader.fds += more
         if flags & socket.MSG_CTRUNC:
-            close_fds(fds)
+            _drop_fds(reader)
             raise WireError("descriptors were cut off (the open file limit?)")
         if not data:
-            close_fds(fds)
+            _drop_fds(reader)
             raise WireError("the other side closed the takeover socket")
         reader.feed(data)
+
+
+def descriptors_named(message: dict) -> int:
+    """How many descriptors ride with message: an offer's listeners and
+    its socket pair's end, a connections message's connections."""
+    named = {"offer": "listeners", "connections": "states"}.get(message["kind"])
+    items = message.get(named) if named else None
+    if not isinstance(items, list):
+        return 0
+    return len(items) + (message["kind"] == "offer")
+
+
+def _drop_fds(reader: Reader) -> None:
+    close_fds(reader.fds)
+    reader.fds = []
 
 
 def close_fds(fds: list[int]) -> None:
