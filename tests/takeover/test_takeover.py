@@ -690,3 +690,21 @@ def test_more_connections_than_one_message_carries_all_pass(nodes, path):
     assert new.client().info("server")["takeover_connections_passed"] >= len(clients)
     for client in clients:
         client.close()
+
+
+def test_a_connection_whose_user_the_new_process_lacks_is_closed_not_restored(nodes, path,
+                                                                               tmp_path):
+    acl, fewer = tmp_path / "users.acl", tmp_path / "fewer.acl"
+    acl.write_text(ACL)
+    fewer.write_text(ACL.split("\n", 1)[1])          # no user app
+    port = free_port()
+    old = nodes(port, path, "--aclfile", str(acl))
+    as_app, as_default = Wire.to(port), Wire.to(port)
+    assert as_app.call("AUTH", "app", "pw") == b"+OK\r\n"
+    assert as_default.call("PING") == b"+PONG\r\n"
+    new = nodes(port, path, "--aclfile", str(fewer), takeover_from=True)
+    assert old.proc.wait(20) == 0, old.log()
+    as_app.read_until_closed()
+    assert as_default.call("PING") == b"+PONG\r\n"
+    assert new.client().info("server")["takeover_connections_closed"] == 1
+    assert "no ACL user 'app' here" in new.log()
