@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
-"""What a takeover costs: the pause and the whole handover, by buckets held.
+"""What a takeover costs: the pause and the whole handover, by buckets held,
+against a plain restart from a snapshot.
 
-One run, for each size (100,000 and 1,000,000 buckets; --quick: 20,000):
-  1. starts a fastlimit server with a takeover-socket and fills it with that
-     many buckets (pipelined CL.CHECK);
-  2. keeps a pipelined client checking while a second process takes over
-     (``fastlimit-server --takeover``): the longest time between two of its
-     answers is what a client waited, on the same connection (the old
-     process passes it to the new one), and a cut connection is counted;
-  3. reads the new process's INFO server (``takeover_pause_ms``: from the
-     old one's pause to the new one accepting; ``takeover_total_ms``: from
-     its hello to then) and compares a sample of buckets, peeked before
-     and after;
+For each size (100,000 and 1,000,000 buckets; --quick: 20,000), one run of
+each way to replace the server:
+  1. starts a fastlimit server and fills it with that many buckets
+     (pipelined CL.CHECK); spends from a sample of them, the changes since
+     the last snapshot (for a crash, a SAVE before stands for that
+     snapshot), and peeks at the sample;
+  2. keeps a pipelined client checking while the server is replaced: the
+     longest time between two of its answers is what a client waited (for
+     a restart: until the node answers again, its reconnects included),
+     and its batches that failed on a cut or refused connection are
+     counted;
+     - takeover: a second process takes over (``fastlimit-server
+       --takeover``); the old one passes it the client's connection;
+     - restart: SIGTERM (the server writes its snapshot at shutdown), then
+       a new server on the same port loads it;
+     - crash: SIGKILL, then a new server loads the last snapshot;
+  3. peeks at the sample again: a sampled bucket that differs is lost; a
+     takeover also gives the new process's INFO server
+     (``takeover_pause_ms``: from the old one's pause to the new one
+     accepting; ``takeover_total_ms``: from its hello to then);
   4. prints a markdown report and writes it to bench/results/takeover.md.
 
 It reports; it does not judge by exit code.  See bench/README.md.
@@ -28,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -41,6 +52,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from run import Fastlimit, _terminate, free_port, log, publish, report_meta, run_cli, target_line  # noqa: E402
 
 SOCKET = "takeover.sock"      # in the servers' working directory
+SNAPSHOT = "restart.snapshot"  # the restarts' snapshot file, in the same directory
 CAPACITY = 100
 FILL_BATCH = 10_000
 SAMPLE = 10_000
@@ -79,11 +91,21 @@ def fill(port: int, count: int) -> None:
                 replies = buf.count(b"\r\n") // 6
 
 
-def peek(r: redis.Redis, keys: list[int]) -> list:
+def check_sample(r: redis.Redis, keys: list[int], cost: int) -> list:
     pipe = r.pipeline(transaction=False)
     for i in keys:
-        pipe.execute_command("CL.CHECK", f"b:{i}", CAPACITY, 1, "COST", 0)
+        pipe.execute_command("CL.CHECK", f"b:{i}", CAPACITY, 1, "COST", cost)
     return pipe.execute()
+
+
+def peek(r: redis.Redis, keys: list[int]) -> list:
+    return check_sample(r, keys, 0)
+
+
+def spend(r: redis.Redis, keys: list[int]) -> None:
+    """A change to each of these buckets (every one holds a token or more:
+    the fill spent at most CAPACITY-1 and the clock stands still)."""
+    check_sample(r, keys, 1)
 
 
 class Waits(threading.Thread):
@@ -111,6 +133,7 @@ class Waits(threading.Thread):
                 pipe.execute()
             except redis.ConnectionError:
                 self.cut += 1
+                time.sleep(0.001)     # a refused connect fails at once: no busy loop
                 continue
             now = time.monotonic()
             self.longest = max(self.longest, now - last)
@@ -118,40 +141,77 @@ class Waits(threading.Thread):
             self.answers += 1
 
 
-def one_size(workdir: Path, count: int) -> dict:
+def take_over(workdir: Path, settings: list[str], old: Fastlimit) -> Fastlimit:
+    new = Fastlimit(workdir, [*settings, "--takeover", SOCKET])
+    new.wait_ready(timeout=120)
+    old.proc.wait(60)
+    return new
+
+
+def restart(workdir: Path, settings: list[str], old: Fastlimit, stop_signal) -> Fastlimit:
+    """The old server stopped by stop_signal, then a new one on the same
+    port loads the snapshot it left."""
+    old.proc.send_signal(stop_signal)
+    old.proc.wait(120)
+    new = Fastlimit(workdir, settings)
+    new.wait_ready(timeout=120)
+    return new
+
+
+TAKEOVER, RESTART, CRASH = "takeover", "restart (SIGTERM)", "crash (SIGKILL)"
+WAYS = {
+    TAKEOVER: take_over,
+    RESTART: partial(restart, stop_signal=signal.SIGTERM),
+    CRASH: partial(restart, stop_signal=signal.SIGKILL),
+}
+
+
+def one_run(workdir: Path, count: int, way: str) -> dict:
     port = free_port()
     settings = ["--port", str(port), "--takeover-socket", SOCKET, "--manual-clock"]
+    if way != TAKEOVER:         # a takeover carries the buckets and leaves no snapshot
+        settings += ["--snapshot-file", SNAPSHOT]
+        (workdir / SNAPSHOT).unlink(missing_ok=True)
     old = Fastlimit(workdir, settings)
     new = None
     try:
         old.wait_ready()
         began = time.monotonic()
         fill(port, count)
-        log(f"{count:,} buckets filled in {time.monotonic() - began:.1f} s")
+        log(f"{count:,} buckets filled in {time.monotonic() - began:.1f} s ({way})")
         r = redis.Redis(port=port, socket_timeout=60, protocol=2)
         sample = random.sample(range(count), min(SAMPLE, count))
+        if way == CRASH:
+            r.save()            # the last periodic snapshot before the crash
+        spend(r, sample)
         before = peek(r, sample)
         waits = Waits(port)
         waits.start()
         time.sleep(0.3)
-        new = Fastlimit(workdir, [*settings, "--takeover", SOCKET])
-        new.wait_ready(timeout=120)
-        old_exit = old.proc.wait(60)
+        open_connections = r.info("clients")["connected_clients"]
+        new = WAYS[way](workdir, settings, old)
+        old_exit = old.proc.returncode
         time.sleep(0.3)
         waits.done.set()
         waits.join(60)
         after_r = redis.Redis(port=port, socket_timeout=60, protocol=2)
-        info = after_r.info("server")
-        return {"count": count, "pause_ms": info["takeover_pause_ms"],
-                "total_ms": info["takeover_total_ms"], "wait_ms": waits.longest * 1000,
-                "equal": peek(after_r, sample) == before, "old_exit": old_exit,
-                "cut": waits.cut, "keys": after_r.dbsize(),
-                "passed": info["takeover_connections_passed"],
-                "closed": info["takeover_connections_closed"]}
+        after = peek(after_r, sample)
+        row = {"count": count, "way": way, "wait_ms": waits.longest * 1000,
+               "old_exit": old_exit, "cut": waits.cut,
+               "keys": after_r.dbsize(), "sample": len(sample),
+               "lost": sum(a != b for a, b in zip(after, before, strict=True)),
+               "reset": open_connections}
+        if way == TAKEOVER:
+            info = after_r.info("server")
+            row.update(pause_ms=info["takeover_pause_ms"], total_ms=info["takeover_total_ms"],
+                       passed=info["takeover_connections_passed"],
+                       reset=info["takeover_connections_closed"])
+        return row
     finally:
         old.stop()
         if new is not None:
             new.stop()
+        (workdir / SNAPSHOT).unlink(missing_ok=True)
 
 
 def build_report(rows: list[dict], meta: dict) -> str:
@@ -174,17 +234,45 @@ def build_report(rows: list[dict], meta: dict) -> str:
         "| sample equal | old exit code | connections passed / closed | client batches cut |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
+    takeovers = [row for row in rows if row["way"] == TAKEOVER]
+    for row in takeovers:
         lines.append(f"| {row['count']:,} | {row['pause_ms']:.3f} | {row['wait_ms']:.1f} "
                      f"| {row['total_ms']:.1f} | {row['keys']:,} "
-                     f"| {'yes' if row['equal'] else 'NO'} | {row['old_exit']} "
-                     f"| {row['passed']} / {row['closed']} | {row['cut']} |")
-    judged = next((row for row in rows if row["count"] == GOAL_BUCKETS), rows[-1])
+                     f"| {'yes' if row['lost'] == 0 else 'NO'} | {row['old_exit']} "
+                     f"| {row['passed']} / {row['reset']} | {row['cut']} |")
+    judged = next((row for row in takeovers if row["count"] == GOAL_BUCKETS), takeovers[-1])
     lines += ["", target_line(f"pause at {judged['count']:,} buckets ≤ {PAUSE_GOAL_MS:g} ms "
                               f"(the issue's target, at {GOAL_BUCKETS:,})",
                               judged["pause_ms"], PAUSE_GOAL_MS, higher_is_better=False,
-                              unit="ms")]
+                              unit="ms"),
+              "", *against_restart(rows)]
     return "\n".join(lines)
+
+
+def against_restart(rows: list[dict]) -> list[str]:
+    lines = [
+        "## Against a plain restart from a snapshot",
+        "",
+        "The same fill, the same sample's changes since the last snapshot and the same "
+        "client, the server replaced three ways. *restart*: SIGTERM (the server writes its "
+        "snapshot at shutdown), then a new server on the same port loads it; *crash*: "
+        "SIGKILL, then a new server loads the snapshot SAVEd before the sample's changes. "
+        "*client's longest wait*: the longest time between two of the client's answers, "
+        "which for a restart is until the node answers again (the client retries every "
+        "millisecond); *batches failed*: the client's batches cut or refused; *connections "
+        "reset*: for a restart every connection open at the signal, for a takeover those "
+        "the old process closed rather than passed; *sampled buckets lost*: of the sample, "
+        "each changed since the last snapshot, the buckets whose peek differs after.",
+        "",
+        "| buckets | way | client's longest wait ms | batches failed | connections reset "
+        "| sampled buckets lost | keys after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['count']:,} | {row['way']} | {row['wait_ms']:.1f} | {row['cut']} "
+                     f"| {row['reset']} | {row['lost']:,} of {row['sample']:,} "
+                     f"| {row['keys']:,} |")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -194,7 +282,7 @@ def main(argv=None) -> int:
     meta = report_meta()
     workdir = Path(tempfile.mkdtemp(prefix="fastlimit-takeover-"))
     try:
-        rows = [one_size(workdir, count) for count in args.sizes]
+        rows = [one_run(workdir, count, way) for count in args.sizes for way in WAYS]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     meta["elapsed"] = time.monotonic() - began

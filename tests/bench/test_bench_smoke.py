@@ -292,9 +292,16 @@ def check_keyflood(out: str, err: str) -> None:
 def check_takeover(out: str, err: str) -> None:
     (row,) = table(out, "| buckets | pause ms |")
     assert figure(row[0]) == 20_000, row
-    figures(row, (1, 2, 3, 4, 7))
+    figures(row, (1, 2, 3, 4, 8))
     assert row[5] == "yes" and row[6] == "0", row     # every bucket there; the old one exited 0
+    assert re.fullmatch(r"\d+ / \d+", row[7]), row     # connections passed / closed
     targets(out, 1)
+    ways = table(out, "| buckets | way |")
+    assert [r[1] for r in ways] == ["takeover", "restart (SIGTERM)", "crash (SIGKILL)"], ways
+    for way in ways:
+        figures(way, (0, 2, 3, 4, 6))
+        assert re.fullmatch(r"[\d,]+ of 10,000", way[5]), way   # sampled buckets lost
+    assert ways[0][3:6] == ["0", "0", "0 of 10,000"], ways[0]   # nothing cut, reset or lost
 
 
 def check_regions(out: str, err: str) -> None:
