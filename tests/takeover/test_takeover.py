@@ -7,6 +7,7 @@ bucket's state is the same wherever and whenever it is read."""
 from __future__ import annotations
 
 import errno
+import http.client
 import json
 import signal
 import socket
@@ -15,11 +16,14 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
 import redis
 from certs import make_certs
+from grpcserver import RIG_YAML
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rls_messages import OK, RLS_PATH, decode_response, descriptor, request
 from servers import ServerProcess, process_state, readme_block, run_lines
 from wire import Wire, command, free_port, wait_until
 
@@ -340,11 +344,15 @@ def test_kill_9_of_the_new_process_after_the_flip_leaves_nothing_serving(nodes, 
 def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(nodes, path):
     """A stand-in new process that says ready and then goes away: the old
     one's clients wait through the pause, nothing refused or lost, and run
-    once it ends; an HTTP check (HTTP is not paused) may read, not spend."""
+    once it ends, a keep-alive HTTP connection's request among them; a new
+    HTTP connection accepted during the pause may read, not spend."""
     port, http_port = free_port(), free_port()
     old = nodes(port, path, "--http-port", str(http_port))
     client = Wire.to(port)
     assert client.call("CL.CHECK", "k", 10, 1, "COST", 3).startswith(b"*5\r\n:1\r\n")
+    keep_alive = socket.create_connection(("127.0.0.1", http_port), timeout=10)
+    keep_alive.sendall(KEEP_ALIVE_CHECK)
+    assert keep_alive.recv(65536).startswith(b"HTTP/1.1 200 ")
     with socket.socket(socket.AF_UNIX) as heir:
         heir.connect(path)
         reader = handover.Reader()
@@ -359,15 +367,24 @@ def test_a_command_sent_during_the_pause_waits_and_runs_when_the_takeover_fails(
         client.send(command("CL.CHECK", "k", 10, 1, "COST", 2))
         late = Wire.to(port)           # accepted meanwhile: it waits too
         late.send(command("PING"))
+        keep_alive.sendall(KEEP_ALIVE_CHECK)
         with pytest.raises(TimeoutError):
             client.read_reply(time.monotonic() + 0.3)
+        keep_alive.settimeout(0.1)
+        with pytest.raises(TimeoutError):        # held as the RESP clients are
+            keep_alive.recv(65536)
+        # a connection accepted during the pause is not held: it may read, not spend
         assert http_check(http_port, cost=0) == 200
-        assert http_check(http_port, cost=1) != 200       # READONLY while paused
+        assert http_check(http_port, cost=1) == 503       # READONLY
     assert client.read_reply().startswith(b"*5\r\n:1\r\n:10\r\n:5\r\n")
     assert http_check(http_port, cost=1) == 200
     assert late.read_reply() == b"+PONG\r\n"
+    keep_alive.settimeout(10)
+    assert keep_alive.recv(65536).startswith(b"HTTP/1.1 200 ")
+    keep_alive.close()
     wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
     assert remaining(old.client(), "k", 10) == 5
+    assert remaining(old.client(), "keepalive", LOAD_CAPACITY) == LOAD_CAPACITY - 2
 
 
 def test_the_readmes_takeover_lines_work_as_written(tmp_path):
@@ -708,3 +725,102 @@ def test_a_connection_whose_user_the_new_process_lacks_is_closed_not_restored(no
     assert as_default.call("PING") == b"+PONG\r\n"
     assert new.client().info("server")["takeover_connections_closed"] == 1
     assert "no ACL user 'app' here" in new.log()
+
+
+KEEP_ALIVE_BODY = json.dumps({"key": "keepalive", "capacity": LOAD_CAPACITY,
+                              "refill_per_sec": 1, "cost": 1}).encode()
+KEEP_ALIVE_CHECK = (b"POST /v1/check/bucket HTTP/1.1\r\nHost: fastlimit\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(KEEP_ALIVE_BODY), KEEP_ALIVE_BODY))
+
+
+class KeepAliveChecks:
+    """POST /v1/check/bucket on one keep-alive connection (http.client), in
+    a loop; a request is sent again, on a new connection, only when its
+    connection failed (closed or reset before the response), as a client
+    that retries on connection errors only: any status but 200 is an
+    error (the load fails)."""
+
+    def __init__(self, port: int):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        self.allowed = self.reconnects = 0
+
+    def __call__(self) -> None:
+        status = self.send()
+        assert status == 200, status
+        self.allowed += 1
+
+    def send(self) -> int:
+        while True:
+            try:
+                self.conn.request("POST", "/v1/check/bucket", KEEP_ALIVE_BODY,
+                                  {"Content-Type": "application/json"})
+                response = self.conn.getresponse()
+                response.read()
+                return response.status
+            except ConnectionError:          # RemoteDisconnected and resets among them
+                self.conn.close()            # the next request connects again
+                self.reconnects += 1
+
+
+class RlsCalls:
+    """ShouldRateLimit calls in a loop on one grpcio channel, with grpcio's
+    own retry only (transparent: a call the server never read); a call
+    that fails is an error (the load fails)."""
+
+    MESSAGE = request(b"rig", descriptor([(b"generic_key", b"per_path"), (b"path", b"/tk")]))
+
+    def __init__(self, port: int):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.call = self.channel.unary_unary(RLS_PATH)
+        self.allowed = 0
+
+    def __call__(self) -> None:
+        answer = decode_response(self.call(self.MESSAGE, timeout=10))
+        assert answer["overall"] == OK, answer
+        self.allowed += 1
+
+    def remaining(self) -> int:
+        return decode_response(self.call(self.MESSAGE, timeout=10))["statuses"][0]["remaining"]
+
+
+@pytest.mark.untraced
+def test_http_keep_alive_and_grpc_clients_reconnect_to_the_new_process_counted_once(
+        nodes, path, tmp_path):
+    """The HTTP and gRPC connections are held from the pause and closed at
+    the old process's exit (gRPC's with a GOAWAY): the keep-alive client
+    sees its connection close and sends its request again to the new
+    process, grpcio retries its calls there by itself; no error answer,
+    each check counted once (the buckets say so)."""
+    rls = tmp_path / "rls.yaml"
+    # The rig's per-path limit, raised out of the load's reach.
+    rls.write_text(RIG_YAML.replace("requests_per_unit: 1000,", "requests_per_unit: 1000000,"))
+    port, http_port, grpc_port = free_port(), free_port(), free_port()
+    fronts = ["--http-port", str(http_port), "--grpc-port", str(grpc_port),
+              "--rls-config", str(rls)]
+    old = nodes(port, path, *fronts)
+    keep_alive, rls_calls = KeepAliveChecks(http_port), RlsCalls(grpc_port)
+    loads = [Load(keep_alive), Load(rls_calls)]
+    for load in loads:
+        load.start()
+    failed = lambda: any(load.errors for load in loads)    # noqa: E731  (stop waiting)
+    try:
+        wait_until(lambda: keep_alive.allowed and rls_calls.allowed or failed(), 10,
+                   "the load to run")
+        new = nodes(port, path, *fronts, takeover_from=True)
+        assert old.proc.wait(20) == 0, old.log()
+        at_exit = keep_alive.allowed, rls_calls.allowed
+        wait_until(lambda: keep_alive.allowed > at_exit[0] + 100
+                   and rls_calls.allowed > at_exit[1] + 100 or failed(), 10,
+                   "the load on the new process")
+        for load in loads:
+            load.stop()
+        assert rls_calls.remaining() == 1_000_000 - rls_calls.allowed - 1
+    finally:
+        for load in loads:
+            load.done.set()
+        rls_calls.channel.close()
+
+    assert keep_alive.reconnects >= 1           # closed at the old process's exit
+    assert LOAD_CAPACITY - remaining(new.client(), "keepalive", LOAD_CAPACITY) \
+        == keep_alive.allowed

@@ -143,9 +143,11 @@ class Donation(asyncio.Protocol):
         offset to apply."""
         repl = self.app.replication
         self.app.core.pause_clients()
-        # The HTTP and gRPC connections, which the pause does not hold, may
-        # read but not write: a check they spend gets READONLY, as on a
-        # replica, rather than a change the heir would never see.
+        hold_http_and_grpc(self.app)
+        # What the hold does not stop (a connection accepted during the
+        # pause, a request read before it that waited for its turn) may read
+        # but not spend: READONLY, as on a replica, rather than a change
+        # the heir would never see.
         self.app.core.readonly = True
         self.paused_at = time.monotonic()
         self.state = "paused"
@@ -196,6 +198,7 @@ class Donation(asyncio.Protocol):
             self._take_rules_db_back()
             self.app.core.readonly = False
             self.app.core.resume_clients()
+            release_http_and_grpc(self.app)
         self.state = "ended"
         if self.link is not None:
             self.link.abort()
@@ -229,3 +232,25 @@ class Donation(asyncio.Protocol):
         if self.transport is None:
             raise wire.WireError("the new process is gone")
         return socket.socket(fileno=os.dup(self.transport.get_extra_info("socket").fileno()))
+
+
+def http_and_grpc_connections(app) -> list:
+    return [*app.http.shared.connections, *app.grpc.shared.connections]
+
+
+def hold_http_and_grpc(app) -> None:
+    """The pause for the HTTP and gRPC connections, which cannot be
+    passed: each reads nothing more, so a request sent from now on waits
+    unread in its socket.  After the flip this process closes them
+    unanswered at its exit (a gRPC one with a GOAWAY naming the last
+    stream it read): a client that retries on a closed connection reaches
+    the heir and is counted once there.  Their flow control's
+    pause_writing is the hold (it stops reading until resume_writing)."""
+    for conn in http_and_grpc_connections(app):
+        conn.pause_writing()
+
+
+def release_http_and_grpc(app) -> None:
+    """A failed takeover's end: they read and answer again."""
+    for conn in http_and_grpc_connections(app):
+        conn.resume_writing()

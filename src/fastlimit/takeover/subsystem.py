@@ -24,8 +24,11 @@ measured (INFO server, takeover_pause_ms).  Before the flip, a failure
 anywhere leaves the donor serving (donor.Donation.end) and the heir exits
 with the reason.  The client connections pass only after the flip, to
 a process committed to serving.  The
-HTTP and gRPC connections are not paused: the donor turns read-only for
-the pause, so that a check they spend is refused (READONLY) rather than
+HTTP and gRPC connections are held at the pause too (donor.hold_http_and_grpc)
+and closed unanswered at the donor's exit, a gRPC one with a GOAWAY: a
+client that retries on a closed connection reaches the heir.  What the
+hold misses (a connection accepted during the pause) finds the donor
+read-only, so that a check it spends is refused (READONLY) rather than
 made where the heir would never see it.
 """
 
