@@ -764,11 +764,13 @@ class KeepAliveChecks:
 
 
 class RlsCalls:
-    """ShouldRateLimit calls in a loop on one grpcio channel, with grpcio's
-    own retry only (transparent: a call the server never read); a call
-    that fails is an error (the load fails)."""
+    """ShouldRateLimit calls on one grpcio channel, IN_FLIGHT at a time
+    (so that some are on their way whenever the takeover pauses), in a
+    loop, with grpcio's own retry only (transparent: a call the server
+    never read); a call that fails is an error (the load fails)."""
 
     MESSAGE = request(b"rig", descriptor([(b"generic_key", b"per_path"), (b"path", b"/tk")]))
+    IN_FLIGHT = 8
 
     def __init__(self, port: int):
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -776,9 +778,11 @@ class RlsCalls:
         self.allowed = 0
 
     def __call__(self) -> None:
-        answer = decode_response(self.call(self.MESSAGE, timeout=10))
-        assert answer["overall"] == OK, answer
-        self.allowed += 1
+        calls = [self.call.future(self.MESSAGE, timeout=10) for _ in range(self.IN_FLIGHT)]
+        for call in calls:
+            answer = decode_response(call.result())
+            assert answer["overall"] == OK, answer
+            self.allowed += 1
 
     def remaining(self) -> int:
         return decode_response(self.call(self.MESSAGE, timeout=10))["statuses"][0]["remaining"]
@@ -803,7 +807,10 @@ def test_http_keep_alive_and_grpc_clients_reconnect_to_the_new_process_counted_o
     loads = [Load(keep_alive), Load(rls_calls)]
     for load in loads:
         load.start()
-    failed = lambda: any(load.errors for load in loads)    # noqa: E731  (stop waiting)
+
+    def failed() -> bool:          # the waits end at a load's first error, which stop() shows
+        return any(load.errors for load in loads)
+
     try:
         wait_until(lambda: keep_alive.allowed and rls_calls.allowed or failed(), 10,
                    "the load to run")
