@@ -254,6 +254,39 @@ class Cluster(Subsystem):
         assert self.slot_map is not None and self.myself is not None
         return self.slot_map.node_id(self.myself)
 
+    # ---- a takeover (takeover/): what the new process goes on from ---------------
+
+    def handover_state(self) -> dict | None:
+        """What a takeover's new process needs of this node, taken at the
+        pause, that the replication stream does not carry: the map's
+        version (a map installed during the copy is in cluster-config-file,
+        which the new process read before), the cluster rules' version,
+        and what Sentinel said (and a promotion it has not announced), so
+        that the new process routes from the flip on as this one did.
+        None outside cluster mode."""
+        if not self.enabled:
+            return None
+        assert self.slot_map is not None
+        return {"map_version": self.slot_map.version, "rules_epoch": list(self.rules_epoch),
+                "sentinel_roles": {shard: _roles_doc(r)
+                                   for shard, r in self.sentinel_roles.items()},
+                "promotion": list(self.promotion) if self.promotion else None}
+
+    def take_handover_state(self, doc: dict | None) -> None:
+        """handover_state() of the process this one takes over, before it
+        accepts; MapError if the map it installed cannot be read."""
+        if doc is None or not self.enabled:
+            return
+        assert self.slot_map is not None
+        if doc["map_version"] > self.slot_map.version:
+            self.install(clustermap.load(self.app.settings.cluster_config_file))
+        self.rules_epoch = (doc["rules_epoch"][0], doc["rules_epoch"][1])
+        self.rules_seen = self.app.rules.version    # the stream's rules are no change here
+        self.sentinel_roles = {shard: _roles_from_doc(r)
+                               for shard, r in doc["sentinel_roles"].items()}
+        self.promotion = tuple(doc["promotion"]) if doc["promotion"] else None
+        self._merge_roles()
+
     # ---- the slot map: changes and catching up ------------------------------------
 
     def install_text(self, text: str) -> bool:
@@ -496,3 +529,13 @@ def _reasons(replies: Mapping[Address, object], failed: Iterable[Address]) -> st
 
 def _sentinel_shards(slot_map: SlotMap) -> tuple:
     return slot_map.sentinels, tuple((s.name, s.sentinel) for s in slot_map.shards if s.sentinel)
+
+
+def _roles_doc(roles: Roles) -> list:
+    return [str(roles.primary), [str(a) for a in roles.standbys], roles.epoch]
+
+
+def _roles_from_doc(doc: list) -> Roles:
+    primary, standbys, epoch = doc
+    return Roles(Address.parse(primary, "a takeover's roles"),
+                 tuple(Address.parse(a, "a takeover's roles") for a in standbys), epoch)

@@ -6,7 +6,8 @@ takeover-socket from a heir (wire.py says the messages).
               a replica link here (the full copy, then the stream)
     ready  -> every client paused at a command boundary
               (ServerCore.pause_clients), the last changes flushed down the
-              link, and paused says the stream's last offset
+              link, and paused says the stream's last offset (and, for
+              a cluster node, its routing: Cluster.handover_state)
     flipped-> the heir serves: this server passes it the client
               connections at their command boundary (connections.py),
               closes the others after their last complete reply and exits
@@ -87,7 +88,11 @@ class Donation(asyncio.Protocol):
             self.state = "offering"
             asyncio.ensure_future(self._answer(message))
         elif (self.state, kind) == ("offered", "ready"):
-            self._pause()
+            why = self.takeover.cannot_hand_over()
+            if why is None:
+                self._pause()
+            else:
+                self.end(why)
         elif (self.state, kind) == ("paused", "flipped"):
             self._handed_over(message)
         else:
@@ -154,7 +159,8 @@ class Donation(asyncio.Protocol):
         repl.flush()
         self.app.rules.close()
         self.app.rules.store = None
-        self._send(wire.encode("paused", offset=repl.offset, paused_at=self.paused_at))
+        self._send(wire.encode("paused", offset=repl.offset, paused_at=self.paused_at,
+                               cluster=self.app.cluster.handover_state()))
         self._timer = asyncio.get_running_loop().call_later(PAUSE_TIMEOUT_S, self._too_long)
 
     def _too_long(self) -> None:

@@ -12,24 +12,25 @@ itself ("copy, pause, flip", as cluster/reshard.py moves slots):
    a command boundary, flushes its last changes down the link, lets go of
    rules-db (one process holds it) and says up to which offset (donor.py).
 3. Flip.  The heir applies the stream to that offset, opens rules-db,
-   promotes itself keeping the donor's replication id and offset (the
-   same data set at the same offset, as Redis keeps them across a restart
-   that loads them), starts accepting on every listener, and says
-   flipped; the donor then passes its client connections, each at a
-   command boundary with its state (connections.py), closes the others
-   after their last complete reply and exits 0.
+   takes a cluster node's routing as the donor had it (the paused
+   message's cluster: Cluster.handover_state), promotes itself keeping
+   the donor's replication id and offset (the same data set at the same
+   offset, as Redis keeps them across a restart that loads them), starts
+   accepting on every listener, and says flipped; the donor then passes
+   its client connections, each at a command boundary with its state
+   (connections.py), closes the others after their last complete reply
+   and exits 0.
 
 The pause lasts from the donor's pause to the heir's accepting; it is
 measured (INFO server, takeover_pause_ms).  Before the flip, a failure
 anywhere leaves the donor serving (donor.Donation.end) and the heir exits
 with the reason.  The client connections pass only after the flip, to
-a process committed to serving.  The
-HTTP and gRPC connections are held at the pause too (donor.hold_http_and_grpc)
-and closed unanswered at the donor's exit, a gRPC one with a GOAWAY: a
-client that retries on a closed connection reaches the heir.  What the
-hold misses (a connection accepted during the pause) finds the donor
-read-only, so that a check it spends is refused (READONLY) rather than
-made where the heir would never see it.
+a process committed to serving.  The HTTP and gRPC connections are held
+at the pause too (donor.hold_http_and_grpc) and closed unanswered at the
+donor's exit, a gRPC one with a GOAWAY: a client that retries on a closed
+connection reaches the heir.  What the hold misses (a connection accepted
+during the pause) finds the donor read-only, so that a check it spends is
+refused (READONLY) rather than made where the heir would never see it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastlimit.cluster.slot_map import MapError
 from fastlimit.rules.model import RuleError
 from fastlimit.server.subsystem import Subsystem
 from fastlimit.takeover import connections, wire
@@ -163,11 +165,18 @@ class Takeover(Subsystem):
         is the takeover under way."""
         if self.donation is not None:
             return f"a takeover by pid {self.donation.heir_pid} is under way"
+        why = self.cannot_hand_over()
+        if why is None:
+            self.donation = donation
+        return why
+
+    def cannot_hand_over(self) -> str | None:
+        """Why this server cannot be taken over now, or None: asked at the
+        hello, and again at the pause (either may have begun since)."""
         if self.app.replication.link is not None:
             return "this server is a replica: a takeover hands over a primary"
-        if self.app.cluster.enabled:
-            return "cluster mode: a takeover of a cluster node is not supported yet"
-        self.donation = donation
+        if self.app.reshard.task is not None:
+            return "a slot move is under way (CL.CLUSTER MOVE): take over once it ends"
         return None
 
     def donation_ended(self, donation: Donation) -> None:
@@ -225,6 +234,7 @@ class Takeover(Subsystem):
         await self._until(lambda: link.offset >= paused["offset"], link, control,
                           CATCH_UP_TIMEOUT_S, "the stream's last offset")
         self._take_rules_db()
+        self._take_cluster_state(paused.get("cluster"))
         replid = link.master_replid
         self.app.replication.promote()
         # The same data set at the same offset: the donor's replication id
@@ -279,6 +289,13 @@ class Takeover(Subsystem):
                     raise TakeoverError(f"{what} did not come within {timeout:g} s") from None
             link.progress.clear()
         return value
+
+    def _take_cluster_state(self, doc: dict | None) -> None:
+        """A cluster node's routing as the donor had it at its pause."""
+        try:
+            self.app.cluster.take_handover_state(doc)
+        except MapError as e:
+            raise TakeoverError(f"the slot map the running server installed: {e}") from None
 
     def _take_rules_db(self) -> None:
         """rules-db, which the donor let go at its pause (holding the same

@@ -17,7 +17,9 @@ In order:
                               as a replica (replication/)
     ready     heir -> donor   the full copy is loaded, the stream followed
     paused    donor -> heir   no client command runs here any more; the
-                              stream's last offset, and when the pause began
+                              stream's last offset, when the pause began
+                              and ``cluster``: a cluster node's routing
+                              (Cluster.handover_state; None otherwise)
     flipped   heir -> donor   it serves (from here on the heir is the server)
     connections donor -> heir  a batch of client connections, each at a
                               command boundary: their sockets as
