@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import socket
 import subprocess
 import threading
 import time
@@ -18,6 +20,8 @@ from cluster_rig import cluster_auth_args, info, static_map_text, wait_for
 from redis.cluster import RedisCluster
 from servers import PYTHON, ServerProcess, stop_process
 from wire import Wire, command, free_ports
+
+from fastlimit.takeover import wire as handover
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster.py"
 _spec = importlib.util.spec_from_file_location("local_cluster", SCRIPT)
@@ -143,6 +147,36 @@ def test_the_cluster_rules_version_goes_on_when_no_peer_answers_the_new_process(
             assert r.execute_command("CL.CLUSTER", "VERSIONS") == versions
     finally:
         new.stop()
+
+
+def hello_answer(path: str) -> dict:
+    """What the node on the takeover-socket answers a compatible hello."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        handover.send(s, handover.encode("hello", **handover.versions(), pid=0))
+        answer, fds = handover.receive(s, handover.Reader(), 10)
+    handover.close_fds(fds)
+    return answer
+
+
+def move_state(node) -> bytes:
+    with node.client() as r:
+        return r.execute_command("CL.CLUSTER", "MOVESTATUS")[b"state"]
+
+
+def test_a_node_moving_slots_refuses_to_be_taken_over(cluster):
+    (old, other, _), p0_args = cluster
+    other.proc.send_signal(signal.SIGSTOP)       # the move waits on its target
+    mover = threading.Thread(daemon=True, target=lambda: old.client(socket_timeout=30)
+                             .execute_command("CL.CLUSTER", "MOVE", "0-10", "fl-1"))
+    try:
+        mover.start()
+        wait_for(lambda: move_state(old) != b"none", "the move to begin", 10)
+        answer = hello_answer(p0_args[-1])
+        assert answer["kind"] == "refused" and "slot move" in answer["reason"], answer
+    finally:
+        other.proc.send_signal(signal.SIGCONT)
+        mover.join(30)
 
 
 def catch_ups_answered(node) -> int:

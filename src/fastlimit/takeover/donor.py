@@ -176,6 +176,8 @@ class Donation(asyncio.Protocol):
         self._cancel_timer()
         self.state = "done"
         self.takeover.stop_accepting()     # the heir accepts on the same sockets now
+        # gRPC clients open their next streams to the heir from now on
+        self.app.grpc.announce_shutdown()
         self.log.warning("handed over to pid %d (pause %s ms): passing the client connections, "
                          "then exiting", self.heir_pid, message.get("pause_ms"))
         asyncio.ensure_future(self._pass_connections())

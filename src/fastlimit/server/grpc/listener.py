@@ -15,6 +15,10 @@ from fastlimit.server.subsystem import Subsystem
 # How long a shutdown lets the calls already begun finish (each has its
 # grpc-deadline-ms, or the client's grpc-timeout, anyway).
 DRAIN_SECONDS = 1.0
+# Between the GOAWAY notice and the last GOAWAY: time for a client to read
+# the notice and open its new streams elsewhere (RFC 9113 6.8: "at least
+# one round-trip time"), so that none is cut while it sends one.
+GOAWAY_GRACE_SECONDS = 0.05
 
 
 class GrpcFront(Subsystem):
@@ -62,17 +66,25 @@ class GrpcFront(Subsystem):
                           "grpc_total_calls": sum(c.calls for c in stats),
                           "grpc_failed_calls": sum(c.failed_calls for c in stats)}}
 
+    def announce_shutdown(self) -> None:
+        """Says NOT_SERVING and sends each connection a GOAWAY notice
+        (once): its client opens its next streams elsewhere."""
+        if self.shared.draining:
+            return
+        self.shared.draining = True
+        for conn in self.shared.connections:
+            conn.notify_shutdown()
+
     async def stop(self) -> None:
-        """Stops listening, says NOT_SERVING and sends each connection a
-        GOAWAY notice, lets the calls begun finish (bounded), then the
-        last GOAWAY."""
+        """Stops listening, announces the shutdown, lets the calls begun
+        finish (bounded), then the last GOAWAY."""
         for server in self._servers:
             server.close()
-        self.shared.draining = True
+        self.announce_shutdown()
         connections = list(self.shared.connections)
-        for conn in connections:
-            conn.notify_shutdown()
         loop = asyncio.get_running_loop()
+        if connections:
+            await asyncio.sleep(GOAWAY_GRACE_SECONDS)
         deadline = loop.time() + DRAIN_SECONDS
         while any(c.unanswered for c in connections) and loop.time() < deadline:
             await asyncio.sleep(0.005)
