@@ -26,7 +26,7 @@ from libc.string cimport memcmp, memcpy
 from fastlimit._core cimport CheckResult, FL_OK
 from fastlimit._load cimport (FL_PRIO_NORMAL, FL_PRIO_UNSET, LoadMeter, fl_load_count_shed,
                               fl_load_sheds, fl_priority_parse)
-from fastlimit._rules cimport RuleEngine
+from fastlimit._rules cimport RuleEngine, fnv1a64
 from fastlimit._rules import home_index
 
 import heapq
@@ -77,21 +77,13 @@ class RlsHome(Exception):
         self.home = home
 
 
-cdef inline uint64_t fnv(const char* p, size_t n) noexcept nogil:
-    cdef uint64_t h = 14695981039346656037ULL
-    cdef size_t i
-    for i in range(n):
-        h = (h ^ <uint8_t>p[i]) * 1099511628211ULL
-    return h
-
-
 cdef inline bint same(Slice a, const char* p, size_t n) noexcept nogil:
     return a.n == n and memcmp(a.p, p, n) == 0
 
 
 cdef Child* lookup(Child* slots, uint32_t mask, const char* p, size_t n) noexcept nogil:
     """The slot holding key p (its node NULL when absent)."""
-    cdef uint64_t h = fnv(p, n)
+    cdef uint64_t h = fnv1a64(p, n)
     cdef uint32_t i = <uint32_t>h & mask
     while slots[i].node != NULL:
         if slots[i].hash == h and same(slots[i].key, p, n):
@@ -223,7 +215,7 @@ cdef class Compiled:
             d.root = self.node(domain.root, (name, domain.source), counters, counter_index,
                                names, stat_keys, regions)
             slot = lookup(self.domain_slots, self.domain_mask, d.name.p, d.name.n)
-            slot.hash = fnv(d.name.p, d.name.n)
+            slot.hash = fnv1a64(d.name.p, d.name.n)
             slot.key = d.name
             slot.node = <CNode*>d
             i += 1
@@ -258,7 +250,7 @@ cdef class Compiled:
                     self.breathe()
                     slot = lookup(c.slots, c.mask, PyBytes_AS_STRING(key), len(key))
                     slot.key = self.keep(key)
-                    slot.hash = fnv(slot.key.p, slot.key.n)
+                    slot.hash = fnv1a64(slot.key.p, slot.key.n)
                     slot.node = self.made(child, made, todo)
             c.nwild = len(py.wildcards)
             if c.nwild:

@@ -125,6 +125,10 @@ cdef extern from "fl_split.h":
 # Split keys (fl_split.h): the choice of a sub-bucket, shared by split
 # rules and CL.CHECK ... SPLIT k, and the refusal of a plain key in
 # cluster mode.
+# FNV-1a, 64 bits: a home rule's key over the regions, and the rate limit
+# service's lookups of its compiled tables (_rls.pyx).
+cdef uint64_t fnv1a64(const char* p, size_t n) noexcept nogil
+
 cdef int split_pick(uint64_t* rng, const unsigned char* local_slots, const char* base,
                     size_t n, int k, int other, char* scratch) noexcept
 cpdef str split_refused(int k)

@@ -608,7 +608,7 @@ cdef inline int prefix_home(const RuleSpec* r, const char* client, size_t clen) 
     return -1
 
 
-cdef inline uint64_t fnv1a64(const char* p, size_t n) noexcept nogil:
+cdef uint64_t fnv1a64(const char* p, size_t n) noexcept nogil:
     cdef uint64_t h = 14695981039346656037ULL
     cdef size_t i
     for i in range(n):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,9 +18,8 @@ import pytest
 from cluster_rig import cluster_auth_args, info, static_map_text, wait_for
 from redis.cluster import RedisCluster
 from servers import PYTHON, ServerProcess, stop_process
+from takeover_kit import hello_answer
 from wire import Wire, command, free_ports
-
-from fastlimit.takeover import wire as handover
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster.py"
 _spec = importlib.util.spec_from_file_location("local_cluster", SCRIPT)
@@ -147,16 +145,6 @@ def test_the_cluster_rules_version_goes_on_when_no_peer_answers_the_new_process(
             assert r.execute_command("CL.CLUSTER", "VERSIONS") == versions
     finally:
         new.stop()
-
-
-def hello_answer(path: str) -> dict:
-    """What the node on the takeover-socket answers a compatible hello."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(path)
-        handover.send(s, handover.encode("hello", **handover.versions(), pid=0))
-        answer, fds = handover.receive(s, handover.Reader(), 10)
-    handover.close_fds(fds)
-    return answer
 
 
 def move_state(node) -> bytes:

@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from rls_messages import OK, RLS_PATH, decode_response, descriptor, request
 from servers import ServerProcess, process_state, readme_block, run_lines
+from takeover_kit import hello_answer, paused_stand_in
 from wire import Wire, command, free_port, wait_until
 
 from fastlimit.takeover import wire as handover
@@ -439,13 +440,8 @@ def test_a_takeover_that_fails_in_the_pause_gives_the_rules_database_back(nodes,
                                                                           tmp_path):
     port, rules_db = free_port(), str(tmp_path / "rules.db")
     old = nodes(port, path, "--rules-db", rules_db)
-    with socket.socket(socket.AF_UNIX) as heir:
-        heir.connect(path)
-        reader = handover.Reader()
-        handover.send(heir, handover.encode("hello", **handover.versions(), pid=0))
-        handover.close_fds(handover.receive(heir, reader, 10)[1])
-        handover.send(heir, handover.encode("ready", offset=0))
-        assert handover.receive(heir, reader, 10)[0]["kind"] == "paused"
+    with paused_stand_in(path):
+        pass                # and gone: the takeover failed in the pause
     wait_until(lambda: "failed before the flip" in old.log(), 10, "the old one to say why")
     old.client().execute_command("CL.RULE", "SET", "api", RULE)     # written to rules-db
     assert "rules-db could not be opened" not in old.log()
@@ -486,17 +482,6 @@ def http_check(port: int, cost: int) -> int:
             return resp.status
     except urllib.error.HTTPError as e:
         return e.code
-
-
-def hello_answer(path: str) -> dict:
-    """What the server on the takeover-socket answers a compatible hello
-    (descriptors passed with an offer are closed)."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(path)
-        handover.send(s, handover.encode("hello", **handover.versions(), pid=0))
-        answer, fds = handover.receive(s, handover.Reader(), 10)
-    handover.close_fds(fds)
-    return answer
 
 
 def test_a_standby_of_the_old_process_follows_the_new_one_under_the_same_replication_id(
@@ -692,13 +677,7 @@ def test_a_new_process_gone_at_the_flip_leaves_the_old_one_s_clients_closed_not_
     old = nodes(port, path)
     client = Wire.to(port)
     assert client.call("PING") == b"+PONG\r\n"
-    with socket.socket(socket.AF_UNIX) as heir:
-        heir.connect(path)
-        reader = handover.Reader()
-        handover.send(heir, handover.encode("hello", **handover.versions(), pid=0))
-        handover.close_fds(handover.receive(heir, reader, 10)[1])
-        handover.send(heir, handover.encode("ready", offset=0))
-        assert handover.receive(heir, reader, 10)[0]["kind"] == "paused"
+    with paused_stand_in(path) as (heir, _):
         handover.send(heir, handover.encode("flipped", pause_ms=0))
     assert old.proc.wait(20) == 0, old.log()
     client.read_until_closed()
