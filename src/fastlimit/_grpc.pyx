@@ -10,7 +10,7 @@ from fastlimit._protocol cimport Command, ServerCore, record_call
 from fastlimit._protocol import acl_check, credentials, peer_text
 from fastlimit._resp cimport Writer, writer_free, writer_init, writer_reserve, writer_reset, write_raw
 from fastlimit._rls cimport (Decider, RlsDescriptor, RlsEntry, RlsOutcome, RlsRequest, RlsStatus,
-                             Slice, request_objects)
+                             Slice, fl_room, request_objects)
 from fastlimit._rls import RlsError, RlsHome
 
 import asyncio

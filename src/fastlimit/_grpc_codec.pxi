@@ -140,24 +140,9 @@ cdef int decode_uint64_value(Reader* r, uint64_t* value) noexcept:
 # The decoded request's descriptors and entries (slices of the message),
 # grown as needed and reused by every call: one call is decided at a time.
 cdef RlsDescriptor* DESCRIPTORS = NULL
-cdef uint32_t DESCRIPTORS_CAP = 0
+cdef size_t DESCRIPTORS_CAP = 0
 cdef RlsEntry* ENTRIES = NULL
-cdef uint32_t ENTRIES_CAP = 0
-
-
-cdef int room(void** p, uint32_t* cap, uint32_t need, size_t size) noexcept:
-    cdef uint32_t n = cap[0] if cap[0] else 16
-    cdef void* q
-    if need <= cap[0]:
-        return 0
-    while n < need:
-        n *= 2
-    q = realloc(p[0], n * size)
-    if q == NULL:
-        return -1
-    p[0] = q
-    cap[0] = n
-    return 0
+cdef size_t ENTRIES_CAP = 0
 
 
 cdef int decode_descriptor(Reader* r, RlsDescriptor* d, uint32_t first_entry) noexcept:
@@ -177,8 +162,8 @@ cdef int decode_descriptor(Reader* r, RlsDescriptor* d, uint32_t first_entry) no
             if f == 1:
                 if d.nentries == MAX_DESCRIPTOR_ENTRIES:
                     return TOO_MANY_ENTRIES
-                if room(<void**>&ENTRIES, &ENTRIES_CAP, first_entry + d.nentries + 1,
-                        sizeof(RlsEntry)) != 0:
+                if fl_room(<void**>&ENTRIES, &ENTRIES_CAP, first_entry + d.nentries + 1,
+                           sizeof(RlsEntry), 16) != 0:
                     return NO_MEMORY
                 if decode_entry(&sub, &ENTRIES[first_entry + d.nentries]) != 0:
                     return MALFORMED
@@ -223,8 +208,8 @@ cdef int decode_request(const uint8_t* data, size_t n, uint32_t max_descriptors,
             else:
                 if req.ndescriptors >= max_descriptors:
                     return TOO_MANY_DESCRIPTORS
-                if room(<void**>&DESCRIPTORS, &DESCRIPTORS_CAP, req.ndescriptors + 1,
-                        sizeof(RlsDescriptor)) != 0:
+                if fl_room(<void**>&DESCRIPTORS, &DESCRIPTORS_CAP, req.ndescriptors + 1,
+                           sizeof(RlsDescriptor), 16) != 0:
                     return NO_MEMORY
                 rc = decode_descriptor(&sub, &DESCRIPTORS[req.ndescriptors], entries)
                 if rc != 0:

@@ -197,14 +197,14 @@ cdef class Decider:
     cdef readonly uint64_t global_shadow_mode
     # per call scratch, grown as needed
     cdef RlsStatus* statuses
-    cdef uint32_t status_cap
+    cdef size_t status_cap
     cdef const CNode** nodes
     cdef uint64_t* hits
     cdef Slice* shares
-    cdef uint32_t desc_cap
-    cdef uint32_t share_cap
+    cdef size_t desc_cap
+    cdef size_t share_cap
     cdef int32_t* replacing
-    cdef uint32_t replacing_cap
+    cdef size_t replacing_cap
     cdef uint32_t nreplacing
     cdef RlsRequest last        # the request as decided (without its priority entries)
     cdef char* key
@@ -213,9 +213,9 @@ cdef class Decider:
     cdef size_t commits_len
     cdef size_t commits_cap
     cdef RlsEntry* entries
-    cdef uint32_t entries_cap
+    cdef size_t entries_cap
     cdef RlsDescriptor* kept
-    cdef uint32_t kept_cap
+    cdef size_t kept_cap
     cdef CLimit override
 
     cdef int decide(self, const RlsRequest* request, RlsOutcome* out) except -1
@@ -242,3 +242,4 @@ cdef class Decider:
 
 
 cdef tuple request_objects(const RlsRequest* req)
+cdef int fl_room(void** p, size_t* cap, size_t need, size_t size, size_t first) noexcept nogil

@@ -123,8 +123,12 @@ cdef bint wildcard_match(const Wild* w, const char* p, size_t n) noexcept nogil:
     return True
 
 
-cdef inline int grow(void** p, uint32_t* cap, uint32_t need, size_t size) except -1:
-    cdef uint32_t n = cap[0] if cap[0] else 8
+cdef int fl_room(void** p, size_t* cap, size_t need, size_t size, size_t first) noexcept nogil:
+    """Room for `need` items of `size` bytes in the realloc'd array *p of
+    *cap items, doubling from `first`; 0, or -1 when memory is short (*p
+    kept).  Every per-call scratch array of the decision and of the gRPC
+    front's decoder grows this way."""
+    cdef size_t n = cap[0] if cap[0] else first
     cdef void* q
     if need <= cap[0]:
         return 0
@@ -132,9 +136,16 @@ cdef inline int grow(void** p, uint32_t* cap, uint32_t need, size_t size) except
         n *= 2
     q = realloc(p[0], n * size)
     if q == NULL:
-        raise MemoryError()
+        return -1
     p[0] = q
     cap[0] = n
+    return 0
+
+
+cdef inline int grow(void** p, size_t* cap, size_t need, size_t size,
+                     size_t first=8) except -1:
+    if fl_room(p, cap, need, size, first) != 0:
+        raise MemoryError()
     return 0
 
 
@@ -160,15 +171,9 @@ cdef class Compiled:
         (a larger request gets a chunk of its own), so a configuration
         is a few allocations, freed in a few calls."""
         cdef void* p
-        cdef void** grown
         n = ((n if n else 1) + 15) & ~(<size_t>15)
         if n > self.chunk_left:
-            if self.nchunks == self.chunks_cap:
-                self.chunks_cap = self.chunks_cap * 2 if self.chunks_cap else 16
-                grown = <void**>realloc(self.chunks, self.chunks_cap * sizeof(void*))
-                if grown == NULL:
-                    raise MemoryError()
-                self.chunks = grown
+            grow(<void**>&self.chunks, &self.chunks_cap, self.nchunks + 1, sizeof(void*), 16)
             p = calloc(1, n if n > CHUNK_BYTES else CHUNK_BYTES)
             if p == NULL:
                 raise MemoryError()
@@ -572,15 +577,16 @@ cdef class Decider:
     cdef int reserve(self, const RlsRequest* req) except -1:
         """Room for req in the per-call arrays."""
         cdef uint32_t entries = 0, i
+        cdef size_t cap
         for i in range(req.ndescriptors):
             entries += req.descriptors[i].nentries
         grow(<void**>&self.statuses, &self.status_cap, req.ndescriptors, sizeof(RlsStatus))
         if req.ndescriptors > self.desc_cap:
-            i = self.desc_cap
-            grow(<void**>&self.nodes, &i, req.ndescriptors, sizeof(CNode*))
-            i = self.desc_cap
-            grow(<void**>&self.hits, &i, req.ndescriptors, sizeof(uint64_t))
-            self.desc_cap = i
+            cap = self.desc_cap
+            grow(<void**>&self.nodes, &cap, req.ndescriptors, sizeof(CNode*))
+            cap = self.desc_cap
+            grow(<void**>&self.hits, &cap, req.ndescriptors, sizeof(uint64_t))
+            self.desc_cap = cap
         grow(<void**>&self.shares, &self.share_cap, entries, sizeof(Slice))
         return 0
 
@@ -707,18 +713,7 @@ cdef class Decider:
         return found
 
     cdef int key_room(self, size_t n) except -1:
-        cdef char* p
-        cdef size_t cap
-        if n <= self.key_cap:
-            return 0
-        cap = self.key_cap * 2 if self.key_cap else 256
-        while cap < n:
-            cap *= 2
-        p = <char*>realloc(self.key, cap)
-        if p == NULL:
-            raise MemoryError()
-        self.key, self.key_cap = p, cap
-        return 0
+        return grow(<void**>&self.key, &self.key_cap, n, 1, 256)
 
     cdef bint replaced(self, const CLimit* lim) noexcept:
         cdef uint32_t i
@@ -924,16 +919,9 @@ cdef class Decider:
     cdef int note_commit(self, uint32_t num, size_t n, int64_t hits, int64_t at_ms) except -1:
         """An atomic request's spend, made only if the whole request passes:
         <u32 num><u32 n><i64 hits><i64 at_ms><the key>."""
-        cdef size_t need = self.commits_len + 24 + n, cap
+        cdef size_t need = self.commits_len + 24 + n
         cdef char* p
-        if need > self.commits_cap:
-            cap = self.commits_cap * 2 if self.commits_cap else 1024
-            while cap < need:
-                cap *= 2
-            p = <char*>realloc(self.commits, cap)
-            if p == NULL:
-                raise MemoryError()
-            self.commits, self.commits_cap = p, cap
+        grow(<void**>&self.commits, &self.commits_cap, need, 1, 1024)
         p = self.commits + self.commits_len
         memcpy(p, &num, 4)
         memcpy(p + 4, &n, 4)
