@@ -55,12 +55,14 @@ def cmdstat(key: str):
     return expected
 
 
-def region_peer(key: str, scale: float = 1.0, up: bool = False):
-    """A field of the peer<i> line of INFO regions for the label's peer."""
+def region_peer(key: str, per: int = 1, up: bool = False):
+    """A field of the peer<i> line of INFO regions for the label's peer, divided by
+    `per` as the exporter divides it (0.9 / 1000, not 0.9 * 1e-3, which is a float
+    one ulp above)."""
     def expected(i, labels):
         (peer,) = [v for k, v in i.items() if k.startswith("peer") and isinstance(v, dict)
                    and v["name"] == labels["peer"]]
-        return int(peer["state"] == "up") if up else float(peer[key]) * scale
+        return int(peer["state"] == "up") if up else float(peer[key]) / per
     return expected
 
 
@@ -207,8 +209,8 @@ TABLE = {
     "fastlimit_held_input_wait_seconds": (window_figure("shed_wait_us", 1e-6, 0.5), None),
     "fastlimit_held_input_bytes": (field("shed_pending_bytes"), None),
     "fastlimit_region_link_up": (region_peer("state", up=True), None),
-    "fastlimit_region_link_last_reply_seconds": (region_peer("last_reply_ms", 1e-3), 1.0),
-    "fastlimit_region_link_lag_seconds": (region_peer("lag_ms", 1e-3), None),
+    "fastlimit_region_link_last_reply_seconds": (region_peer("last_reply_ms", 1000), 1.0),
+    "fastlimit_region_link_lag_seconds": (region_peer("lag_ms", 1000), None),
     "fastlimit_region_link_bytes_sent_total": (region_peer("bytes_sent"), None),
     "fastlimit_region_link_queued_bytes": (region_peer("queued_bytes"), None),
     "fastlimit_region_link_batches_dropped_total": (region_peer("batches_dropped"), None),
