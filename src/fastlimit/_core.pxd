@@ -34,14 +34,28 @@ cdef extern from "fl_native.h":
 #
 # A record in a shard's arena is packed, unaligned:
 #   u32 expire_s   server second at which the record may be dropped
-#   u16 keylen
+#   u8  keylen     or KEYLEN_LONG for a key of 255 bytes or more
 #   value          `value_size` bytes owned by the algorithm
+#   [u16 keylen]   only after KEYLEN_LONG
 #   key            `keylen` bytes
-# Slots hold the key's 32-bit hash and the record's arena offset, so
-# probing and resizing never touch records of other keys.
+# Outside the arena (snapshots, replication batches, slot migrations,
+# takeovers) a record travels in its wire form, which those formats fix
+# and no change of the arena's layout touches:
+#   u32 expire_s, u16 keylen, value (`wire_value_size` bytes), key
+# A table whose value is narrower in the arena than on the wire (the token
+# bucket's) converts it with its `to_wire` and `from_wire`.
+# Slots are Robin Hood linear probing: the record's arena offset, how far
+# the slot is from the key's home slot, and 8 bits of the key's hash.  A
+# probe reads another key's record only when both its home and its tag
+# match ours (one key sharing our home in 256), and a delete
+# shifts entries back by their distances alone; only resizing hashes the
+# records' keys again.  Six bytes a slot at up to 9/10 load, where the
+# hash and offset took eight at 4/5.
 
 cdef enum:
-    RECORD_HEADER = 6
+    RECORD_HEADER = 5
+    WIRE_HEADER = 6
+    KEYLEN_LONG = 255
     FL_OK = 0
     FL_ENOMEM = -1
     FL_EKEYLEN = -2
@@ -54,9 +68,13 @@ cdef enum:
     RULE_NUMBER_MASK = 0xFFFFFF
     FL_MAX_KEY_LEN = 65535
 
-cdef struct Slot:
-    uint32_t hash
+cdef packed struct Slot:
     uint32_t off        # 0 = empty (arena offset 0 is never a record)
+    uint8_t dist        # slots past the key's home (at most MAX_DIST)
+    uint8_t tag         # the low 8 bits of the key's 32-bit hash
+
+cdef enum:
+    MAX_DIST = 255
 
 cdef struct Shard:
     Slot* slots
@@ -107,6 +125,8 @@ cdef enum:
 ctypedef uint64_t (*record_spent)(const char* rec, uint32_t value_size, const void* ctx,
                                   int64_t now_ms) noexcept nogil
 
+ctypedef void (*value_convert)(const char* src, char* dst) noexcept nogil
+
 cdef struct Table:
     ChangeLog* log      # NULL while no replica is attached
     record_spent spent  # NULL: the expiry alone ranks records for eviction
@@ -117,22 +137,51 @@ cdef struct Table:
     uint32_t evict_shard  # where the next eviction round starts
     Shard* shards
     uint32_t nshards    # power of two
-    uint32_t value_size
+    uint32_t value_size       # in the arena
+    uint32_t wire_value_size  # in the wire form
+    value_convert to_wire     # NULL: the same bytes in both forms
+    value_convert from_wire
+    uint64_t long_keys  # records with a key of KEYLEN_LONG bytes or more
     uint8_t seed[16]
     uint32_t sweep_shard
     uint32_t sweep_slot
     uint64_t expired    # records removed by the sweep or lazily, ever
     uint64_t relocations  # compactions and clears: records moved in an arena
 
+cdef inline bint long_key(const char* rec) noexcept nogil:
+    return <uint8_t>rec[4] == KEYLEN_LONG
+
+cdef inline size_t keylen_after(const char* rec, uint32_t value_size) noexcept nogil:
+    return fl_get_u16(rec + RECORD_HEADER + value_size) if long_key(rec) else <uint8_t>rec[4]
+
+cdef inline const char* key_after(const char* rec, uint32_t value_size) noexcept nogil:
+    return rec + RECORD_HEADER + value_size + (2 if long_key(rec) else 0)
+
+cdef inline size_t record_keylen(const Table* t, const char* rec) noexcept nogil:
+    return keylen_after(rec, t.value_size)
+
+cdef inline const char* record_key(const Table* t, const char* rec) noexcept nogil:
+    return key_after(rec, t.value_size)
+
+cdef inline size_t stored_size(const Table* t, size_t keylen) noexcept nogil:
+    """Bytes of a record of a keylen-byte key in the arena."""
+    return RECORD_HEADER + t.value_size + keylen + (2 if keylen >= KEYLEN_LONG else 0)
+
+cdef inline size_t record_size(const Table* t, const char* rec) noexcept nogil:
+    return stored_size(t, record_keylen(t, rec))
+
 # Where a key is, or where it would go.  Valid until the table changes.
 cdef struct Probe:
     Shard* shard
-    uint32_t slot
+    uint32_t slot       # the key's slot, or where it would go
     uint32_t hash
+    uint32_t dist       # slot's distance from the key's home
     bint found
 
 cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
                     const uint8_t* seed) noexcept nogil
+# A table of token buckets (narrower in the arena than on the wire).
+cdef int bucket_table_init(Table* t, uint32_t nshards, const uint8_t* seed) noexcept nogil
 cdef void table_free(Table* t) noexcept nogil
 cdef int table_clear(Table* t) noexcept nogil
 cdef bint table_lookup(Table* t, const char* key, size_t keylen,
@@ -143,6 +192,9 @@ cdef char* probe_value(Table* t, const Probe* p) noexcept nogil
 cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
                       uint32_t expire_s, const char* value, int64_t now_ms) noexcept nogil
 cdef void table_delete(Table* t, Probe* p) noexcept nogil
+# A probe that found the record in an occupied slot (its key hashed again:
+# a slot keeps only 8 bits of the hash), for a scan that deletes.
+cdef void probe_at(const Table* t, Shard* s, uint32_t slot, Probe* p) noexcept nogil
 # Attaches a table to a bound (or moves it to another); detach is a no-op
 # for a table without one.
 cdef void bound_attach(MemBound* b, Table* t) noexcept nogil
@@ -294,8 +346,32 @@ cdef struct CheckResult:
     int64_t retry_after_ms
     int64_t reset_after_ms
 
+# A token bucket's value on the wire: i64 tokens (milli-tokens), i64
+# last_ms, u32 fraction of a milli-token.  In the arena the same three in
+# 17 bytes: tokens (below 2^60: 10^18 at most) and last_ms (below 2^44:
+# MAX_NOW_MS is 4e12) share 13 bytes, then the fraction.
 cdef enum:
-    BUCKET_VALUE_SIZE = 20   # i64 tokens, i64 last_ms, u32 fraction of a milli-token
+    BUCKET_VALUE_SIZE = 20
+    BUCKET_STORED_SIZE = 17
+
+cdef inline int64_t bucket_tokens(const char* v) noexcept nogil:
+    return <int64_t>(<uint64_t>fl_get_i64(v) & ((<uint64_t>1 << 60) - 1))
+
+cdef inline int64_t bucket_last(const char* v) noexcept nogil:
+    return <int64_t>((<uint64_t>fl_get_i64(v) >> 60)
+                     | (<uint64_t>fl_get_u32(v + 8) << 4)
+                     | (<uint64_t>(<uint8_t>v[12]) << 36))
+
+cdef inline uint32_t bucket_fraction(const char* v) noexcept nogil:
+    return fl_get_u32(v + 13)
+
+cdef inline void bucket_put(char* v, int64_t tokens, int64_t last,
+                            uint32_t fraction) noexcept nogil:
+    invariant(0 <= tokens < (<int64_t>1 << 60) and 0 <= last < (<int64_t>1 << 44))
+    fl_put_i64(v, <int64_t>(<uint64_t>tokens | (<uint64_t>last << 60)))
+    fl_put_u32(v + 8, <uint32_t>(<uint64_t>last >> 4))
+    v[12] = <char>(<uint64_t>last >> 36)
+    fl_put_u32(v + 13, fraction)
 
 cdef extern from "fl_native.h":
     # Input bounds that keep every intermediate value representable.

@@ -52,6 +52,9 @@ cdef enum:
     # Random slots tried for an occupied one before walking to the next.
     RANDOM_TRIES = 32
 
+# slots_place could not place a key
+cdef uint32_t NO_SLOT = UINT32_MAX
+
 # A record's limit wholly spent, in record_spent's units.
 cdef uint64_t SPENT_ALL = (<uint64_t>1) << SPENT_BITS
 
@@ -69,16 +72,19 @@ cdef inline uint32_t next_slot(uint32_t i, uint32_t nslots) noexcept nogil:
     return 0 if i == nslots else i
 
 
+cdef inline uint8_t tag_of(uint32_t h32) noexcept nogil:
+    # the low bits: home_slot's reduction takes the high ones
+    return <uint8_t>h32
+
+
 cdef inline bint needs_growth(const Shard* s) noexcept nogil:
-    return (<uint64_t>s.count + 1) * 5 > <uint64_t>s.nslots * 4
+    # past 9/10 full: Robin Hood keeps probes short there (a lookup reads
+    # a few contiguous 6-byte slots, one or two cache lines)
+    return (<uint64_t>s.count + 1) * 10 > <uint64_t>s.nslots * 9
 
 
 cdef inline bint wants_shrink(const Shard* s) noexcept nogil:
     return s.nslots > MIN_SLOTS and <uint64_t>s.count * 5 < s.nslots
-
-
-cdef inline size_t record_size(const Table* t, const char* rec) noexcept nogil:
-    return RECORD_HEADER + t.value_size + fl_get_u16(rec + 4)
 
 
 # ---- shard maintenance --------------------------------------------------------
@@ -105,20 +111,55 @@ cdef void shard_free(Shard* s) noexcept nogil:
     s.arena = NULL
 
 
-cdef int shard_rehash(Shard* s, uint32_t nslots) noexcept nogil:
-    """Moves every slot into a new array of `nslots`; hashes are stored in
-    the slots, so no record is read."""
+cdef inline uint32_t record_hash(const Table* t, const char* rec) noexcept nogil:
+    """The 32-bit slot hash of a record's key (a slot keeps only 8 bits)."""
+    return <uint32_t>fl_siphash13(record_key(t, rec), record_keylen(t, rec), t.seed)
+
+
+cdef uint32_t slots_place(Slot* slots, uint32_t nslots, uint32_t home, uint8_t tag,
+                          uint32_t off) noexcept nogil:
+    """Robin Hood insertion of a key known to be absent: it takes the
+    first slot whose entry is nearer its own home, and the entries from
+    there to the next empty slot move one further.  Returns the key's slot,
+    or NO_SLOT with nothing changed when one of them would pass MAX_DIST
+    (the shard must grow)."""
+    cdef uint32_t i = home, d = 0, end, prev
+    while slots[i].off != 0 and slots[i].dist >= d:
+        d += 1
+        i = next_slot(i, nslots)
+    if d > MAX_DIST:
+        return NO_SLOT
+    end = i
+    while slots[end].off != 0:
+        if slots[end].dist == MAX_DIST:
+            return NO_SLOT
+        end = next_slot(end, nslots)
+    while end != i:                 # shift [i, end) one slot on
+        prev = end - 1 if end > 0 else nslots - 1
+        slots[end] = slots[prev]
+        slots[end].dist += 1
+        end = prev
+    slots[i].off = off
+    slots[i].dist = <uint8_t>d
+    slots[i].tag = tag
+    return i
+
+
+cdef int shard_rehash(const Table* t, Shard* s, uint32_t nslots) noexcept nogil:
+    """Places every record in a new array of `nslots`, hashing each key
+    again; FL_ENOMEM leaves the shard as it was."""
     cdef Slot* fresh = <Slot*>fl_mem_alloc(nslots * sizeof(Slot))
-    cdef uint32_t i, j, moved = 0
+    cdef uint32_t i, moved = 0
     invariant(nslots > s.count)
     if fresh == NULL:
         return FL_ENOMEM
     for i in range(s.nslots):
         if s.slots[i].off != 0:
-            j = home_slot(s.slots[i].hash, nslots)
-            while fresh[j].off != 0:
-                j = next_slot(j, nslots)
-            fresh[j] = s.slots[i]
+            if slots_place(fresh, nslots,
+                           home_slot(record_hash(t, s.arena + s.slots[i].off), nslots),
+                           s.slots[i].tag, s.slots[i].off) == NO_SLOT:
+                fl_mem_free(fresh, nslots * sizeof(Slot))
+                return FL_ENOMEM
             moved += 1
     invariant(moved == s.count)
     fl_mem_free(s.slots, s.nslots * sizeof(Slot))
@@ -127,21 +168,26 @@ cdef int shard_rehash(Shard* s, uint32_t nslots) noexcept nogil:
     return FL_OK
 
 
-cdef int shard_grow(Shard* s) noexcept nogil:
-    cdef uint64_t target = <uint64_t>s.nslots * 3 // 2
-    cdef uint64_t floor_for_load = (<uint64_t>s.count + 1) * 5 // 3 + 1
-    if target < floor_for_load:
-        target = floor_for_load
+cdef inline uint64_t grown_nslots(const Shard* s) noexcept nogil:
+    # by a third: the slots stay between 67% and 90% full as keys come (by
+    # a half, 60%: a byte more per key; by a quarter, more rehashing)
+    cdef uint64_t target = <uint64_t>s.nslots * 4 // 3
+    cdef uint64_t floor_for_load = (<uint64_t>s.count + 1) * 10 // 9 + 1
+    return target if target > floor_for_load else floor_for_load
+
+
+cdef int shard_grow(const Table* t, Shard* s) noexcept nogil:
+    cdef uint64_t target = grown_nslots(s)
     if target > UINT32_MAX - 16:
         return FL_ENOMEM
-    return shard_rehash(s, <uint32_t>target)
+    return shard_rehash(t, s, <uint32_t>target)
 
 
-cdef int shard_shrink(Shard* s) noexcept nogil:
+cdef int shard_shrink(const Table* t, Shard* s) noexcept nogil:
     cdef uint32_t target = s.count * 2
     if target < MIN_SLOTS:
         target = MIN_SLOTS
-    return shard_rehash(s, target)
+    return shard_rehash(t, s, target)
 
 
 cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
@@ -206,7 +252,7 @@ cdef void shard_maintain(Table* t, Shard* s) noexcept nogil:
     # stays valid either way.
     cdef size_t before = slot_bytes(s)
     if wants_shrink(s):
-        shard_shrink(s)
+        shard_shrink(t, s)
         account(t, <ssize_t>slot_bytes(s) - <ssize_t>before)
     if s.dead * 2 > s.arena_len:
         shard_compact(t, s)
@@ -226,6 +272,10 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
     t.evict_shard = 0
     t.nshards = nshards
     t.value_size = value_size
+    t.wire_value_size = value_size
+    t.to_wire = NULL
+    t.from_wire = NULL
+    t.long_keys = 0
     memcpy(t.seed, seed, 16)
     t.sweep_shard = 0
     t.sweep_slot = 0
@@ -239,6 +289,25 @@ cdef int table_init(Table* t, uint32_t nshards, uint32_t value_size,
             table_free(t)
             return FL_ENOMEM
     return FL_OK
+
+
+cdef void bucket_to_wire(const char* v, char* wire) noexcept nogil:
+    fl_put_i64(wire, bucket_tokens(v))
+    fl_put_i64(wire + 8, bucket_last(v))
+    fl_put_u32(wire + 16, bucket_fraction(v))
+
+
+cdef void bucket_from_wire(const char* wire, char* v) noexcept nogil:
+    # bucket_value_ok has checked the ranges bucket_put needs
+    bucket_put(v, fl_get_i64(wire), fl_get_i64(wire + 8), fl_get_u32(wire + 16))
+
+
+cdef int bucket_table_init(Table* t, uint32_t nshards, const uint8_t* seed) noexcept nogil:
+    cdef int rc = table_init(t, nshards, BUCKET_STORED_SIZE, seed)
+    t.wire_value_size = BUCKET_VALUE_SIZE
+    t.to_wire = bucket_to_wire
+    t.from_wire = bucket_from_wire
+    return rc
 
 
 cdef void table_free(Table* t) noexcept nogil:
@@ -263,6 +332,7 @@ cdef int table_clear(Table* t) noexcept nogil:
     t.sweep_shard = 0
     t.sweep_slot = 0
     t.relocations += 1
+    t.long_keys = 0
     if t.bound != NULL:
         account(t, <ssize_t>table_memory(t) - <ssize_t>t.mem)
     return rc
@@ -281,20 +351,26 @@ cdef inline bint lookup_hashed(Table* t, uint64_t h, const char* key, size_t key
                                Probe* p) noexcept nogil:
     cdef Shard* s = shard_of(t, h)
     cdef uint32_t h32 = <uint32_t>h
-    cdef uint32_t i = home_slot(h32, s.nslots)
+    cdef uint32_t i = home_slot(h32, s.nslots), d = 0
+    cdef uint8_t tag = tag_of(h32)
     cdef const char* rec
     p.shard = s
     p.hash = h32
-    while s.slots[i].off != 0:
-        if s.slots[i].hash == h32:
+    # Robin Hood: past an entry nearer its home than we are to ours, the
+    # key would have taken that slot, so it is absent.
+    while s.slots[i].off != 0 and s.slots[i].dist >= d:
+        if s.slots[i].dist == d and s.slots[i].tag == tag:
             rec = s.arena + s.slots[i].off
-            if fl_get_u16(rec + 4) == keylen and memcmp(
-                    rec + RECORD_HEADER + t.value_size, key, keylen) == 0:
+            if record_keylen(t, rec) == keylen and memcmp(
+                    record_key(t, rec), key, keylen) == 0:
                 p.slot = i
+                p.dist = d
                 p.found = True
                 return True
+        d += 1
         i = next_slot(i, s.nslots)
     p.slot = i
+    p.dist = d
     p.found = False
     return False
 
@@ -313,21 +389,21 @@ cdef char* probe_value(Table* t, const Probe* p) noexcept nogil:
     return p.shard.arena + p.shard.slots[p.slot].off + RECORD_HEADER
 
 
-cdef inline void probe_free_slot(Probe* p) noexcept nogil:
-    """Finds the slot again for an absent key after its shard changed."""
-    cdef Shard* s = p.shard
-    cdef uint32_t i = home_slot(p.hash, s.nslots)
-    while s.slots[i].off != 0:
-        i = next_slot(i, s.nslots)
-    p.slot = i
+cdef void probe_at(const Table* t, Shard* s, uint32_t slot, Probe* p) noexcept nogil:
+    invariant(s.slots[slot].off != 0)
+    p.shard = s
+    p.slot = slot
+    p.hash = record_hash(t, s.arena + s.slots[slot].off)
+    p.dist = s.slots[slot].dist
+    p.found = True
 
 
 cdef size_t insert_cost(const Table* t, const Shard* s, size_t keylen) noexcept nogil:
     """Bytes a new record adds to the bound's count: itself, and the
     larger slot array when the shard must grow for it."""
-    cdef size_t n = RECORD_HEADER + t.value_size + keylen
+    cdef size_t n = stored_size(t, keylen)
     if needs_growth(s):
-        n += slot_bytes(s) // 2 + sizeof(Slot)
+        n += (grown_nslots(s) - s.nslots) * sizeof(Slot)
     return n
 
 
@@ -343,7 +419,6 @@ cdef int table_insert(Table* t, Probe* p, const char* key, size_t keylen,
         if b.used + need > b.limit:
             if bound_reclaim(b, need, INSERT_ROUNDS, INT64_MAX, now_ms) != FL_OK:
                 return FL_EOOM
-            probe_free_slot(p)     # evictions may have shifted the shard's slots
     return table_append(t, p, key, keylen, expire_s, value)
 
 
@@ -353,27 +428,40 @@ cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
     its primary's evictions instead of making its own, and a snapshot or
     an imported slot is taken whole, as Redis loads an RDB)."""
     cdef Shard* s = p.shard
-    cdef size_t n = RECORD_HEADER + t.value_size + keylen
+    cdef size_t n = stored_size(t, keylen)
     cdef size_t slots_before
+    cdef uint32_t slot
     cdef char* rec
     if keylen > FL_MAX_KEY_LEN:
         return FL_EKEYLEN
     if shard_reserve(s, n) != FL_OK:
         return FL_ENOMEM
-    if needs_growth(s):
-        slots_before = slot_bytes(s)
-        if shard_grow(s) != FL_OK:
-            return FL_ENOMEM
-        probe_free_slot(p)
-        account(t, <ssize_t>slot_bytes(s) - <ssize_t>slots_before)
-    invariant(not p.found and s.slots[p.slot].off == 0)
+    invariant(not p.found)
     rec = s.arena + s.arena_len
     fl_put_u32(rec, expire_s)
-    fl_put_u16(rec + 4, <uint16_t>keylen)
     memcpy(rec + RECORD_HEADER, value, t.value_size)
-    memcpy(rec + RECORD_HEADER + t.value_size, key, keylen)
-    s.slots[p.slot].hash = p.hash
-    s.slots[p.slot].off = <uint32_t>s.arena_len
+    if keylen < KEYLEN_LONG:
+        rec[4] = <char>keylen
+    else:
+        rec[4] = <char>KEYLEN_LONG
+        fl_put_u16(rec + RECORD_HEADER + t.value_size, <uint16_t>keylen)
+        t.long_keys += 1
+    memcpy(<char*>record_key(t, rec), key, keylen)
+    slots_before = slot_bytes(s)
+    if needs_growth(s) and shard_grow(t, s) != FL_OK:
+        return FL_ENOMEM
+    # placed again from its home: a grow, or the evictions table_insert
+    # made room with, may have moved the slot the lookup found
+    slot = slots_place(s.slots, s.nslots, home_slot(p.hash, s.nslots), tag_of(p.hash),
+                       <uint32_t>s.arena_len)
+    while slot == NO_SLOT:
+        if shard_grow(t, s) != FL_OK:     # a probe run past MAX_DIST
+            return FL_ENOMEM
+        slot = slots_place(s.slots, s.nslots, home_slot(p.hash, s.nslots), tag_of(p.hash),
+                           <uint32_t>s.arena_len)
+    account(t, <ssize_t>slot_bytes(s) - <ssize_t>slots_before)
+    p.slot = slot
+    p.dist = s.slots[slot].dist
     s.arena_len += n
     s.count += 1
     p.found = True
@@ -381,32 +469,23 @@ cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
     return FL_OK
 
 
-cdef inline bint between_cyclic(uint32_t lo, uint32_t x, uint32_t hi) noexcept nogil:
-    """True when x lies in the cyclic interval (lo, hi]."""
-    if lo <= hi:
-        return lo < x <= hi
-    return x > lo or x <= hi
-
-
 cdef void table_delete(Table* t, Probe* p) noexcept nogil:
-    """Removes the record `p` found, shifting later entries of its cluster
-    back so linear probing needs no tombstones."""
+    """Removes the record `p` found, moving the entries after it that are
+    not at their home one slot back (Robin Hood: no tombstones)."""
     cdef Shard* s = p.shard
-    cdef uint32_t hole = p.slot, j = p.slot, home
+    cdef uint32_t hole = p.slot, j = next_slot(p.slot, s.nslots)
     invariant(p.found and s.count > 0 and s.slots[hole].off != 0)
     s.dead += record_size(t, s.arena + s.slots[hole].off)
+    t.long_keys -= long_key(s.arena + s.slots[hole].off)
     s.count -= 1
-    while True:
-        j = next_slot(j, s.nslots)
-        if s.slots[j].off == 0:
-            break
-        home = home_slot(s.slots[j].hash, s.nslots)
-        if between_cyclic(hole, home, j):
-            continue
+    while s.slots[j].off != 0 and s.slots[j].dist > 0:
         s.slots[hole] = s.slots[j]
+        s.slots[hole].dist -= 1
         hole = j
+        j = next_slot(j, s.nslots)
     s.slots[hole].off = 0
-    s.slots[hole].hash = 0
+    s.slots[hole].dist = 0
+    s.slots[hole].tag = 0
     p.found = False
 
 
@@ -501,8 +580,8 @@ cdef uint64_t bucket_spent(const char* rec, uint32_t value_size, const void* ctx
     than one such flood key.  Bounds: time to full < 2^42 ms (an expiry
     second is a u32, a write's time is not before 0) and whole tokens <=
     10^15 < 2^50, so the estimate is below 2^93 ms."""
-    cdef int64_t last = fl_get_i64(rec + RECORD_HEADER + 8)
-    cdef int64_t tokens = fl_get_i64(rec + RECORD_HEADER)
+    cdef int64_t last = bucket_last(rec + RECORD_HEADER)
+    cdef int64_t tokens = bucket_tokens(rec + RECORD_HEADER)
     cdef int64_t at_write = ms_to_full(rec, last if last < now_ms else now_ms)
     return spent_share(ms_to_full(rec, now_ms), <fl_i128>at_write * (tokens // 1000 + 1))
 
@@ -539,14 +618,11 @@ cdef uint64_t shard_evict(MemBound* b, Table* t, Shard* s, size_t goal,
     cdef uint64_t evicted = 0
     cdef const char* rec
     cdef Probe p
-    p.shard = s
     while s.dead < goal and s.count > 0:
-        p.slot = pick_victim(b, t, s, now_ms)
-        p.hash = s.slots[p.slot].hash
-        p.found = True
+        probe_at(t, s, pick_victim(b, t, s, now_ms), &p)
         rec = s.arena + s.slots[p.slot].off
         table_delete(t, &p)     # the record stays readable in the arena until compaction
-        note_change(t, &p, record_key(t, rec), fl_get_u16(rec + 4))
+        note_change(t, &p, record_key(t, rec), record_keylen(t, rec))
         evicted += 1
     b.evicted += evicted
     return evicted
@@ -593,7 +669,7 @@ cdef void give_back(Table* t, Shard* s) noexcept nogil:
     the sweep's shard_maintain would, later): a bound lowered far must not
     empty shards whose slot arrays still hold the bytes."""
     cdef size_t before = slot_bytes(s)
-    if wants_shrink(s) and shard_shrink(s) == FL_OK:
+    if wants_shrink(s) and shard_shrink(t, s) == FL_OK:
         account(t, <ssize_t>slot_bytes(s) - <ssize_t>before)
     shard_compact(t, s)
 
@@ -700,15 +776,34 @@ cdef int write_all(int fd, const char* buf, size_t n, uint32_t* crc) noexcept no
     return FL_OK
 
 
+cdef size_t record_to_wire(const Table* t, const char* rec, char* out) noexcept nogil:
+    """Writes a record's wire form (see _core.pxd) to out; returns its size."""
+    cdef size_t keylen = record_keylen(t, rec)
+    memcpy(out, rec, 4)
+    fl_put_u16(out + 4, <uint16_t>keylen)
+    if t.to_wire != NULL:
+        t.to_wire(rec + RECORD_HEADER, out + WIRE_HEADER)
+    else:
+        memcpy(out + WIRE_HEADER, rec + RECORD_HEADER, t.value_size)
+    memcpy(out + WIRE_HEADER + t.wire_value_size, record_key(t, rec), keylen)
+    return WIRE_HEADER + t.wire_value_size + keylen
+
+
+cdef inline size_t wire_size(const Table* t, size_t keylen) noexcept nogil:
+    return WIRE_HEADER + t.wire_value_size + keylen
+
+
 cdef int table_dump(const Table* t, int fd, uint32_t* crc,
                     uint64_t* records) noexcept nogil:
-    """Writes every record as it lies in its arena, expired or not (a
-    loader drops the expired ones as the sweep would)."""
-    cdef char* buf = <char*>malloc(DUMP_BUFFER)
-    cdef size_t used = 0, n
+    """Writes every record in its wire form, expired or not (a loader
+    drops the expired ones as the sweep would)."""
+    # room for any one record: a key of at most 64 KiB and its value
+    cdef size_t cap = DUMP_BUFFER + wire_size(t, FL_MAX_KEY_LEN)
+    cdef char* buf = <char*>malloc(cap)
+    cdef size_t used = 0
     cdef uint32_t i, j
+    cdef int rc
     cdef const Shard* s
-    cdef const char* rec
     records[0] = 0
     if buf == NULL:
         return FL_ENOMEM
@@ -717,24 +812,16 @@ cdef int table_dump(const Table* t, int fd, uint32_t* crc,
         for j in range(s.nslots):
             if s.slots[j].off == 0:
                 continue
-            rec = s.arena + s.slots[j].off
-            n = record_size(t, rec)
-            if used + n > DUMP_BUFFER:
+            if used >= DUMP_BUFFER:
                 if write_all(fd, buf, used, crc) != FL_OK:
                     free(buf)
                     return FL_EIO
                 used = 0
-            if n > DUMP_BUFFER:      # a record longer than the buffer
-                if write_all(fd, rec, n, crc) != FL_OK:
-                    free(buf)
-                    return FL_EIO
-            else:
-                memcpy(buf + used, rec, n)
-                used += n
+            used += record_to_wire(t, s.arena + s.slots[j].off, buf + used)
             records[0] += 1
-    n = write_all(fd, buf, used, crc) if used else FL_OK
+    rc = write_all(fd, buf, used, crc) if used else FL_OK
     free(buf)
-    return <int>n
+    return rc
 
 
 cdef enum:
@@ -759,16 +846,16 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
     while k < records and rc == FL_OK:
         m = 0
         while m < LOAD_CHUNK and k < records:
-            if length - pos < RECORD_HEADER:
+            if length - pos < WIRE_HEADER:
                 rc = FL_EFORMAT
                 break
             keylen = fl_get_u16(buf + pos + 4)
-            n = RECORD_HEADER + t.value_size + keylen
+            n = wire_size(t, keylen)
             if n > length - pos or (renumber != NULL and keylen < 4):
                 rc = FL_EFORMAT
                 break
             if not (deletes and fl_get_u32(buf + pos) == 0) and not valid(
-                    buf + pos + RECORD_HEADER, t.value_size):
+                    buf + pos + WIRE_HEADER, t.wire_value_size):
                 rc = FL_ERANGE
                 break
             at[m] = pos
@@ -789,18 +876,19 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
             if renumber == NULL:
                 rc = load_record(t, rec, keylen, hashes[j], deletes)
                 continue
-            num = fl_get_u32(rec + RECORD_HEADER + t.value_size) & RULE_NUMBER_MASK
+            num = fl_get_u32(rec + WIRE_HEADER + t.wire_value_size) & RULE_NUMBER_MASK
             if num >= renumber_len or renumber[num] == UINT32_MAX:
                 continue
-            n = RECORD_HEADER + t.value_size + keylen
+            n = wire_size(t, keylen)
             copy = <char*>realloc(copy, n)
             if copy == NULL:
                 return FL_ENOMEM
             memcpy(copy, rec, n)
-            fl_put_u32(copy + RECORD_HEADER + t.value_size, renumber[num] | (
-                fl_get_u32(rec + RECORD_HEADER + t.value_size) & ~RULE_NUMBER_MASK))
+            fl_put_u32(copy + WIRE_HEADER + t.wire_value_size, renumber[num] | (
+                fl_get_u32(rec + WIRE_HEADER + t.wire_value_size) & ~RULE_NUMBER_MASK))
             rc = load_record(t, copy, keylen,
-                             fl_siphash13(copy + RECORD_HEADER + t.value_size, keylen, t.seed),
+                             fl_siphash13(copy + WIRE_HEADER + t.wire_value_size, keylen,
+                                          t.seed),
                              deletes)
     free(copy)
     if rc == FL_OK and pos != length:
@@ -810,11 +898,18 @@ cdef int table_load(Table* t, const char* buf, size_t length, uint64_t records,
 
 cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
                      bint deletes) noexcept nogil:
-    cdef const char* key = rec + RECORD_HEADER + t.value_size
+    """Stores a record in its wire form (a tombstone deletes its key)."""
+    cdef const char* key = rec + WIRE_HEADER + t.wire_value_size
     cdef uint32_t expire_s = fl_get_u32(rec)
+    cdef const char* value = rec + WIRE_HEADER
+    cdef char narrow[BUCKET_STORED_SIZE]
     cdef char* stored
     cdef Probe p
     cdef int rc = FL_OK
+    if t.from_wire != NULL and not (deletes and expire_s == 0):
+        invariant(t.value_size <= BUCKET_STORED_SIZE)
+        t.from_wire(value, narrow)
+        value = narrow
     # Every load is noted as a change: a primary importing moved slots has
     # its standbys take them (a snapshot loads before any replica, and a
     # replica keeps no log: nothing is noted there).
@@ -824,11 +919,11 @@ cdef int load_record(Table* t, const char* rec, size_t keylen, uint64_t h,
         else:               # same key, same size: overwrite in place
             stored = probe_record(t, &p)
             fl_put_u32(stored, expire_s)
-            memcpy(stored + RECORD_HEADER, rec + RECORD_HEADER, t.value_size)
+            memcpy(stored + RECORD_HEADER, value, t.value_size)
     elif deletes and expire_s == 0:
         return FL_OK
     else:
-        rc = table_append(t, &p, key, keylen, expire_s, rec + RECORD_HEADER)
+        rc = table_append(t, &p, key, keylen, expire_s, value)
     if rc == FL_OK:
         note_change(t, &p, key, keylen)
     return rc
@@ -947,7 +1042,7 @@ cdef int table_drain(Table* t, char** out, size_t* outlen,
     seen = <const char**>calloc(mask, sizeof(char*))
     mask -= 1
     # Every note needs at most one record: header, value and key.
-    cap = log.len + notes * (RECORD_HEADER + t.value_size)
+    cap = log.len + notes * (WIRE_HEADER + t.wire_value_size)
     buf = <char*>malloc(cap)
     if seen == NULL or buf == NULL:
         free(seen)
@@ -972,13 +1067,12 @@ cdef int table_drain(Table* t, char** out, size_t* outlen,
             if lookup_hashed(t, noted_hash(note), note + NOTE_HEADER, keylen, &p):
                 if seen_before(seen, mask, probe_record(t, &p)):
                     continue
-                n = record_size(t, probe_record(t, &p))
-                memcpy(buf + used, probe_record(t, &p), n)
+                n = record_to_wire(t, probe_record(t, &p), buf + used)
             else:                      # gone: a tombstone says so
-                n = RECORD_HEADER + t.value_size + keylen
-                memset(buf + used, 0, RECORD_HEADER + t.value_size)
+                n = wire_size(t, keylen)
+                memset(buf + used, 0, WIRE_HEADER + t.wire_value_size)
                 fl_put_u16(buf + used + 4, <uint16_t>keylen)
-                memcpy(buf + used + RECORD_HEADER + t.value_size, note + NOTE_HEADER, keylen)
+                memcpy(buf + used + WIRE_HEADER + t.wire_value_size, note + NOTE_HEADER, keylen)
             used += n
             records[0] += 1
     free(seen)
@@ -997,16 +1091,12 @@ cdef int whole_key(const char* key, size_t keylen, const void* ctx,
     return 0
 
 
-cdef inline const char* record_key(const Table* t, const char* rec) noexcept nogil:
-    return rec + RECORD_HEADER + t.value_size
-
-
 cdef int record_slot(const Table* t, const char* rec, route_key route,
                      const void* ctx) noexcept nogil:
     """The record's hash slot, or -1 when it has none."""
     cdef const char* key
     cdef size_t keylen
-    if route(record_key(t, rec), fl_get_u16(rec + 4), ctx, &key, &keylen) != 0:
+    if route(record_key(t, rec), record_keylen(t, rec), ctx, &key, &keylen) != 0:
         return -1
     return key_slot(key, keylen)
 
@@ -1100,7 +1190,7 @@ cdef int table_slot_keys(Table* t, int slot, int64_t now_ms, route_key route,
                 continue
             rec = s.arena + s.slots[j].off
             if not unexpired(rec, now_ms) or route(
-                    record_key(t, rec), fl_get_u16(rec + 4), ctx, &key, &keylen) != 0:
+                    record_key(t, rec), record_keylen(t, rec), ctx, &key, &keylen) != 0:
                 continue
             if key_slot(key, keylen) == slot and keylist_add(out, key, keylen) != FL_OK:
                 return FL_ENOMEM
@@ -1111,7 +1201,7 @@ cdef bint live_at(Table* t, Shard* s, size_t pos, Probe* p) noexcept nogil:
     """Whether the arena record at pos is the key's current record (the
     arena also holds deleted ones)."""
     cdef const char* rec = s.arena + pos
-    cdef size_t keylen = fl_get_u16(rec + 4)
+    cdef size_t keylen = record_keylen(t, rec)
     # Not table_lookup: one more caller and the compiler stops inlining it
     # into bucket_check (7 more instructions per CL.CHECK, callgrind).
     return (lookup_hashed(t, fl_siphash13(record_key(t, rec), keylen, t.seed),
@@ -1153,16 +1243,15 @@ cdef int walk_arenas(Table* t, const unsigned char* mask, route_key route,
             if slot >= 0 and mask[slot] and live_at(t, s, cur.pos, &p):
                 if delete:
                     table_delete(t, &p)
-                    note_change(t, &p, record_key(t, rec), fl_get_u16(rec + 4))
+                    note_change(t, &p, record_key(t, rec), record_keylen(t, rec))
                 else:
-                    if outlen[0] + n > cap:
-                        cap = cap * 2 + n + 4096
+                    if outlen[0] + wire_size(t, record_keylen(t, rec)) > cap:
+                        cap = cap * 2 + wire_size(t, record_keylen(t, rec)) + 4096
                         bigger = <char*>realloc(out[0], cap)
                         if bigger == NULL:
                             return FL_ENOMEM
                         out[0] = bigger
-                    memcpy(out[0] + outlen[0], rec, n)
-                    outlen[0] += n
+                    outlen[0] += record_to_wire(t, rec, out[0] + outlen[0])
                 count[0] += 1
             cur.pos += n
         cur.shard += 1
@@ -1267,7 +1356,7 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen, uint64_t h,
     cdef uint32_t rem = 0
     cdef fl_i128 num, add
     cdef char* v
-    cdef char value[BUCKET_VALUE_SIZE]
+    cdef char value[BUCKET_STORED_SIZE]
     cdef int rc
 
     if keylen > FL_MAX_KEY_LEN:
@@ -1277,9 +1366,9 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen, uint64_t h,
     lookup_hashed(t, h, key, keylen, &p)
     if record_live(t, &p, now_ms):
         v = probe_value(t, &p)
-        tokens = fl_get_i64(v)
-        last = fl_get_i64(v + 8)
-        rem = remainder_from_fraction(fl_get_u32(v + 16), bp.period_ms)
+        tokens = bucket_tokens(v)
+        last = bucket_last(v)
+        rem = remainder_from_fraction(bucket_fraction(v), bp.period_ms)
         if tokens >= cap_m:     # parameters changed: cap, never mint
             tokens = cap_m
             rem = 0
@@ -1321,13 +1410,11 @@ cdef int bucket_check(Table* t, const char* key, size_t keylen, uint64_t h,
             note_change(t, &p, key, keylen)
         return FL_OK
     expire_ms = now_ms + out.reset_after_ms
-    fl_put_i64(value, tokens)
-    fl_put_i64(value + 8, last)
-    fl_put_u32(value + 16, fraction_from_remainder(rem, bp.period_ms))
+    bucket_put(value, tokens, last, fraction_from_remainder(rem, bp.period_ms))
     if p.found:
         v = probe_record(t, &p)
         fl_put_u32(v, expire_second(expire_ms))
-        memcpy(v + RECORD_HEADER, value, BUCKET_VALUE_SIZE)
+        memcpy(v + RECORD_HEADER, value, BUCKET_STORED_SIZE)
         note_change(t, &p, key, keylen)
         return FL_OK
     rc = table_insert(t, &p, key, keylen, expire_second(expire_ms), value, now_ms)
@@ -1538,8 +1625,7 @@ cdef class BucketStore:
         if len(seed) != 16:
             raise ValueError("seed must be 16 bytes")
         self.clock = clock if clock is not None else Clock()
-        if table_init(&self.table, shards, BUCKET_VALUE_SIZE,
-                      <const uint8_t*><const char*>seed) != FL_OK:
+        if bucket_table_init(&self.table, shards, <const uint8_t*><const char*>seed) != FL_OK:
             raise MemoryError()
         self.table.spent = bucket_spent
 
@@ -1767,13 +1853,13 @@ cdef int filter_records(uint32_t value_size, const char* buf, size_t length,
     cdef const char* key
     cdef size_t routed_len
     for k in range(records):
-        if length - pos < RECORD_HEADER:
+        if length - pos < WIRE_HEADER:
             return FL_EFORMAT
         keylen = fl_get_u16(buf + pos + 4)
-        n = RECORD_HEADER + value_size + keylen
+        n = WIRE_HEADER + value_size + keylen
         if n > length - pos:
             return FL_EFORMAT
-        if route(buf + pos + RECORD_HEADER + value_size, keylen, ctx, &key,
+        if route(buf + pos + WIRE_HEADER + value_size, keylen, ctx, &key,
                  &routed_len) == 0 and mask[key_slot(key, routed_len)]:
             memcpy(out + outlen[0], buf + pos, n)
             outlen[0] += n
@@ -1840,7 +1926,7 @@ cdef object walk_slots(list named, route_key rule_route, const void* ctx,
             if rc != FL_OK:
                 raise MemoryError()
             if count and not delete:
-                sections += [section_header(name, t.value_size, count, n), buf[:n]]
+                sections += [section_header(name, t.wire_value_size, count, n), buf[:n]]
         finally:
             free(buf)
             buf = NULL
@@ -1855,18 +1941,22 @@ cdef object walk_slots(list named, route_key rule_route, const void* ctx,
 
 
 cdef size_t table_live_bytes(const Table* t) noexcept nogil:
-    """Bytes of the live records, as table_dump writes them."""
+    """Bytes of the live records in their wire form, as table_dump writes
+    them: the arena's, with each record's header and value widened, and
+    the u16 length a long key keeps before it left out."""
     cdef size_t n = 0
+    cdef uint64_t count = table_count(t)
     cdef uint32_t i
     for i in range(t.nshards):
         n += t.shards[i].arena_len - ARENA_START - t.shards[i].dead
-    return n
+    return (n + count * (WIRE_HEADER - RECORD_HEADER + t.wire_value_size - t.value_size)
+            - 2 * t.long_keys)
 
 
 cdef uint32_t dump_section(const Table* t, int fd, uint32_t crc, bytes name) except? 0:
     """A snapshot section: <u16 name length><name><u32 value size><u64
     records><u64 bytes>, then the records.  Returns the chained CRC."""
-    cdef bytes header = section_header(name, t.value_size, table_count(t),
+    cdef bytes header = section_header(name, t.wire_value_size, table_count(t),
                                        table_live_bytes(t))
     if write_all(fd, header, len(header), &crc) != FL_OK:
         raise OSError(errno, "writing the snapshot failed")
@@ -1935,7 +2025,7 @@ cdef list drain_section(Table* t, bytes name):
     try:
         if records == 0:
             return []
-        return [section_header(name, t.value_size, records, n), buf[:n]]
+        return [section_header(name, t.wire_value_size, records, n), buf[:n]]
     finally:
         free(buf)
 

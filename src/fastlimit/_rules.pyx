@@ -15,7 +15,7 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               probe_value, probe_record, record_live, expire_second,
                               bucket_check, bucket_params_error, fl_get_i64,
                               fl_put_i64, fl_put_u32, fl_mono_ns, fl_i128,
-                              BUCKET_VALUE_SIZE, MAX_NOW_MS, invariant, dump_section,
+                              BUCKET_STORED_SIZE, MAX_NOW_MS, invariant, dump_section,
                               load_table, note_change, table_track, table_untrack,
                               drain_section, oldest_note, log_overflowed, value_check,
                               in_range, bucket_value_ok, fl_get_u16, route_key,
@@ -23,7 +23,8 @@ from fastlimit._core cimport (Table, Probe, CheckResult, BucketParams, Clock, FL
                               walk_slots, filter_section, whole_key, MemoryBound,
                               set_table_bound, raise_for, MemBound, bound_reclaim,
                               insert_cost, INSERT_ROUNDS, FL_EOOM, RECORD_HEADER,
-                              record_spent, spent_share)
+                              record_spent, spent_share, bucket_table_init, bucket_tokens,
+                              bucket_last, keylen_after, key_after)
 from fastlimit._core import checked_slot
 from fastlimit._cluster cimport key_slot
 
@@ -64,7 +65,7 @@ cdef enum:
     CONCURRENCY_SHARDS = 16                      # a rule's own table starts small
 
 cdef uint32_t VALUE_SIZES[N_SHARED_TABLES]
-VALUE_SIZES[:] = [BUCKET_VALUE_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE]
+VALUE_SIZES[:] = [BUCKET_STORED_SIZE, FIXED_WINDOW_VALUE, SLIDING_WINDOW_VALUE, GCRA_VALUE]
 
 
 # ---- loaded values: what each algorithm's writes can store ----------------------
@@ -102,9 +103,9 @@ cdef const RuleSpec* record_rule(const char* rec, uint32_t value_size, const voi
                                  int algorithm) noexcept nogil:
     cdef const RuleRoute* ruleset = <const RuleRoute*>ctx
     cdef uint32_t num
-    if fl_get_u16(rec + 4) < 4:
+    if keylen_after(rec, value_size) < 4:
         return NULL
-    num = fl_get_u32(rec + RECORD_HEADER + value_size) & RULE_NUMBER_MASK
+    num = fl_get_u32(key_after(rec, value_size)) & RULE_NUMBER_MASK
     if num >= ruleset.nrules or not ruleset.rules[num].in_use \
             or ruleset.rules[num].algorithm != algorithm:
         return NULL
@@ -122,8 +123,8 @@ cdef uint64_t token_bucket_spent(const char* rec, uint32_t value_size, const voi
     if r == NULL:
         return 0
     cap_m = r.bucket.capacity * 1000
-    elapsed = now_ms - fl_get_i64(v + 8)
-    return spent_share(cap_m - fl_get_i64(v) - (
+    elapsed = now_ms - bucket_last(v)
+    return spent_share(cap_m - bucket_tokens(v) - (
         <fl_i128>elapsed * r.bucket.refill * 1000 // r.bucket.period_ms if elapsed > 0 else 0),
         cap_m)
 
@@ -774,8 +775,10 @@ cdef class RuleEngine:
         self.basecap = 0
         self.clock = clock if clock is not None else Clock()
         for i in range(N_SHARED_TABLES):
-            if table_init(&self.tables[i], shards, VALUE_SIZES[i],
-                          <const uint8_t*><const char*>seed) != FL_OK:
+            if (bucket_table_init(&self.tables[i], shards, <const uint8_t*><const char*>seed)
+                    if i == ALG_TOKEN_BUCKET else
+                    table_init(&self.tables[i], shards, VALUE_SIZES[i],
+                               <const uint8_t*><const char*>seed)) != FL_OK:
                 raise MemoryError()
         if table_init(&self.throttle_table, shards, GCRA_VALUE,
                       <const uint8_t*><const char*>seed) != FL_OK:
@@ -1786,7 +1789,7 @@ cdef class RuleEngine:
             for i in range(N_SHARED_TABLES):
                 if ALGORITHMS[i].encode() == name:
                     t, valid = &self.tables[i], VALUE_CHECKS[i]
-        if t == NULL or t.value_size != value_size:
+        if t == NULL or t.wire_value_size != value_size:
             return False
         load_table(t, data, records, None if name == b"throttle" else renumber, valid, deletes)
         return True

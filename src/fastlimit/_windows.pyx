@@ -39,10 +39,10 @@ from libc.stdint cimport int64_t, uint64_t, uint32_t, uint8_t, INT64_MAX
 from libc.string cimport memcpy, memmove, memset
 
 from fastlimit._core cimport (Table, Probe, Shard, Clock, FL_OK, FL_MAX_KEY_LEN,
-                              RECORD_HEADER, MAX_NOW_MS, fl_get_u32, fl_put_u32, fl_get_u16,
+                              record_key, record_keylen, MAX_NOW_MS, fl_get_u32, fl_put_u32, fl_get_u16,
                               fl_get_i64, fl_put_i64, fl_mono_ns, fl_i128,
                               table_init, table_free, table_clear, table_lookup,
-                              table_insert, table_delete, table_count, table_memory,
+                              table_insert, table_delete, probe_at, table_count, table_memory,
                               table_sweep, probe_value, probe_record, expire_second,
                               raise_for, note_change, table_track, table_untrack,
                               log_overflowed, oldest_note, drain_section, dump_section,
@@ -358,14 +358,10 @@ cdef class WindowStore:
                 while j < sh.nslots:
                     if sh.slots[j].off != 0:
                         rec = sh.arena + sh.slots[j].off
-                        if (fl_get_u16(rec + 4) >= plen and
-                                memcmp_prefix(rec + RECORD_HEADER + t.value_size, pre, plen)):
-                            p.shard = sh
-                            p.slot = j
-                            p.hash = sh.slots[j].hash
-                            p.found = True
-                            note_change(t, &p, rec + RECORD_HEADER + t.value_size,
-                                        fl_get_u16(rec + 4))
+                        if (record_keylen(t, rec) >= plen and
+                                memcmp_prefix(record_key(t, rec), pre, plen)):
+                            probe_at(t, sh, j, &p)
+                            note_change(t, &p, record_key(t, rec), record_keylen(t, rec))
                             table_delete(t, &p)
                             removed += 1
                             continue      # a later record may have shifted into slot j
@@ -409,8 +405,8 @@ cdef class WindowStore:
         if i < 0:
             return False
         t = self.table_at(i)
-        if value_size != t.value_size:
-            raise ValueError(f"value size {value_size}, not {t.value_size}")
+        if value_size != t.wire_value_size:
+            raise ValueError(f"value size {value_size}, not {t.wire_value_size}")
         load_table(t, data, records, None,
                    counter_value_ok if i == 0 else sliding_value_ok if i == 1 else log_value_ok,
                    deletes)
