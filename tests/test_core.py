@@ -813,6 +813,18 @@ def test_sweep_respects_its_budget():
     assert len(store) == 0
 
 
+def test_a_sweep_resumed_inside_a_shard_visits_its_first_slots_again():
+    # The first sweep stops after 32 slots, at a time when nothing has
+    # refilled; the next one, after every bucket has, must drop them all,
+    # those in the slots the first one saw included.
+    store, clock = new_store(shards=1)
+    for i in range(100):
+        store.check(b"r:%d" % i, 10, 1)         # full again 1 s later
+    assert store.sweep(now_ms=clock.now() + 500, budget_ms=0.0) == (0, 32)
+    assert store.sweep(now_ms=clock.now() + 2000, budget_ms=1000.0)[0] == 100
+    assert len(store) == 0
+
+
 def test_clear():
     store, _ = new_store()
     for i in range(5000):

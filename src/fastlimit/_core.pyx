@@ -724,13 +724,17 @@ cdef size_t table_memory(const Table* t) noexcept nogil:
 cdef uint64_t table_sweep(Table* t, uint32_t now_s, int64_t deadline_ns,
                           uint64_t* scanned) noexcept nogil:
     """Visits slots from where the last sweep stopped, dropping records
-    whose expiry second has passed, until one full pass over every shard
-    is done or the deadline passes.  Returns how many were dropped."""
+    whose expiry second has passed, until one full pass over every slot
+    is done or the deadline passes.  Returns how many were dropped.  A
+    pass that resumes inside a shard ends with that shard again from its
+    start: its first slots were visited by an earlier sweep, at an earlier
+    time, when their records may not yet have expired."""
     cdef uint64_t removed = 0, visited = 0
     cdef uint32_t shards_done = 0
+    cdef uint32_t passes = t.nshards + (1 if t.sweep_slot > 0 else 0)
     cdef Shard* s
     cdef Probe p
-    while shards_done < t.nshards:
+    while shards_done < passes:
         s = &t.shards[t.sweep_shard]
         while t.sweep_slot < s.nslots:
             visited += 1
