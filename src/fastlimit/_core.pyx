@@ -445,7 +445,6 @@ cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
     else:
         rec[4] = <char>KEYLEN_LONG
         fl_put_u16(rec + RECORD_HEADER + t.value_size, <uint16_t>keylen)
-        t.long_keys += 1
     memcpy(<char*>record_key(t, rec), key, keylen)
     slots_before = slot_bytes(s)
     if needs_growth(s) and shard_grow(t, s) != FL_OK:
@@ -464,6 +463,7 @@ cdef inline int table_append(Table* t, Probe* p, const char* key, size_t keylen,
     p.dist = s.slots[slot].dist
     s.arena_len += n
     s.count += 1
+    t.long_keys += keylen >= KEYLEN_LONG     # only once the record is in
     p.found = True
     account(t, n)
     return FL_OK
