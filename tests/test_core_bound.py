@@ -162,6 +162,27 @@ def test_exhausted_rule_buckets_outlast_a_flood_of_any_refill(clock, algorithm, 
     assert [k for k in victims if engine.apply([1], k, cost=0)[2] != 0] == []
 
 
+def test_an_exhausted_bucket_goes_only_when_every_draw_finds_exhausted_ones(clock):
+    # One shard of about 1,200 buckets, a third of them exhausted: five
+    # samples all land on those in one eviction of 250, so the 4,000 the
+    # flood makes once lost about 15 of them (a server's 256 shards under
+    # 512kb hold some 35 buckets each: the same, once in 7,000 floods).
+    # Now a draw of five exhausted ones draws again, up to four times.
+    store, engine, bound = bounded(clock, 64 * KB, shards=1)
+    victims = [b"login:%d" % i for i in range(400)]
+    for k in victims:
+        store.check(k, 5, 5, cost=5, period_ms=60_000)
+    for i in range(5_000):
+        store.check(b"flood:%d" % i, 10, 1)
+    assert bound.evicted > 3_500 and bound.used <= 64 * KB
+    assert [k for k in victims if store.check(k, 5, 5, cost=0, period_ms=60_000)[2] != 0] == []
+    # When nothing but exhausted buckets is left, they are evicted all the same.
+    for i in range(5_000):
+        assert store.check(b"spender:%d" % i, 5, 5, cost=5, period_ms=60_000)[0] == 1
+    assert bound.used <= 64 * KB
+    assert sum(store.check(k, 5, 5, cost=0, period_ms=60_000)[2] != 0 for k in victims) > 300
+
+
 def test_a_bucket_is_ranked_by_how_spent_it_is_not_by_when_it_is_full(clock):
     # Both buckets sampled: the one spent 1/1000 of a daily limit goes
     # before the one spent 4/5 of a per-minute one, though it is full

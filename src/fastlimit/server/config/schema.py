@@ -300,7 +300,7 @@ class Settings:
         help="bytes the bucket tables may hold (e.g. 200mb; default {default}: no bound)")
     maxmemory_policy: str = setting(
         "nearest-full", Kind(parse_policy), runtime=True, metavar="POLICY",
-        help="at the bound: nearest-full evicts the sampled bucket soonest full again, "
+        help="at the bound: nearest-full evicts the sampled bucket least spent for its limit, "
              "allkeys-random any, noeviction refuses new buckets with -OOM")
     maxmemory_samples: int = setting(
         5, integer(1, 64), runtime=True,
