@@ -175,27 +175,37 @@ cdef int shard_rehash(const Table* t, Shard* s, uint32_t nslots) noexcept nogil:
     return FL_OK
 
 
-cdef bint shard_consistent(const Table* t, const Shard* s) noexcept nogil:
-    """The Robin Hood invariants, for the debug build's assertions after
-    each operation that rewrites a whole shard (a rehash, a compaction:
-    every eviction round ends with one): every entry sits
-    `dist` slots past its key's home with its key's tag, no entry is
-    further from home than the one before it allows (so a lookup reaches
-    it), and `count` entries in all."""
-    cdef uint32_t i, h32, n = 0, prev
-    cdef uint64_t dist
+cdef bint slots_well_formed(const Shard* s) noexcept nogil:
+    """The Robin Hood shape, for the debug build's assertions: no entry is
+    further from its home than the one before it allows (so a lookup
+    reaches it), and `count` entries in all.  Reads the slots only: cheap
+    enough after every compaction (each eviction round ends with one), so
+    the deletes before it are checked."""
+    cdef uint32_t i, n = 0, prev
     for i in range(s.nslots):
         if s.slots[i].off == 0:
             continue
         n += 1
+        prev = i - 1 if i > 0 else s.nslots - 1
+        if s.slots[i].dist > 0 and (s.slots[prev].off == 0 or
+                                    s.slots[prev].dist + 1 < s.slots[i].dist):
+            return False
+    return n == s.count
+
+
+cdef bint shard_consistent(const Table* t, const Shard* s) noexcept nogil:
+    """slots_well_formed, and every entry `dist` slots past its key's home
+    with its key's tag: after a rehash, which hashes every key anyway."""
+    cdef uint32_t i, h32
+    cdef uint64_t dist
+    for i in range(s.nslots):
+        if s.slots[i].off == 0:
+            continue
         h32 = record_hash(t, s.arena + s.slots[i].off)
         dist = (<uint64_t>i + s.nslots - home_slot(h32, s.nslots)) % s.nslots
         if dist != s.slots[i].dist or s.slots[i].tag != tag_of(h32):
             return False
-        prev = i - 1 if i > 0 else s.nslots - 1
-        if dist > 0 and (s.slots[prev].off == 0 or s.slots[prev].dist + 1 < dist):
-            return False
-    return n == s.count
+    return slots_well_formed(s)
 
 
 cdef inline uint64_t grown_nslots(const Shard* s) noexcept nogil:
@@ -246,7 +256,7 @@ cdef int shard_compact(Table* t, Shard* s) noexcept nogil:
     s.arena_cap = cap
     s.arena_len = pos
     s.dead = 0
-    invariant(shard_consistent(t, s))
+    invariant(slots_well_formed(s))
     return FL_OK
 
 
