@@ -127,3 +127,21 @@ def test_a_port_given_and_taken_is_a_start_error(flag):
             timeout=60)
     assert done.returncode == 1
     assert f"('127.0.0.1', {port}): address already in use" in done.stderr
+
+
+@pytest.mark.parametrize("front", ["--http-port", "--grpc-port"])
+def test_a_front_given_the_resp_port_is_a_start_error_not_a_ready_server(front):
+    # The RESP port is bound first and listened on only once the
+    # subsystems are up; a front given the same port binds it meanwhile
+    # (SO_REUSEADDR, neither listening) and listens first.  uvloop then
+    # swallowed the RESP listen's EADDRINUSE: the server said it was ready
+    # on a port its HTTP front answered (CI: a redis client read "H").
+    port = str(free_port())
+    args = {"--port": port, "--http-port": "0", "--grpc-port": "0", front: port}
+    done = subprocess.run(
+        [PYTHON, "-m", "fastlimit.server", *[a for kv in args.items() for a in kv],
+         "--snapshot-file", "", "--rules-db", ""], capture_output=True, text=True, timeout=60)
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log
+    assert "ready to accept connections" not in log, log
+    assert f"('127.0.0.1', {port}): address already in use" in log, log

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -57,6 +59,23 @@ class Subsystem:
 
     async def stop(self) -> None:
         """Ends the work and releases what start() took."""
+
+
+async def start_accepting(server: asyncio.Server) -> None:
+    """Starts a listener bound earlier (start_serving=False), raising
+    OSError if one of its sockets is not listening after all.  Between
+    the bind and the listen another socket may bind the same port (both
+    with SO_REUSEADDR, neither listening yet: another process, or another
+    front of this server given the same port) and listen first; uvloop's
+    start_serving then swallows its own listen's EADDRINUSE (and closes
+    the socket), and the server would say it is ready on a port something
+    else answers."""
+    names = [sock.getsockname()[:2] for sock in server.sockets]
+    await server.start_serving()
+    for name, sock in zip(names, server.sockets, strict=True):
+        if sock.fileno() < 0 or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            raise OSError(errno.EADDRINUSE, f"error while attempting to listen on address "
+                                            f"{name!r}: address already in use")
 
 
 def info_text(text: str, limit: int = 256) -> str:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from fastlimit.cluster.slot_map import MapError
 from fastlimit.rules.model import RuleError
-from fastlimit.server.subsystem import Subsystem
+from fastlimit.server.subsystem import Subsystem, start_accepting
 from fastlimit.takeover import connections, wire
 from fastlimit.takeover.donor import PAUSE_TIMEOUT_S, Donation
 from fastlimit.takeover.heir import (
@@ -115,7 +115,7 @@ class Takeover(Subsystem):
         for server in servers:
             self.noted(front, host, tls, server)
             if serve and not self.inheriting:
-                await server.start_serving()
+                await start_accepting(server)
         return servers
 
     def noted(self, front: str, host: str, tls: bool, server: asyncio.Server) -> None:
@@ -258,7 +258,7 @@ class Takeover(Subsystem):
 
     async def _accept(self) -> None:
         for listener in self.listeners:
-            await listener.server.start_serving()
+            await start_accepting(listener.server)
 
     def _served(self, inheritance: Inheritance) -> None:
         """The heir serves: what INFO server says of its takeover from now on."""

@@ -19,6 +19,7 @@ from typing import cast
 
 from fastlimit._protocol import Connection
 from fastlimit.server import config as cfg
+from fastlimit.server.subsystem import start_accepting
 
 ListenerKey = tuple[str, int, bool]     # host, port, TLS
 RESP_FRONT = "resp"     # these listeners' name in a takeover (takeover/)
@@ -28,10 +29,10 @@ class RespFront:
     def __init__(self, server, log: logging.Logger):
         self.server = server            # fastlimit.server.app.Server
         self.log = log
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[asyncio.Server] = []
         # The RESP listeners by (host, port, tls), which CONFIG SET bind and
         # port change (the HTTP and gRPC fronts stay where they started).
-        self._listeners: dict[ListenerKey, list[asyncio.AbstractServer]] = {}
+        self._listeners: dict[ListenerKey, list[asyncio.Server]] = {}
 
     # ---- the start and the stop -------------------------------------------------
 
@@ -52,7 +53,7 @@ class RespFront:
 
     async def start_serving(self) -> None:
         for listener in self._servers:
-            await listener.start_serving()
+            await start_accepting(listener)
 
     def close(self) -> None:
         """Stops accepting; the connections accepted stay (the server
