@@ -22,13 +22,16 @@ pass_of() {  # pass_of PYTHON [coverage run] -- MARKS -- pytest arguments
     local runner=() marks rc=0 rc2=0
     while [[ $1 != -- ]]; do runner+=("$1"); shift; done; shift
     marks=$1; shift 2
-    "${runner[@]}" -m pytest -n auto --dist loadfile -m "($marks) and not serial" "$@" || rc=$?
-    "${runner[@]}" -m pytest -m "($marks) and serial" "$@" || rc2=$?
+    "${runner[@]}" -m pytest -n auto --dist loadfile -m "($marks) and not serial" $DURATIONS "$@" || rc=$?
+    "${runner[@]}" -m pytest -m "($marks) and serial" $DURATIONS "$@" || rc2=$?
     ((rc == 5)) && rc=0
     ((rc2 == 5)) && rc2=0
     return $((rc || rc2))
 }
 
+# The slowest tests of each part, so that a log shows where the suite's
+# minutes go (it is over its 20-minute aim).
+DURATIONS=--durations=15
 status=0
 echo "== tests: release build"
 FASTLIMIT_PYTHON=$PWD/.venv/bin/python pass_of .venv/bin/python -- "not no_such_mark" -- "$@" \
