@@ -124,6 +124,21 @@ def test_a_change_through_any_node_or_plain_sql_is_in_force_on_every_node(pg, no
     assert info["rules_store_state"] == "connected" and info["rules_store_notifications"] >= 4
 
 
+def test_a_node_stops_at_once_right_after_its_own_changes(pg, node):
+    # Regression: a change's own notification setting the follower's wake
+    # event as the stop cancelled its wait was lost by 3.11's wait_for
+    # (it returned instead of raising), and the follower never ended: the
+    # node hung at SIGTERM in about half of these rounds, until SIGKILL.
+    url = pg.create_database()
+    for round_ in range(6):
+        server = node(url)
+        for capacity in (2, 3, 2):
+            assert server.http("PUT", "/v1/rules/orders",
+                               {**RULE, "capacity": capacity}).status in (200, 201)
+        assert server.stop(timeout=5) == 0, f"round {round_}: {server.log()[-2000:]}"
+        assert "ready to exit, bye bye" in server.log()
+
+
 def test_who_and_when_are_recorded_and_every_change_takes_a_higher_version(pg, node):
     url = pg.create_database()
     db = db_of(url)

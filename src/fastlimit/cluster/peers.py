@@ -153,7 +153,8 @@ class Peers:
         self.calls += 1
         try:
             client = await self._client(addr)
-            return await asyncio.wait_for(client.execute_command(*args), CALL_TIMEOUT_S * 2)
+            async with asyncio.timeout(CALL_TIMEOUT_S * 2):
+                return await client.execute_command(*args)
         except (TimeoutError, redis.ConnectionError, redis.TimeoutError, OSError):
             self.failures += 1
             await self._forget(addr)

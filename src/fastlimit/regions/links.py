@@ -78,10 +78,12 @@ class PeerLink(RetryingLink):
         tls = self.app.tls.client if self.app.settings.tls_regions else None
         try:
             if self.address.service is not None:
-                self.host, self.port = await asyncio.wait_for(self._ask_sentinels(), timeout)
+                async with asyncio.timeout(timeout):
+                    self.host, self.port = await self._ask_sentinels()
             options = {"ssl": tls, "server_hostname": self.host} if tls is not None else {}
-            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: self, self.host, self.port, **options), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.get_running_loop().create_connection(
+                    lambda: self, self.host, self.port, **options)
         except TimeoutError:
             self._failed("connect timed out")
         except (OSError, LookupError) as e:
@@ -96,8 +98,8 @@ class PeerLink(RetryingLink):
         assert service is not None
         for host, port in self.address.sentinels:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), SENTINEL_TIMEOUT_S)
+                async with asyncio.timeout(SENTINEL_TIMEOUT_S):
+                    reader, writer = await asyncio.open_connection(host, port)
             except (OSError, TimeoutError):
                 continue
             try:
@@ -106,7 +108,8 @@ class PeerLink(RetryingLink):
                 parser = hiredis.Reader()
                 reply = False
                 while reply is False:
-                    data = await asyncio.wait_for(reader.read(4096), SENTINEL_TIMEOUT_S)
+                    async with asyncio.timeout(SENTINEL_TIMEOUT_S):
+                        data = await reader.read(4096)
                     if not data:
                         break
                     parser.feed(data)

@@ -380,8 +380,8 @@ class RegionsSubsystem(Subsystem):
         else:
             answered(None)
         try:
-            reply = await asyncio.wait_for(answer, self.app.settings.region_home_timeout_ms
-                                           / 1000)
+            async with asyncio.timeout(self.app.settings.region_home_timeout_ms / 1000):
+                reply = await answer
         except TimeoutError:
             reply = None
         if reply is None:

@@ -135,9 +135,9 @@ class PrimaryLink(RetryingLink):
         try:
             # A primary that drops SYNs would otherwise hold this for the
             # kernel's connect timeout (minutes).
-            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: self, self.host, self.port, **self._tls_options()),
-                self.app.settings.repl_timeout)
+            async with asyncio.timeout(self.app.settings.repl_timeout):
+                await asyncio.get_running_loop().create_connection(
+                    lambda: self, self.host, self.port, **self._tls_options())
         except TimeoutError:
             self._failed(logging.WARNING, "connect timed out", reach=True)
         except OSError as e:

@@ -146,7 +146,8 @@ class StoreFollower(Subsystem):
         self._probe = (nonce, asyncio.Event())
         try:
             await self.pg.probe(nonce)
-            await asyncio.wait_for(self._probe[1].wait(), self.pg.timeout_s)
+            async with asyncio.timeout(self.pg.timeout_s):
+                await self._probe[1].wait()
         except TimeoutError:
             raise PostgresError(
                 "a notification sent on the channel did not come back: LISTEN does not "
@@ -217,7 +218,11 @@ class StoreFollower(Subsystem):
         while True:
             timeout = max(0.0, min(next_resync, next_beat) - loop.time())
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                # not wait_for: on 3.11 it returns, and the stop's cancel
+                # is lost, when the event is set as the cancel comes (a
+                # change's own notification at shutdown: the stop hung)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

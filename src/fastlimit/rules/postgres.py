@@ -314,7 +314,8 @@ class Postgres:
                 raise PostgresError("not connected")
             conn = self.listener if on_listener else self.worker
             try:
-                return await asyncio.wait_for(work(conn), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    return await work(conn)
             except _ConflictAt:
                 raise
             except _failures(asyncpg) as e:

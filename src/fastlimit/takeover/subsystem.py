@@ -283,7 +283,8 @@ class Takeover(Subsystem):
                 raise TakeoverError(f"waiting for {what}: {failure}")
             left = STOP_CHECK_S if deadline is None else min(deadline - loop.time(), STOP_CHECK_S)
             try:
-                await asyncio.wait_for(link.progress.wait(), max(left, 0))
+                async with asyncio.timeout(max(left, 0)):
+                    await link.progress.wait()
             except TimeoutError:
                 if deadline is not None and loop.time() >= deadline:
                     raise TakeoverError(f"{what} did not come within {timeout:g} s") from None
