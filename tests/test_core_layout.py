@@ -110,6 +110,7 @@ def test_rule_buckets_round_trip_in_the_wire_form():
         == [sorted(wire_split(bytes(s.data), s.value_size)) for s in sections]
 
 
+@pytest.mark.release_only       # a million traced checks took 94 s of the debug pass
 def test_a_million_keys_of_17_bytes_take_at_most_48_bytes_each():
     # the issue's figure, exact: the tables' own count of their bytes
     store = BucketStore(clock=Clock(manual=True, start_ms=10**9))
