@@ -54,9 +54,28 @@ KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 300_000, 20_000
 # How long shutdown waits for the thread (cancelling the call ends its
 # wait at once; a thread still busy after this is a daemon and dies with us).
 STOP_WAIT_S = 2.0
+# grpc's connectivity poller wakes every 0.2 s; a channel is closed once it
+# has ended, or after this anyway (close_channel).
+POLLER_END_S = 1.0
 
 TWO_SOURCES = ("rls-config and rls-xds-server are two sources of the rate limit service's "
                "configuration: give one")
+
+
+def close_channel(channel) -> None:
+    """Close a channel once grpc's connectivity poller has ended.
+
+    subscribe() starts a poller thread, which ends at its next wake after
+    the last unsubscribe().  A close before that makes the poller's next
+    watch raise ValueError in grpc's own thread, printed as a traceback
+    (grpc/grpc#18995): a stop or a failed stream right after the subscribe
+    did so.  grpc has no public way to wait for the poller, so this reads
+    its flag, and closes anyway after POLLER_END_S."""
+    state = getattr(channel, "_connectivity_state", None)
+    deadline = time.monotonic() + POLLER_END_S
+    while getattr(state, "polling", False) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    channel.close()
 
 
 class _Stopped(Exception):
@@ -180,7 +199,7 @@ class XdsClient:
             with self._lock:
                 self._call = None
             channel.unsubscribe(connectivity)
-            channel.close()
+            close_channel(channel)
         if not self._stopping.is_set():
             self.stats.last_error = error
             self.log.warning("rls: xDS server %s: %s; reconnecting", self.server, error)
