@@ -11,17 +11,13 @@ every test can ``from wire import command, Wire``.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 import struct
-import sys
 import threading
 import time
-
-# The port pickers are the HA rig's (scripts/ha.py), which the tests use too.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "scripts"))
-from ha import free_port, free_ports  # noqa: E402,F401  (re-exported for the tests)
 
 TIMEOUT = 10.0       # default deadline, in seconds, for a read and for connecting
 
@@ -30,6 +26,49 @@ _BLOB = b"$=!"       # <length>\r\n<bytes>\r\n; a length of -1 is the RESP2 null
 _ARRAY = b"*~>"      # <count>\r\n then count replies
 _PAIRS = b"%|"       # <count>\r\n then 2 * count replies
 _LINE = b"+-:_#,("   # the first line is the whole reply
+
+
+def _ports_of_this_worker() -> itertools.cycle:
+    """The ports this process hands out, in turn from a random one.
+
+    Below the kernel's ephemeral range: a bind to port 0 (every test
+    server's RESP port, every outgoing connection) never takes a port a
+    test picked before the test's server binds it.  Each pytest-xdist
+    worker has a slice of its own: two tests running at once never pick
+    the same port."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    size = (ephemeral_low - LOWEST_PICKED_PORT) // workers
+    first = LOWEST_PICKED_PORT + worker * size
+    start = random.randrange(size)
+    return itertools.cycle([*range(first + start, first + size), *range(first, first + start)])
+
+
+LOWEST_PICKED_PORT = 10_000
+_picked = _ports_of_this_worker()
+_picking = threading.Lock()
+
+
+def free_ports(n: int) -> list[int]:
+    """n loopback ports nothing is bound to, none handed out before in this
+    run (until the worker's slice wraps around)."""
+    ports: list[int] = []
+    with _picking:
+        while len(ports) < n:
+            port = next(_picked)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            ports.append(port)
+    return ports
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def command(*args) -> bytes:
