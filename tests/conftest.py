@@ -18,17 +18,22 @@ from servers import RedisServerProcess, ServerProcess, started_servers
 
 # ---- coverage ------------------------------------------------------------------------------
 # The debug pass of scripts/test.sh runs under `coverage run`.  Line tracing
-# makes the Cython hot path some 30 times slower, so the tests that exist to
-# push volume (hundreds of thousands of operations) or that bound CPU time or
-# latency are marked `untraced` where they are written (`pytestmark` for a
-# whole file): they run untraced, in this process and in the servers they
-# start.  What they test is unchanged, and the paths they take smaller tests
-# take too.
+# makes the Cython hot path some 30 times slower, so the tests that bound CPU
+# time or latency are marked `untraced` where they are written (`pytestmark`
+# for a whole file), and the tests that exist to push volume (hundreds of
+# thousands of operations) `volume`: both run untraced, in this process and
+# in the servers they start.  What they test is unchanged, and the paths
+# they take smaller tests take too.  The untraced ones run alone on the
+# release build; the volume ones run in both passes beside other tests, so
+# the debug build's checks (bounds, the tables' invariants) see their volume.
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "untraced: runs without coverage's line tracing (it pushes volume or bounds time)")
+        "markers", "untraced: runs without coverage's line tracing, alone (it bounds time)")
+    config.addinivalue_line(
+        "markers", "volume: runs without coverage's line tracing, beside other tests, on both "
+        "builds (it pushes volume: the debug build's checks run, the lines are others' too)")
 
 
 def pytest_collection_modifyitems(items):
@@ -61,9 +66,10 @@ def _running_coverage():
 
 @pytest.fixture(autouse=True)
 def _untraced(request):
-    """Pauses coverage for an untraced test; autouse fixtures come first,
+    """Pauses coverage for an untraced or volume test; autouse fixtures come first,
     so the servers the test starts see servers.TRACED cleared."""
-    cov = _running_coverage() if request.node.get_closest_marker("untraced") else None
+    marked = request.node.get_closest_marker("untraced") or request.node.get_closest_marker("volume")
+    cov = _running_coverage() if marked else None
     if cov is None:
         yield
         return

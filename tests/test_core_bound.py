@@ -64,6 +64,7 @@ def test_the_count_follows_every_change_of_the_tables(clock):
     assert bound.used == 0
 
 
+@pytest.mark.volume
 @pytest.mark.parametrize("policy", ["nearest-full", "allkeys-random"])
 def test_a_flood_never_takes_the_tables_past_the_bound(clock, policy):
     store, engine, bound = bounded(clock, 512 * KB, policy)
@@ -76,6 +77,7 @@ def test_a_flood_never_takes_the_tables_past_the_bound(clock, policy):
     assert len(store) > 0.8 * 512 * KB / 52      # about 47 bytes a bucket: little left unused
 
 
+@pytest.mark.volume
 def test_the_default_policy_keeps_exhausted_buckets_of_every_kind(clock):
     store, engine, bound = bounded(clock, 1024 * KB)
     engine.define(1, {"algorithm": "fixed_window", "limit": 3, "window_ms": 60_000})
@@ -208,6 +210,7 @@ def test_noeviction_refuses_only_new_buckets(clock):
     assert bound.evict(clock.now(), 10.0) == 0        # nothing to evict under noeviction
 
 
+@pytest.mark.volume
 def test_a_lowered_bound_is_reached_by_evict(clock):
     store, engine, bound = bounded(clock, 1 << 30)
     for i in range(50_000):

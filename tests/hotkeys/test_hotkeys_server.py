@@ -274,6 +274,7 @@ def test_config_set_top_k_0_turns_tracking_off_and_back_on(c):
         c.config_set("hotkeys-sample", 0)
 
 
+@pytest.mark.volume
 def test_the_tracker_s_memory_does_not_grow_with_distinct_keys(c):
     before = c.info("memory")["hotkeys_tracker_bytes"]
     for batch in range(20):

@@ -101,6 +101,7 @@ def test_noeviction_refuses_new_buckets_with_redis_text(make_server, redis_serve
 
 # ---- the default policy under a flood -----------------------------------------------------
 
+@pytest.mark.volume
 def test_flood_of_new_keys_evicts_them_and_keeps_the_exhausted(make_server):
     srv, c = started(make_server, "--maxmemory", "1mb")
     assert c.config_get("maxmemory-policy") == {"maxmemory-policy": "nearest-full"}
@@ -183,6 +184,7 @@ def test_keyflood_slow_refill_run_resets_no_victim(tmp_path):
     assert run.reset == 0 and run.denied == run.answers > 0, keyflood.report([run], args)
 
 
+@pytest.mark.volume
 def test_random_eviction_loses_exhausted_keys_the_default_keeps(make_server):
     # The same flood under allkeys-random forgets most of them: the default
     # keeps them because of the choice it makes, not by luck.
@@ -237,6 +239,7 @@ def test_config_file_sets_the_bound(make_server, tmp_path):
     assert c.info("memory")["maxmemory_policy"] == "noeviction"
 
 
+@pytest.mark.volume
 def test_lowering_maxmemory_evicts_down_to_it(make_server):
     # A small flood: the ticks' eviction is bounded in time, and the debug
     # pass's line tracing makes each eviction some 30 times dearer (60,000
@@ -255,6 +258,7 @@ def test_lowering_maxmemory_evicts_down_to_it(make_server):
 
 # ---- replication ---------------------------------------------------------------------------------
 
+@pytest.mark.volume
 def test_standby_drops_the_buckets_its_primary_evicted(make_server):
     primary, p = started(make_server, "--maxmemory", "1mb")
     replica, r = started(make_server, "--replicaof", "127.0.0.1", str(primary.port),

@@ -187,6 +187,7 @@ def flood_windows(c, prefix: str, n: int) -> None:
     pipe.execute()
 
 
+@pytest.mark.volume
 def test_maxmemory_counts_and_evicts_windowed_counters_and_a_standby_follows(make_server):
     primary, p = start_pair(make_server)
     replica, r = attach_replica(make_server, primary)
