@@ -28,7 +28,7 @@ _PAIRS = b"%|"       # <count>\r\n then 2 * count replies
 _LINE = b"+-:_#,("   # the first line is the whole reply
 
 
-def _ports_of_this_worker() -> itertools.cycle:
+def _ports_of_this_worker() -> list[int]:
     """The ports this process hands out, in turn from a random one.
 
     Below the kernel's ephemeral range: a bind to port 0 (every test
@@ -43,11 +43,12 @@ def _ports_of_this_worker() -> itertools.cycle:
     size = (ephemeral_low - LOWEST_PICKED_PORT) // workers
     first = LOWEST_PICKED_PORT + worker * size
     start = random.randrange(size)
-    return itertools.cycle([*range(first + start, first + size), *range(first, first + start)])
+    return [*range(first + start, first + size), *range(first, first + start)]
 
 
 LOWEST_PICKED_PORT = 10_000
-_picked = _ports_of_this_worker()
+_slice = _ports_of_this_worker()
+_picked = itertools.cycle(_slice)
 _picking = threading.Lock()
 
 
@@ -56,14 +57,17 @@ def free_ports(n: int) -> list[int]:
     run (until the worker's slice wraps around)."""
     ports: list[int] = []
     with _picking:
-        while len(ports) < n:
-            port = next(_picked)
+        for port in itertools.islice(_picked, len(_slice)):
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
             ports.append(port)
+            if len(ports) == n:
+                break
+    if len(ports) < n:
+        raise RuntimeError(f"fewer than {n} free ports in {_slice[0]}..{_slice[-1]}")
     return ports
 
 
