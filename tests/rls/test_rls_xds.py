@@ -293,11 +293,14 @@ def test_a_channel_closed_right_after_its_subscribe_leaves_grpc_s_poller_no_trac
                 t.start()
             for t in threads[1:]:
                 t.join(timeout=60)
+            stuck = [t for t in threads[1:] if t.is_alive()]
             done.set()
             threads[0].join()
             time.sleep(0.3)         # a poller left behind would raise by now
     finally:
-        threading.excepthook, _ = hook, sys.setswitchinterval(interval)
+        threading.excepthook = hook
+        sys.setswitchinterval(interval)
+    assert stuck == [], "a close waited past its bound"
     assert raised == []
 
 
