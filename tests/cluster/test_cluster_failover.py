@@ -83,6 +83,11 @@ class Load(threading.Thread):
         self.client.close()
 
 
+def replication(port: int) -> dict:
+    with redis.Redis(port=port, socket_timeout=5) as r:
+        return r.info("replication")
+
+
 def test_a_killed_shard_primary_is_replaced_everywhere_and_the_other_shard_never_stops():
     with local_cluster.LocalCluster(shards=2, python=PYTHON) as c:
         c.wait_state_ok()
@@ -98,7 +103,10 @@ def test_a_killed_shard_primary_is_replaced_everywhere_and_the_other_shard_never
         split_check = (split, 10, 1, "PERIOD", 3_600_000, "SPLIT", 2)
         assert all(rc.execute_command("CL.CHECK", *split_check)[0] for _ in range(10))
         assert rc.execute_command("CL.CHECK", *split_check)[0] == 0
-        time.sleep(0.2)          # a few replication batches (repl-flush-ms 2)
+        # the standby has both spent keys before its primary is killed
+        target = replication(old.port)["master_repl_offset"]
+        wait_until(lambda: replication(standby.port)["slave_repl_offset"] >= target, 10,
+                   "the standby to have the spent keys")
         load = Load(other.port, key_in(2, 1, "steady"))
         load.start()
         switches: list[float] = []
