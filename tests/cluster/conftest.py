@@ -84,12 +84,22 @@ def redis_cluster(cluster_root):
         redis_cli("--cluster", "add-node", nodes[3].addr, nodes[0].addr,
                   "--cluster-slave", "--cluster-master-id", master_id)
 
+        replica_id = nodes[3].raw("CLUSTER", "MYID").decode()
+
+        def gossip_done(node) -> bool:
+            """Every link connected, and the replica known as the first
+            master's: each node learns that from gossip on its own."""
+            lines = [line.split() for line in node.raw("CLUSTER", "NODES").decode().splitlines()]
+            return all(f[7] == "connected" for f in lines) and any(
+                f[0] == replica_id and "slave" in f[2] and f[3] == master_id for f in lines)
+
         def settled() -> bool:
             infos = [n.raw("CLUSTER", "INFO") for n in nodes]
             slots = nodes[0].raw("CLUSTER", "SLOTS")
             return (all(b"cluster_state:ok" in i and b"cluster_known_nodes:4" in i
                         for i in infos)
-                    and any(len(entry) == 4 for entry in slots))
+                    and any(len(entry) == 4 for entry in slots)
+                    and all(gossip_done(n) for n in nodes))
         wait_for(settled, "the cluster to settle with its replica")
         yield nodes
     finally:
