@@ -31,8 +31,9 @@ def test_one_rules_table_for_every_region(make_server, pg, tmp_path):
     assert c["eu"].execute_command("CL.RULE", "SET", "api", json.dumps(static)) == b"OK"
     assert c["us"].execute_command("CL.RULE", "SET", "world", json.dumps(world)) == b"OK"
     for n in REGIONS:
-        wait_until(lambda n=n: c[n].execute_command("CL.RULE", "GET", "world"), 10,
-                   what=f"the rules at {n}")
+        # both: us applies its own write at once, eu's only when notified
+        wait_until(lambda n=n: all(c[n].execute_command("CL.RULE", "GET", r)
+                                   for r in ("api", "world")), 10, what=f"the rules at {n}")
     # the same document in every region, each its share of it
     docs = {c[n].execute_command("CL.RULE", "GET", "api") for n in REGIONS}
     assert len(docs) == 1
