@@ -87,7 +87,9 @@ def test_a_replica_repointed_ends_with_exactly_the_new_primarys_state(make_serve
     # and it follows B from there
     cb.execute_command("CL.CHECK", "b:0", 10, 1, "COST", 5)
     wait_until(lambda: peek(r, "b:0") == peek(cb, "b:0"), WAIT, "B's later write never arrived")
-    assert a.client().info("replication")["connected_slaves"] == 0
+    # A drops its follower when its own loop sees the socket r closed
+    wait_until(lambda: ca.info("replication")["connected_slaves"] == 0, WAIT,
+               "A to drop the re-pointed replica")
 
 
 def test_writes_on_the_old_primary_never_reach_a_repointed_replica(make_server):
