@@ -564,6 +564,7 @@ def prefix_length(spent: list[int], sent: int) -> int:
     return lo
 
 
+@pytest.mark.untraced     # its RECENT_S window is real time: alone, on the release build
 def test_promoted_standby_overshoot_under_load(cluster, record_property):
     primary, replica = cluster.pair()
     load = Load(primary)
