@@ -153,7 +153,8 @@ def test_a_real_prometheus_raises_the_gateway_alerts_of_a_client_failing_open(
     server = make_http_server()
     dead = f"127.0.0.1:{free_port()}"          # nothing listens there
     gateway = Gateway({"orders": Client(dead, timeout_ms=5),
-                       "search": Client(f"127.0.0.1:{server.port}", timeout_ms=200)})
+                       # generous: a late reply of the traced server would fail open
+                       "search": Client(f"127.0.0.1:{server.port}", timeout_ms=2000)})
     prometheus = Prometheus(tmp_path, server.http_port, gateway.port)
     try:
         def raised() -> list[dict]:
@@ -178,9 +179,11 @@ def test_a_real_prometheus_raises_the_gateway_alerts_of_a_client_failing_open(
         breaker = next(a for a in alerts if a["labels"]["alertname"] ==
                        "FastlimitGatewayBreakerOpen")
         assert breaker["labels"]["server"] == dead and breaker["labels"]["job"] == "api"
-        targets = prometheus.api("targets")["activeTargets"]
-        assert sorted((t["labels"]["job"], t["health"]) for t in targets) == [
-            ("api", "up"), ("fastlimit", "up")]
+        # both scraped; a scrape of the traced server that timed out is followed
+        # by another a second later
+        wait_until(lambda: sorted((t["labels"]["job"], t["health"]) for t in
+                                  prometheus.api("targets")["activeTargets"]) ==
+                   [("api", "up"), ("fastlimit", "up")], 30, "both targets up", interval=0.5)
         # the healthy client's decisions came from the server
         data = prometheus.api("query", query='fastlimit_client_decisions_total'
                                              '{client="search",source="server"}')
