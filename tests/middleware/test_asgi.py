@@ -157,7 +157,9 @@ def test_embedded_limiter(serve_asgi):
 
 def test_outage_fails_open_or_closed_per_route(make_server, serve_asgi):
     server = make_server("--manual-clock")
-    client = AsyncClient(servers=f"127.0.0.1:{server.port}", timeout_ms=200)
+    # seconds: the outage is a stopped server, refused at once, and a late reply
+    # of the traced server must not fail open before it
+    client = AsyncClient(servers=f"127.0.0.1:{server.port}", timeout_ms=2000)
     app, calls = starlette_app(
         client, Limit(3, 1),
         on_failure=lambda req: "closed" if req.path == "/login" else "open")

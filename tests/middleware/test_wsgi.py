@@ -127,7 +127,9 @@ def test_embedded_limiter(serve_wsgi):
 
 def test_outage_fails_open_or_closed_per_route(make_server, serve_wsgi):
     server = make_server("--manual-clock")
-    with Client(servers=f"127.0.0.1:{server.port}", timeout_ms=200) as client:
+    # seconds: the outage is a stopped server, refused at once, and a late reply
+    # of the traced server must not fail open before it
+    with Client(servers=f"127.0.0.1:{server.port}", timeout_ms=2000) as client:
         app, calls = flask_app(
             client, Limit(3, 1),
             on_failure=lambda req: "closed" if req.path == "/login" else "open")
