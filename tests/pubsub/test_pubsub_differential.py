@@ -13,7 +13,7 @@ import random
 import time
 
 import pytest
-from wire import Wire, command
+from wire import TIMEOUT, Wire, command
 
 # Redis answers "unknown command" for commands fastlimit lacks and the
 # reverse, so the refusals use commands both have.
@@ -79,7 +79,10 @@ RESP3_SEQUENCE = [
 
 
 def settle(w: Wire, wait: float = 0.15) -> bytes:
-    """Everything the server sent within wait (pushes have no count)."""
+    """What the server sent for one step: its first bytes, however late (every
+    step here has a reply or a push), then whatever follows within wait
+    (pushes have no count)."""
+    w.fill(time.monotonic() + TIMEOUT)
     deadline = time.monotonic() + wait
     while w.fill(deadline):
         pass
