@@ -16,7 +16,7 @@ import pytest
 import redis
 from http_calls import set_rule
 from readme import readme_console, run_redis_cli, shown_lines
-from wire import Wire, command
+from wire import Wire, command, wait_until
 
 SHED = -2        # remaining in a shed check's reply
 
@@ -264,10 +264,8 @@ def test_the_meter_raises_the_level_under_load_and_lowers_it_after(make_server):
          "CL.CHECK", "k", "100", "100", "PRIORITY", "low"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while c.info("shedding")["shed_level"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert c.info("shedding")["shed_level"] >= 1
+        wait_until(lambda: c.info("shedding")["shed_level"] >= 1, 10, "the level to rise",
+                   interval=0.01)
     finally:
         load.kill()
         load.wait(10)

@@ -89,6 +89,8 @@ def test_a_served_configuration_is_acked_with_its_version_and_nonce_and_enforced
     in_force(srv, "1")
     assert [user_call(srv)["code"] for _ in range(3)] == [OK, OK, OVER_LIMIT]
     assert user_call(srv, user=b"bob")["limit"] == (2, MINUTE, b"per-user")
+    # the state comes from grpc's connectivity callback, on a thread of its own
+    wait_until(lambda: xds_info(srv)["rls_xds_state"] == "connected", what="connected")
     info = xds_info(srv)
     assert (info["rls_xds_server"], info["rls_xds_state"], info["rls_xds_acks"],
             info["rls_xds_nacks"], info["rls_xds_streams"]) == \
