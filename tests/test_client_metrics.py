@@ -24,7 +24,7 @@ def scrape(registry) -> dict:
 def test_a_clients_counters_under_prometheus_names(r, server):
     registry = CollectorRegistry()
     dead = f"127.0.0.1:{free_port()}"
-    live = Client(f"127.0.0.1:{server.port}", timeout_ms=500)
+    live = Client(f"127.0.0.1:{server.port}", timeout_ms=5000)     # a traced server may lag
     failing = Client(dead, timeout_ms=5,
                      breaker=CircuitBreaker(failures=3, window_s=10, probe_every_s=60))
     fallback = Client(dead, timeout_ms=5, fallback=LocalFallback(divisor=2))
@@ -35,6 +35,7 @@ def test_a_clients_counters_under_prometheus_names(r, server):
             live.check(f"k{i}", capacity=10, refill_per_sec=1)
             failing.check("k", capacity=10, refill_per_sec=1)
             failing.check("k", capacity=10, refill_per_sec=1, on_failure="closed")
+        for _ in range(5):      # back to back: the default breaker counts 5 within 1 s
             fallback.check("k", capacity=10, refill_per_sec=1)
         series = scrape(registry)
         decisions = named(series, "fastlimit_client_decisions_total")
@@ -76,7 +77,7 @@ def test_an_async_client_too(r, server):
     registry = CollectorRegistry()
 
     async def main():
-        client = AsyncClient(f"127.0.0.1:{server.port}", timeout_ms=500)
+        client = AsyncClient(f"127.0.0.1:{server.port}", timeout_ms=5000)
         register_prometheus(client, name="a", registry=registry)
         try:
             await asyncio.gather(*(client.check(f"k{i}", capacity=5, refill_per_sec=1)
