@@ -244,9 +244,11 @@ def test_a_client_that_never_sends_its_preface_is_closed_after_the_header_timeou
 
 def test_an_idle_connection_that_greeted_stays_open(make_grpc_server):
     """Envoy keeps one quiet connection per worker for hours."""
-    srv = make_grpc_server("--http-header-timeout", "0.3", "--grpc-deadline-ms", "5000")
+    # a second to read the greeting even on a traced, busy server; silence
+    # well past it
+    srv = make_grpc_server("--http-header-timeout", "1", "--grpc-deadline-ms", "5000")
     h = RawH2(srv.grpc_port)
-    h.sock.settimeout(1.0)
+    h.sock.settimeout(2.5)
     with pytest.raises(TimeoutError):
         while h.sock.recv(65536):    # the server's SETTINGS and ACK, then silence
             pass
