@@ -375,6 +375,8 @@ def test_protocol_error_naming_a_non_ascii_byte(make_server, redis_server, byte)
     a.send(data)
     got_a = a.read_until_closed()
     assert (got_a, b.call_raw(b"ECHO b\r\n")) == (expected, b"$1\r\nb\r\n")
+    drain(b, 0.1)
+    assert b.buf == b""                  # and nothing more
     assert "Traceback" not in srv.log(), srv.log()
 
 
