@@ -17,6 +17,7 @@ from contextlib import closing
 import pytest
 import redis
 
+from servers import wait_caught_up
 from wire import Wire, command, wait_until
 
 READONLY = "READONLY You can't write against a read only replica."
@@ -51,13 +52,6 @@ def wait_equal(p, r, keys, capacity=10, refill=1) -> None:
     def same():
         return all(peek(p, k, capacity, refill) == peek(r, k, capacity, refill) for k in keys)
     wait_until(same, WAIT, "replica never caught up")
-
-
-def wait_caught_up(p, r) -> None:
-    """The replica has applied everything the primary sent so far."""
-    target = p.info("replication")["master_repl_offset"]
-    wait_until(lambda: r.info("replication")["slave_repl_offset"] >= target, WAIT,
-               "replica offset never reached the primary's")
 
 
 # ---- full copy and stream -----------------------------------------------------------------

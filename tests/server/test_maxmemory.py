@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import redis
+from servers import wait_caught_up
 from wire import Wire, command, wait_until
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
@@ -269,10 +270,7 @@ def test_standby_drops_the_buckets_its_primary_evicted(make_server):
     exhaust(p, victims)
     flood(primary.port, "attack", 60_000)
 
-    def caught_up():
-        return (r.info("replication")["slave_repl_offset"]
-                >= p.info("replication")["master_repl_offset"])
-    wait_until(caught_up, WAIT, "replica never caught up")
+    wait_caught_up(p, r)
     assert p.info("stats")["evicted_keys"] > 30_000
     assert r.info("stats")["evicted_keys"] == 0       # it follows, it does not choose
     assert r.dbsize() == p.dbsize()

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import pytest
 import redis
-from wire import free_port
+from wire import free_port, wait_until
 
 PYTHON = os.environ.get("FASTLIMIT_PYTHON", sys.executable)
 # Under `coverage run` (the debug pass of scripts/test.sh) children started
@@ -191,6 +191,15 @@ class ExtraPortServer(ServerProcess):
                 self.extra_port = free_port()
                 self.args[self.args.index(self.PORT_FLAG) + 1] = str(self.extra_port)
         raise AssertionError("unreachable")
+
+
+def wait_caught_up(primary: redis.Redis, replica: redis.Redis, timeout: float = 20.0) -> None:
+    """The replica has applied everything its primary sent so far: its offset
+    reaches the one the primary's INFO gives (INFO flushes the pending batch
+    first)."""
+    target = primary.info("replication")["master_repl_offset"]
+    wait_until(lambda: replica.info("replication")["slave_repl_offset"] >= target, timeout,
+               "the replica to reach the primary's offset")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

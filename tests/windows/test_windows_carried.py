@@ -14,6 +14,7 @@ import signal
 
 import pytest
 import redis
+from servers import wait_caught_up
 from wire import wait_until
 
 T0 = 1_000_000
@@ -83,12 +84,6 @@ def attach_replica(make_server, primary, *args):
     wait_until(lambda: r.info("replication").get("master_link_status") == "up", WAIT,
                "the replica's link to come up")
     return replica, r
-
-
-def wait_caught_up(p, r) -> None:
-    target = p.info("replication")["master_repl_offset"]
-    wait_until(lambda: r.info("replication")["slave_repl_offset"] >= target, WAIT,
-               "the replica to reach the primary's offset")
 
 
 # ---- replication ---------------------------------------------------------------------------
