@@ -84,27 +84,27 @@ def test_fast_path_commands_are_shown(server):
 
 
 def test_redis_cli_monitor(server):
-    with Wire.to(server.port) as c:     # an earlier test's monitor, closed, may still count
-        wait_until(lambda: c.call("CLIENT", "LIST").count(b"flags=O") == 0,
-                   what="no monitor left from an earlier test")
-    cli = subprocess.Popen(["redis-cli", "-p", str(server.port), "monitor"],
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        with Wire.to(server.port) as c:
-            wait_until(lambda: c.call("CLIENT", "LIST").count(b"flags=O") == 1,
-                       what="redis-cli in MONITOR mode")
+    with Wire.to(server.port) as c:
+        def monitors() -> int:
+            return c.call("CLIENT", "LIST").count(b"flags=O")
+        # an earlier test's monitor, closed by its client, may still count
+        wait_until(lambda: monitors() == 0, what="no monitor left from an earlier test")
+        cli = subprocess.Popen(["redis-cli", "-p", str(server.port), "monitor"],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: monitors() == 1, what="redis-cli in MONITOR mode")
             c.call("ECHO", "seen by redis-cli")
-        assert cli.stdout.readline() == "OK\n"
-        for _ in range(100):
-            line = cli.stdout.readline()
-            if '"ECHO" "seen by redis-cli"' in line:
-                break
-        else:
-            raise AssertionError("redis-cli never printed the ECHO")
-        assert re.match(r'^\d+\.\d{6} \[0 127\.0\.0\.1:\d+\] "ECHO"', line), line
-    finally:
-        cli.kill()
-        cli.wait()
+            assert cli.stdout.readline() == "OK\n"
+            for _ in range(100):
+                line = cli.stdout.readline()
+                if '"ECHO" "seen by redis-cli"' in line:
+                    break
+            else:
+                raise AssertionError("redis-cli never printed the ECHO")
+            assert re.match(r'^\d+\.\d{6} \[0 127\.0\.0\.1:\d+\] "ECHO"', line), line
+        finally:
+            cli.kill()
+            cli.wait()
 
 
 def test_a_monitor_that_does_not_read_is_dropped(make_server):
